@@ -1,0 +1,145 @@
+"""Memory construction for one conversation: windows → units → embeddings → store → traces.
+
+Windows already committed are skipped, so a rerun resumes a killed build and a conversation with new
+sessions only extracts the new windows. Windows go through the LLM ``window_batch_size`` at a time and
+each batch commits in one transaction with its progress rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from qgmem_train.config import PipelineConfig
+from qgmem_train.llm.base import ChatLLM
+from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
+from qgmem_train.memory.traces import consolidate_traces
+from qgmem_train.memory.turn_units import window_turn_units
+from qgmem_train.memory.types import Conversation, MemoryUnit
+from qgmem_train.memory.windows import Window, session_windows
+
+
+class TextEmbedder(Protocol):
+    """What construction needs from an embedder (see :class:`qgmem_train.llm.embedder.Embedder`)."""
+
+    model_id: str
+    dim: int
+
+    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray: ...
+
+
+class Progress(Protocol):
+    """A tqdm-like bar: ``update`` by windows done, ``set_postfix`` with running counts."""
+
+    def update(self, n: int = 1) -> Any: ...
+
+    def set_postfix(self, ordered_dict: Any = None, refresh: bool = True, **kwargs: Any) -> Any: ...
+
+
+@dataclass
+class BuildReport:
+    """Counts of one conversation's build: windows, units, traces, dropped outputs, parse statistics."""
+
+    namespace: str
+    windows_total: int = 0
+    windows_built: int = 0
+    units: int = 0
+    traces: int = 0
+    dropped: int = 0
+    parse: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def conversation_windows(conversation: Conversation, cfg: PipelineConfig, limit_sessions: int | None = None) -> list[Window]:
+    """Every window of the conversation's (first ``limit_sessions``) sessions, in dialogue order."""
+    sessions = conversation.sessions[:limit_sessions] if limit_sessions else conversation.sessions
+    cc = cfg.construction
+    return [w for s in sessions for w in session_windows(s, cc.window, cc.overlap)]
+
+
+def embed_units(units: Sequence[MemoryUnit], embedder: TextEmbedder, batch_size: int) -> list[EmbeddedUnit]:
+    """Fact, relation and attribute embeddings of ``units``, each distinct text encoded once."""
+    texts: list[str] = []
+    for u in units:
+        texts += [u.fact_text, u.relation_text, *u.entities, *u.locations]
+    distinct = list(dict.fromkeys(texts))
+    vectors = embedder.encode(distinct, batch_size=batch_size)
+    row = {text: i for i, text in enumerate(distinct)}
+    out = []
+    for u in units:
+        attrs = [row[t] for t in [*u.entities, *u.locations]]
+        out.append(EmbeddedUnit(u, vectors[row[u.fact_text]], vectors[row[u.relation_text]], vectors[attrs].reshape(len(attrs), embedder.dim)))
+    return out
+
+
+def build_conversation(
+    store: MemoryStore,
+    conversation: Conversation,
+    cfg: PipelineConfig,
+    embedder: TextEmbedder,
+    *,
+    namespace: str | None = None,
+    llm: ChatLLM | None = None,
+    limit_sessions: int | None = None,
+    progress: Progress | None = None,
+) -> BuildReport:
+    """Build or extend ``namespace`` (default: the conversation id) from ``conversation``.
+
+    ``cfg.construction.units`` picks the LLM extraction or the rule-based turns mode; ``llm`` is needed
+    for the former and writes trajectories in both (the rule trajectory stands in when it is ``None``).
+    """
+    started = time.perf_counter()
+    cc = cfg.construction
+    namespace = namespace or conversation.id
+    if cc.units == "llm" and llm is None:
+        raise ValueError("units mode 'llm' needs an LLM")
+    store.ensure_namespace(namespace, cc.units, embedder.model_id, embedder.dim)
+    sessions = conversation.sessions[:limit_sessions] if limit_sessions else conversation.sessions
+    positions = store.put_turns(namespace, Conversation(conversation.id, sessions))
+    windows = conversation_windows(conversation, cfg, limit_sessions)
+    done = store.done_windows(namespace)
+    pending = [w for w in windows if (w.session.id, w.index) not in done]
+    report = BuildReport(namespace, windows_total=len(windows))
+    stats = _parse_stats() if llm is not None else None
+    batch_size = max(1, cc.window_batch_size) if cc.units == "llm" else 64
+    for lo in range(0, len(pending), batch_size):
+        batch = pending[lo:lo + batch_size]
+        if cc.units == "llm":
+            from qgmem_train.memory.extraction import extract_windows
+
+            extracted = extract_windows(llm, batch, positions, cfg, stats)
+        else:
+            extracted = [(window_turn_units(w, positions), 0) for w in batch]
+        flat = embed_units([u for units, _ in extracted for u in units], embedder, cc.embed_batch_size)
+        results, at = [], 0
+        for window, (units, dropped) in zip(batch, extracted):
+            results.append(WindowResult(window.session.id, window.index, flat[at:at + len(units)], dropped))
+            at += len(units)
+        store.add_windows(namespace, results)
+        report.windows_built += len(batch)
+        report.units += len(flat)
+        report.dropped += sum(r.dropped for r in results)
+        if progress is not None:
+            progress.update(len(batch))
+            progress.set_postfix(units=report.units, dropped=report.dropped)
+    if cc.traces and store.traces_stale(namespace):
+        trace_stats = _parse_stats() if llm is not None else None
+        consolidate_traces(store, namespace, cfg, llm, trace_stats)
+        if trace_stats is not None:
+            report.dropped += trace_stats.dropped
+            stats.merge(trace_stats)
+    report.traces = store.count_traces(namespace)
+    if stats is not None:
+        report.parse = stats.as_dict()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _parse_stats() -> Any:
+    from qgmem_train.llm.structured import ParseStats
+
+    return ParseStats()

@@ -1,0 +1,243 @@
+"""Conversations in: LoCoMo, BEAM, ConvoMem test cases and a plain JSON/JSONL format, all to one model.
+
+Every loader returns :class:`Conversation` objects with the dataset's own turn ids; a malformed record
+raises :class:`InputError` naming the file, the record and the field (the CLI prints it and exits 2).
+The plain format is documented in ``docs/conversations.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from qgmem_train.errors import InputError
+from qgmem_train.memory.timeparse import parse_session_time
+from qgmem_train.memory.types import Conversation, Session, Turn
+
+DATASETS = ("locomo", "beam", "convomem", "jsonl")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(str(path), "file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(str(path), f"not valid JSON: {exc}") from None
+
+
+def _field(record: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``record[key]`` checked for presence and type; the error names ``where.key``."""
+    if not isinstance(record, dict):
+        raise InputError(where, f"expected an object, got {type(record).__name__}")
+    if key not in record:
+        raise InputError(f"{where}.{key}", "missing field")
+    value = record[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise InputError(f"{where}.{key}", f"expected {names}, got {type(value).__name__}")
+    return value
+
+
+def _session_time(value: Any, where: str) -> str | None:
+    """Parse a session time; an unparsable non-empty value is an error naming ``where``."""
+    if value in (None, ""):
+        return None
+    parsed = parse_session_time(str(value))
+    if parsed is None:
+        raise InputError(where, f"unrecognised date {value!r}")
+    return parsed
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise InputError(where, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def load_locomo(path: Path) -> list[Conversation]:
+    """LoCoMo ``locomo10.json``: a list of samples with ``conversation.session_N`` and ``session_N_date_time``."""
+    data = _read_json(path)
+    if not isinstance(data, list):
+        raise InputError(str(path), "expected a JSON list of samples")
+    conversations = []
+    for i, sample in enumerate(data):
+        where = f"{path}: sample {i}"
+        sample_id = _field(sample, "sample_id", str, where)
+        where = f"{path}: sample {sample_id}"
+        body = _field(sample, "conversation", dict, where)
+        numbers = sorted(int(m[1]) for key in body if (m := re.fullmatch(r"session_(\d+)", key)))
+        if not numbers:
+            raise InputError(f"{where}.conversation", "no session_N lists")
+        sessions = []
+        for n in numbers:
+            key = f"session_{n}"
+            turns_raw = _field(body, key, list, f"{where}.conversation")
+            time = _session_time(body.get(f"{key}_date_time"), f"{where}.conversation.{key}_date_time")
+            turns = []
+            for j, raw in enumerate(turns_raw):
+                twhere = f"{where}.conversation.{key}[{j}]"
+                turns.append(Turn(_field(raw, "dia_id", str, twhere), _field(raw, "speaker", str, twhere), _field(raw, "text", str, twhere)))
+            sessions.append(Session(key, time, turns))
+        conversations.append(Conversation(sample_id, sessions))
+    return conversations
+
+
+def load_beam(path: Path) -> list[Conversation]:
+    """BEAM ``chat.json`` (a list of batches of message groups); a folder loads every ``*/chat.json`` below it.
+
+    A batch is a session whose time is its first message ``time_anchor``; turn ids are the message ids,
+    the ids BEAM's probing questions cite. The conversation id is the chat's folder name.
+    """
+    files = sorted(path.rglob("chat.json"), key=lambda p: [int(s) if s.isdigit() else s for s in p.parts]) if path.is_dir() else [path]
+    if not files:
+        raise InputError(str(path), "no chat.json below this folder")
+    conversations = []
+    for file in files:
+        data = _read_json(file)
+        if not isinstance(data, list):
+            raise InputError(str(file), "expected a JSON list of batches")
+        sessions = []
+        for i, batch in enumerate(data):
+            where = f"{file}: batch {i}"
+            groups = _field(batch, "turns", list, where)
+            time, turns = None, []
+            for g, group in enumerate(groups):
+                if not isinstance(group, list):
+                    raise InputError(f"{where}.turns[{g}]", f"expected a list of messages, got {type(group).__name__}")
+                for k, message in enumerate(group):
+                    mwhere = f"{where}.turns[{g}][{k}]"
+                    msg_id = _field(message, "id", (int, str), mwhere)
+                    role = _field(message, "role", str, mwhere)
+                    content = _field(message, "content", str, mwhere)
+                    if time is None and message.get("time_anchor"):
+                        time = _session_time(message["time_anchor"], f"{mwhere}.time_anchor")
+                    turns.append(Turn(str(msg_id), role, content))
+            batch_no = batch.get("batch_number", i + 1)
+            sessions.append(Session(f"batch_{batch_no}", time, turns))
+        conversations.append(Conversation(f"beam-{file.parent.name}", sessions))
+    return conversations
+
+
+def _convomem_sessions(raw_conversations: list[Any], where: str) -> list[Session]:
+    sessions = []
+    for i, conv in enumerate(raw_conversations):
+        cwhere = f"{where}[{i}]"
+        conv_id = str(_field(conv, "id", (str, int), cwhere))
+        messages = _field(conv, "messages", list, cwhere)
+        turns = []
+        for k, message in enumerate(messages):
+            mwhere = f"{cwhere}.messages[{k}]"
+            turns.append(Turn(f"{conv_id}:{k + 1}", _field(message, "speaker", str, mwhere), _field(message, "text", str, mwhere)))
+        sessions.append(Session(conv_id, None, turns))
+    return sessions
+
+
+def load_convomem(path: Path) -> list[Conversation]:
+    """ConvoMem test cases: one JSON file, or every ``*.json`` below a folder.
+
+    A case with top-level ``conversations`` (``pre_mixed_testcases``, key ``evidenceItems``) is one
+    conversation named after its path. A file with only ``evidence_items`` (HF ``evidence_questions``)
+    gives one conversation per item, built from that item's own ``conversations``. ConvoMem has no
+    dates: sessions carry no time and units are ordered by turn order. Turn ids are ``<session id>:<k>``.
+    """
+    root = path if path.is_dir() else path.parent
+    files = sorted(path.rglob("*.json")) if path.is_dir() else [path]
+    if not files:
+        raise InputError(str(path), "no *.json test cases below this folder")
+    conversations = []
+    for file in files:
+        case = _read_json(file)
+        name = "-".join(file.relative_to(root).with_suffix("").parts)
+        where = f"{file}"
+        if not isinstance(case, dict):
+            raise InputError(where, "expected a test-case object")
+        if "conversations" in case:
+            raw = _field(case, "conversations", list, where)
+            conversations.append(Conversation(name, _convomem_sessions(raw, f"{where}: conversations")))
+            continue
+        key = "evidence_items" if "evidence_items" in case else "evidenceItems"
+        items = _field(case, key, list, where)
+        for i, item in enumerate(items):
+            iwhere = f"{where}: {key}[{i}]"
+            raw = _field(item, "conversations", list, iwhere)
+            conversations.append(Conversation(f"{name}-{i}", _convomem_sessions(raw, f"{iwhere}.conversations")))
+    return conversations
+
+
+def _plain_conversation(record: Any, where: str) -> Conversation:
+    conv_id = str(_field(record, "id", (str, int), where))
+    where = f"{where} ({conv_id})"
+    sessions = []
+    for i, raw in enumerate(_field(record, "sessions", list, where)):
+        swhere = f"{where}.sessions[{i}]"
+        session_id = str(raw.get("id", f"session_{i + 1}")) if isinstance(raw, dict) else ""
+        time = _session_time(raw.get("time") if isinstance(raw, dict) else None, f"{swhere}.time")
+        turns = []
+        for k, turn in enumerate(_field(raw, "turns", list, swhere)):
+            twhere = f"{swhere}.turns[{k}]"
+            turns.append(Turn(str(_field(turn, "id", (str, int), twhere)), _field(turn, "speaker", str, twhere), _field(turn, "text", str, twhere)))
+        sessions.append(Session(session_id, time, turns))
+    return Conversation(conv_id, sessions)
+
+
+def load_plain(path: Path) -> list[Conversation]:
+    """The plain format (``docs/conversations.md``): a JSON object or list of them, or JSONL, one per line."""
+    if path.suffix == ".jsonl":
+        conversations = []
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise InputError(str(path), "file not found") from None
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}: line {n}", f"not valid JSON: {exc}") from None
+            conversations.append(_plain_conversation(record, f"{path}: line {n}"))
+        return conversations
+    data = _read_json(path)
+    records = data if isinstance(data, list) else [data]
+    return [_plain_conversation(record, f"{path}: record {i}") for i, record in enumerate(records)]
+
+
+LOADERS: dict[str, Callable[[Path], list[Conversation]]] = {
+    "locomo": load_locomo,
+    "beam": load_beam,
+    "convomem": load_convomem,
+    "jsonl": load_plain,
+}
+
+
+def _check_unique_turn_ids(conversation: Conversation, source: str) -> None:
+    seen: set[str] = set()
+    for session in conversation.sessions:
+        for turn in session.turns:
+            if turn.id in seen:
+                raise InputError(f"{source}: conversation {conversation.id}, session {session.id}, turn {turn.id}", "duplicate turn id")
+            seen.add(turn.id)
+
+
+def load_conversations(dataset: str, path: str | Path, conversation_ids: Iterable[str] | None = None) -> list[Conversation]:
+    """Load ``dataset`` from ``path``, optionally only the conversations whose id is listed."""
+    if dataset not in LOADERS:
+        raise InputError("--dataset", f"unknown dataset {dataset!r} (known: {', '.join(DATASETS)})")
+    path = Path(path)
+    if not path.exists():
+        raise InputError(str(path), "input not found")
+    conversations = LOADERS[dataset](path)
+    for conversation in conversations:
+        _check_unique_turn_ids(conversation, str(path))
+    if conversation_ids:
+        wanted = list(conversation_ids)
+        known = {c.id for c in conversations}
+        missing = [w for w in wanted if w not in known]
+        if missing:
+            raise InputError(f"{path}: --conversation {missing[0]}", f"no such conversation (known: {', '.join(sorted(known)[:10])}...)")
+        conversations = [c for c in conversations if c.id in wanted]
+    return conversations
