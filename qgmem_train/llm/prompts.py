@@ -244,3 +244,28 @@ JUDGE_PROMPTS: tuple[PromptTemplate, ...] = (
     LONGMEMEVAL_ABSTENTION_JUDGE,
 )
 ALL_PROMPTS: dict[str, PromptTemplate] = {p.name: p for p in PIPELINE_PROMPTS + JUDGE_PROMPTS}
+
+# Not one of the paper's prompts: the Qwen3-Reranker input format (its model card), which the paper's
+# reranker (Qwen3-Reranker-8B) was trained on. The yes/no reranker renders this template for every
+# (question, rerank document) pair and reads p("yes") at the next token. Kept apart from the tuples above.
+RERANK_INSTRUCTION = (
+    "Given a question about a long-term conversation, judge whether this memory contains evidence that "
+    "helps answer the question"
+)
+RERANK = PromptTemplate(
+    name="qwen3_reranker",
+    system='Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
+    'Note that the answer can only be "yes" or "no".',
+    user="""<Instruct>: {instruction}
+<Query>: {query}
+<Document>: {document}""",
+)
+
+# Not one of the paper's prompts: the one retry of a JSON stage whose reply failed its schema (DESIGN:
+# "repaired or retried once, then dropped"). Appended after the failed reply as the next user turn.
+JSON_RETRY = PromptTemplate(
+    name="json_retry",
+    system="",
+    user="""Your previous reply could not be used: {error}
+Reply again with only the JSON object, following the output format given above exactly.""",
+)

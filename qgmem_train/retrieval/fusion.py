@@ -1,0 +1,23 @@
+"""Reciprocal rank fusion (Cormack et al.): channels meet on rank positions, never on raw scores."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+def reciprocal_rank_fusion(
+    ranked: Mapping[str, Sequence[int]], *, kappa: int = 60, n: int = 100
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fuse ranked row lists: score(m) = Σ_lists 1 / (κ + rank(m)), ranks from 1; top ``n`` rows, best first.
+
+    Ties keep the order of first appearance across the lists in the given channel order, so the
+    result is deterministic.
+    """
+    scores: dict[int, float] = {}
+    for rows in ranked.values():
+        for rank, row in enumerate(rows, start=1):
+            scores[int(row)] = scores.get(int(row), 0.0) + 1.0 / (kappa + rank)
+    order = sorted(scores, key=lambda row: -scores[row])[:n]
+    return np.array(order, dtype=np.int64), np.array([scores[r] for r in order], dtype=np.float64)

@@ -1,0 +1,119 @@
+"""Query-aware reranking (paper III-B2): score each candidate's structured document against the question.
+
+The rerank document holds what the paper lists: fact, source dialogue, entities, locations, fact time,
+utterance time, and the trace trajectory when the unit belongs to one. Rerankers:
+
+- ``llm``: yes/no scoring in the Qwen3-Reranker formulation, p(yes) / (p(yes) + p(no)), batched;
+- ``cross``: a sentence-transformers CrossEncoder (``models.reranker_model``);
+- ``none``: no reranker; the RRF order stands (ablation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from qgmem_train.config import PipelineConfig
+from qgmem_train.errors import InputError, ModelUnavailableError
+from qgmem_train.llm.base import ChatLLM
+from qgmem_train.llm.prompts import RERANK, RERANK_INSTRUCTION
+from qgmem_train.memory.types import MemoryUnit, TimeSpan
+
+RERANKER_KINDS = ("llm", "cross", "none")
+
+
+def format_spans(spans: Sequence[TimeSpan]) -> str:
+    """``start..end`` per span (a single day as one date), comma-separated; ``unknown`` when there are none."""
+    return ", ".join(s.start if s.start == s.end else f"{s.start}..{s.end}" for s in spans) or "unknown"
+
+
+def rerank_document(unit: MemoryUnit, trajectory: str | None = None) -> str:
+    """The structured document of one unit, as the reranker reads it; ``trajectory`` of its trace if any."""
+    lines = [f"Fact: {unit.fact_text}"]
+    if unit.source_text.strip() and unit.source_text.strip() != unit.fact_text.strip():
+        lines.append(f"Source dialogue: {unit.source_text}")
+    lines += [
+        f"Entities: {', '.join(unit.entities) or 'none'}",
+        f"Locations: {', '.join(unit.locations) or 'none'}",
+        f"Fact time: {format_spans(unit.fact_time)}",
+        f"Utterance time: {unit.utterance_time or 'unknown'}",
+    ]
+    if trajectory:
+        lines.append(f"Trajectory: {trajectory}")
+    return "\n".join(lines)
+
+
+class Reranker(Protocol):
+    """Scores documents for one query; higher is more relevant."""
+
+    name: str
+    model_id: str
+
+    def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        """One relevance score per document."""
+
+
+class LLMReranker:
+    """Yes/no relevance from a chat LLM: the Qwen3-Reranker prompt, scored in batches."""
+
+    name = "llm"
+
+    def __init__(self, llm: ChatLLM, *, batch_size: int = 8, instruction: str = RERANK_INSTRUCTION):
+        self.llm = llm
+        self.model_id = llm.model_id
+        self.batch_size = batch_size
+        self.instruction = instruction
+
+    def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        """p(yes) / (p(yes) + p(no)) for every (query, document) pair."""
+        chats = [RERANK.render(instruction=self.instruction, query=query, document=d) for d in documents]
+        scores: list[float] = []
+        for start in range(0, len(chats), self.batch_size):
+            scores += self.llm.score_yes_no(chats[start : start + self.batch_size])
+        return np.asarray(scores, dtype=np.float32)
+
+
+class CrossEncoderReranker:
+    """A sentence-transformers CrossEncoder over (query, document) pairs."""
+
+    name = "cross"
+
+    def __init__(self, ref: str, *, batch_size: int = 8, device: str = "auto", cache_dir: str | None = None):
+        from sentence_transformers import CrossEncoder
+
+        from qgmem_train.llm.resolver import pick_device, resolve_model_dir
+
+        self.model_id = ref
+        self.batch_size = batch_size
+        self.model = CrossEncoder(str(resolve_model_dir(ref, cache_dir)), device=pick_device(device))
+
+    def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        """The cross-encoder's relevance score for every pair."""
+        if not documents:
+            return np.zeros(0, np.float32)
+        pairs = [(query, d) for d in documents]
+        return np.asarray(self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False), dtype=np.float32).reshape(-1)
+
+
+def build_reranker(cfg: PipelineConfig, kind: str | None = None, *, llm: ChatLLM | None = None) -> Reranker | None:
+    """The reranker of ``kind`` (default ``cfg.models.reranker``); ``None`` for ``none``.
+
+    The ``llm`` kind uses ``llm`` when given, else the configured reranker LLM.
+    """
+    kind = kind or cfg.models.reranker
+    batch_size = cfg.retrieval.rerank_batch_size
+    if kind == "none":
+        return None
+    if kind == "llm":
+        if llm is None:
+            from qgmem_train.llm.factory import build_reranker_llm
+
+            llm = build_reranker_llm(cfg)
+        return LLMReranker(llm, batch_size=batch_size)
+    if kind == "cross":
+        if not cfg.models.reranker_model:
+            raise ModelUnavailableError("reranker 'cross' needs models.reranker_model (a CrossEncoder path or hub id)")
+        return CrossEncoderReranker(cfg.models.reranker_model, batch_size=batch_size, device=cfg.models.device, cache_dir=cfg.models.cache_dir)
+    raise InputError("--reranker", f"unknown reranker {kind!r} (known: {', '.join(RERANKER_KINDS)})")

@@ -1,0 +1,84 @@
+"""The working memory as the final-answer prompt's MEMORY_CONTEXT (paper appendix F1, text path).
+
+Two parts, as the final-answer prompt describes them:
+
+- **Evidence Clusters**: for working-memory units that belong to a dynamic memory trace, one cluster
+  per trace (in order of the trace's first unit in the working memory) with its ``trajectory`` and its
+  activated units, oldest first, labelled ``MU1``, ``MU2``, ...;
+- **Facts**: every other unit in working-memory order, labelled ``F1``, ``F2``, ..., as its
+  subject | predicate | object triple followed by the fact text.
+
+Each unit shows its utterance time (``serial-N`` when the dialogue has no dates) and fact time, so
+the answerer can order evidence. Labels map back to unit ids for citations.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from qgmem_train.llm.base import ChatLLM
+from qgmem_train.memory.types import MemoryUnit
+from qgmem_train.retrieval.rerank import format_spans
+
+if TYPE_CHECKING:
+    from qgmem_train.memory.store import NamespaceMemory
+
+_LABEL = re.compile(r"\b(MU|F)(\d+)\b")
+
+
+@dataclass
+class SerializedMemory:
+    """MEMORY_CONTEXT text, its label → unit id map, and its length in the answering LLM's tokens."""
+
+    text: str
+    labels: dict[str, str]
+    n_tokens: int
+
+
+def _times(unit: MemoryUnit) -> str:
+    utterance = unit.utterance_time or f"serial-{unit.serial}"
+    return f"utterance_time: {utterance}; fact_time: {format_spans(unit.fact_time)}"
+
+
+def serialize_working_memory(units: Sequence[MemoryUnit], memory: NamespaceMemory, llm: ChatLLM | None = None) -> SerializedMemory:
+    """MEMORY_CONTEXT for ``units`` (working-memory order); tokens counted with ``llm`` when given, else words."""
+    traces = {t.id: t for t in memory.traces}
+    clusters: dict[str, list[MemoryUnit]] = {}
+    facts: list[MemoryUnit] = []
+    for unit in units:
+        trace_id = memory.trace_of.get(unit.id)
+        if trace_id in traces:
+            clusters.setdefault(trace_id, []).append(unit)
+        else:
+            facts.append(unit)
+
+    labels: dict[str, str] = {}
+    lines = ["Evidence Clusters:"]
+    if not clusters:
+        lines.append("(none)")
+    for number, (trace_id, members) in enumerate(clusters.items(), start=1):
+        position = {uid: i for i, uid in enumerate(traces[trace_id].member_ids)}
+        lines += [f"Cluster {number} (relation: {traces[trace_id].relation_text})", f"trajectory: {traces[trace_id].trajectory}"]
+        for unit in sorted(members, key=lambda u: position.get(u.id, len(position))):
+            label = f"MU{len(labels) + 1}"
+            labels[label] = unit.id
+            lines.append(f"[{label}] ({_times(unit)}) {unit.fact_text}")
+    lines.append("Facts:")
+    if not facts:
+        lines.append("(none)")
+    for number, unit in enumerate(facts, start=1):
+        label = f"F{number}"
+        labels[label] = unit.id
+        lines.append(f"[{label}] {unit.subject} | {unit.predicate} | {unit.object} ({_times(unit)}) {unit.fact_text}")
+    text = "\n".join(lines)
+    n_tokens = llm.count_tokens(text) if llm is not None else len(text.split())
+    return SerializedMemory(text=text, labels=labels, n_tokens=n_tokens)
+
+
+def cited_unit_ids(reasoning_path: str, labels: dict[str, str]) -> list[str]:
+    """Unit ids of the MU#/F# labels cited in ``reasoning_path``, in order of first citation; unknown labels ignored."""
+    cited = [labels.get(f"{kind}{number}") for kind, number in _LABEL.findall(reasoning_path)]
+    return list(dict.fromkeys(uid for uid in cited if uid is not None))

@@ -1,0 +1,62 @@
+"""BM25 channel: scores equal rank_bm25's BM25Okapi on the same tokens; tokenisation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rank_bm25 import BM25Okapi
+
+from qgmem_train.retrieval.lexical import BM25Index, light_stem, okapi_idf, tokenize
+
+
+def _corpus(seed: int = 0) -> list[list[str]]:
+    """Random documents over a Zipf-like vocabulary, with "common" in most documents (negative idf)."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, 61)
+    weights /= weights.sum()
+    docs = [[f"w{x}" for x in rng.choice(60, size=rng.integers(1, 15), p=weights)] for _ in range(300)]
+    for doc in docs[:220]:
+        doc.append("common")
+    docs.append([])
+    return docs
+
+
+@pytest.mark.parametrize(
+    "query",
+    [["w0", "w1", "w1", "common"], ["w7"], ["common"], ["w59", "w3", "never-seen"], ["never-seen"], ["w0", "w0", "w0"]],
+)
+def test_scores_equal_rank_bm25(query: list[str]) -> None:
+    docs = _corpus()
+    reference = BM25Okapi(docs)
+    ours = BM25Index(docs)
+    np.testing.assert_allclose(ours.scores(query), reference.get_scores(query), rtol=2e-6, atol=2e-6)
+
+
+def test_negative_idf_floor_matches_rank_bm25() -> None:
+    docs = _corpus(1)
+    reference = BM25Okapi(docs)
+    n_docs = len(docs)
+    terms = sorted(reference.idf)
+    doc_freq = np.array([sum(term in d for d in docs) for term in terms], dtype=float)
+    np.testing.assert_allclose(okapi_idf(doc_freq, n_docs), [reference.idf[t] for t in terms], rtol=1e-9)
+    assert reference.idf["common"] > 0 and okapi_idf(doc_freq, n_docs)[terms.index("common")] == pytest.approx(0.25 * reference.average_idf)
+
+
+def test_search_keeps_only_matches_best_first() -> None:
+    docs = [["red", "apple"], ["green", "apple", "apple"], ["blue", "sky"], ["red", "red", "car"], ["sea"], ["tree"], ["moon"]]
+    rows, scores = BM25Index(docs).search(["red", "apple"], n=10)
+    assert set(rows.tolist()) == {0, 1, 3}
+    assert rows[0] == 0 and np.all(np.diff(scores) <= 0)
+    assert BM25Index(docs).search(["nothing"], n=10)[0].size == 0
+
+
+def test_empty_corpus_scores_nothing() -> None:
+    index = BM25Index([[], []])
+    assert index.scores(["a"]).tolist() == [0.0, 0.0]
+
+
+def test_tokenize_lowercases_drops_stopwords_and_stems() -> None:
+    assert tokenize("When did Caroline go to the LGBTQ support groups?") == ["carolin", "go", "lgbtq", "support", "group"]
+    assert light_stem("painting") == light_stem("painted") == light_stem("paints") == "paint"
+    assert light_stem("running") == "run" and light_stem("studies") == "study" and light_stem("classes") == "class"
+    assert light_stem("string") == "string"
