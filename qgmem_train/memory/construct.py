@@ -16,6 +16,8 @@ import numpy as np
 
 from qgmem_train.config import PipelineConfig
 from qgmem_train.llm.base import ChatLLM
+from qgmem_train.llm.structured import ParseStats
+from qgmem_train.memory.extraction import extract_windows
 from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
 from qgmem_train.memory.traces import consolidate_traces
 from qgmem_train.memory.turn_units import window_turn_units
@@ -104,13 +106,11 @@ def build_conversation(
     done = store.done_windows(namespace)
     pending = [w for w in windows if (w.session.id, w.index) not in done]
     report = BuildReport(namespace, windows_total=len(windows))
-    stats = _parse_stats() if llm is not None else None
+    stats = ParseStats() if llm is not None else None
     batch_size = max(1, cc.window_batch_size) if cc.units == "llm" else 64
     for lo in range(0, len(pending), batch_size):
         batch = pending[lo:lo + batch_size]
         if cc.units == "llm":
-            from qgmem_train.memory.extraction import extract_windows
-
             extracted = extract_windows(llm, batch, positions, cfg, stats)
         else:
             extracted = [(window_turn_units(w, positions), 0) for w in batch]
@@ -127,7 +127,7 @@ def build_conversation(
             progress.update(len(batch))
             progress.set_postfix(units=report.units, dropped=report.dropped)
     if cc.traces and store.traces_stale(namespace):
-        trace_stats = _parse_stats() if llm is not None else None
+        trace_stats = ParseStats() if llm is not None else None
         consolidate_traces(store, namespace, cfg, llm, trace_stats)
         if trace_stats is not None:
             report.dropped += trace_stats.dropped
@@ -138,8 +138,3 @@ def build_conversation(
     report.seconds = time.perf_counter() - started
     return report
 
-
-def _parse_stats() -> Any:
-    from qgmem_train.llm.structured import ParseStats
-
-    return ParseStats()

@@ -20,6 +20,7 @@ from qgmem_train.config import PipelineConfig
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import TRACE_CONSOLIDATION
 from qgmem_train.llm.schemas import TrajectoryOutput
+from qgmem_train.llm.structured import ParseStats, generate_structured
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.turn_units import FALLBACK_PREDICATE
 from qgmem_train.memory.types import MemoryUnit, Trace
@@ -105,7 +106,7 @@ def cluster_relation(members: Sequence[MemoryUnit]) -> str:
     return max(counts, key=lambda text: (counts[text], -next(i for i, u in enumerate(members) if u.relation_text == text)))
 
 
-def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, llm: ChatLLM | None = None, stats: object | None = None) -> int:
+def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, llm: ChatLLM | None = None, stats: ParseStats | None = None) -> int:
     """Recompute the namespace's clusters, ask the LLM only about new or changed ones; return the trace count.
 
     Each batch of trajectories commits on its own, and the namespace is marked up to date last, so a
@@ -133,8 +134,6 @@ def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, 
         batch = pending[lo:lo + batch_size]
         outputs: list[TrajectoryOutput | None] = [None] * len(batch)
         if llm is not None:
-            from qgmem_train.llm.structured import generate_structured
-
             chats = [TRACE_CONSOLIDATION.render(relation_text=rel, members_json=members_json(m)) for rel, m in batch]
             outputs = generate_structured(llm, chats, TrajectoryOutput, max_new_tokens=cfg.generation.max_new_tokens, stats=stats)
         traces = []
