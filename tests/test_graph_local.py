@@ -1,0 +1,63 @@
+"""Local memory graph: one edge per unit, deduplicated nodes, embedder features, batching, text path."""
+
+from __future__ import annotations
+
+import torch
+from torch_geometric.data import Batch
+
+from qgmem_train.graph.facts import graph_facts_text
+from qgmem_train.graph.local_graph import LocalGraph, graph_to_data, local_graph_from_units, normalize_label
+from qgmem_train.memory.types import MemoryUnit
+from qgmem_train.model.prompt import GRAPH_FACTS_HEADING, final_answer_chat
+
+
+def unit(i: int, subject: str, predicate: str, obj: str) -> MemoryUnit:
+    return MemoryUnit(
+        id=f"u{i}", session_id="S1", fact_text=f"{subject} {predicate} {obj}", subject=subject, predicate=predicate,
+        object=obj, source_turn_ids=[f"D1:{i}"], source_text="", utterance_time="2023-05-01", serial=i,
+    )
+
+
+UNITS = [
+    unit(0, "Alice", "moved to", "Paris"),
+    unit(1, "alice ", "works at", "The Bakery."),
+    unit(2, "Bob", "visited", "paris"),
+    unit(3, "Bob", "likes", ""),
+]
+
+
+def test_one_edge_per_unit_with_deduplicated_nodes() -> None:
+    graph = local_graph_from_units(UNITS)
+    assert graph.node_labels == ["Alice", "Paris", "The Bakery.", "Bob"]
+    assert graph.triples() == [("Alice", "moved to", "Paris"), ("Alice", "works at", "The Bakery."), ("Bob", "visited", "Paris")]
+    assert normalize_label("  The  Bakery. ") == "the bakery"
+
+
+def test_budget_bounds_edges_and_nodes() -> None:
+    units = [unit(i, f"s{i}", "p", f"o{i}") for i in range(30)]
+    graph = local_graph_from_units(units, max_edges=10)
+    assert graph.num_edges == 10 and graph.num_nodes == 20
+
+
+def test_features_come_from_the_embedder_and_batch(minilm) -> None:
+    graph = local_graph_from_units(UNITS)
+    data = graph_to_data(graph, minilm.encode, minilm.dim)
+    assert data.x.shape == (4, minilm.dim) and data.edge_attr.shape == (3, minilm.dim)
+    assert torch.allclose(data.x[1], torch.from_numpy(minilm.encode(["Paris"])[0]), atol=1e-5)
+    assert torch.allclose(data.edge_attr[2], torch.from_numpy(minilm.encode(["visited"])[0]), atol=1e-5)
+    empty = graph_to_data(LocalGraph(), minilm.encode, minilm.dim)
+    batch = Batch.from_data_list([data, empty, data])
+    assert batch.num_graphs == 3 and batch.x.shape[0] == 8
+    assert batch.edge_index.max().item() == 7 and batch.edge_labels[0] == graph.edge_labels
+
+
+def test_text_path_appends_labelled_facts_after_the_context_labels() -> None:
+    graph = local_graph_from_units(UNITS)
+    context = "Facts:\n[F1] Alice | moved to | Paris (utterance_time: 2023-05-01) Alice moved to Paris\n[F2] x | y | z"
+    assert graph_facts_text(graph).splitlines()[0] == "[F1] Alice | moved to | Paris"
+    chat = final_answer_chat("Where is Alice?", "2023-06-01", context, graph, text_path=True)
+    user = chat[-1]["content"]
+    assert f"{GRAPH_FACTS_HEADING}\n[F3] Alice | moved to | Paris\n[F4] Alice | works at | The Bakery." in user
+    plain = final_answer_chat("Where is Alice?", "2023-06-01", context, graph, text_path=False)[-1]["content"]
+    assert GRAPH_FACTS_HEADING not in plain and context in plain
+
