@@ -1,0 +1,81 @@
+"""Checkpoint I/O of the trainable parameters only (graph encoder, projector, LoRA), never the frozen LLM.
+
+A checkpoint or adapter file carries the base model's id and revision and a hash of the settings that
+shape the trainable parameters; loading into a module built differently is one clear error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from qgmem_train.errors import InputError
+
+METADATA_KEY = "qgmem"
+"""Key of the compatibility record in a Lightning checkpoint dict."""
+
+ADAPTER_FILE = "graph_adapter.safetensors"
+
+
+def config_hash(settings: Mapping[str, Any]) -> str:
+    """Short stable hash of the settings that define the trainable parameters."""
+    blob = json.dumps(dict(settings), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def trainable_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters that require gradients, by their ``state_dict`` names, detached."""
+    return {name: param.detach() for name, param in module.named_parameters() if param.requires_grad}
+
+
+def check_compatible(found: Mapping[str, Any] | None, expected: Mapping[str, Any], keys: set[str], expected_keys: set[str], where: str) -> None:
+    """Refuse a checkpoint written for another base model, revision, setting or parameter set."""
+    if not found:
+        raise InputError(where, "no qgmem metadata: not a checkpoint of this model (or a full-model checkpoint)")
+    for field in ("base_model", "revision", "config_hash"):
+        if found.get(field) != expected[field]:
+            raise InputError(
+                where, f"{field} is {found.get(field)!r} in the checkpoint but {expected[field]!r} in this configuration"
+            )
+    if keys != expected_keys:
+        extra, missing = sorted(keys - expected_keys), sorted(expected_keys - keys)
+        raise InputError(where, f"trainable parameters differ: unexpected {extra[:3]}, missing {missing[:3]}")
+
+
+def save_adapter(state: Mapping[str, torch.Tensor], metadata: Mapping[str, Any], folder: str | os.PathLike) -> Path:
+    """Write trainable parameters and metadata to ``folder/graph_adapter.safetensors`` atomically."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / ADAPTER_FILE
+    handle, staging = tempfile.mkstemp(prefix=f".{ADAPTER_FILE}.", dir=folder)
+    os.close(handle)
+    try:
+        tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
+        save_file(tensors, staging, metadata={METADATA_KEY: json.dumps(dict(metadata), default=str)})
+        os.replace(staging, target)
+    finally:
+        if os.path.exists(staging):
+            os.remove(staging)
+    return target
+
+
+def load_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read an adapter file (or the folder holding one): tensors and metadata."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / ADAPTER_FILE
+    if not path.exists():
+        raise InputError(str(path), "adapter file not found")
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        raw = (handle.metadata() or {}).get(METADATA_KEY)
+    return load_file(str(path)), json.loads(raw) if raw else {}

@@ -1,0 +1,122 @@
+"""Graph-text fusion helpers (paper III-C3): token ids, embedding lookup, graph-token splicing, padding.
+
+Layout of one sequence: ``[t_0][g_1..g_T][t_1 .. t_n][target + EOS]`` where ``t_0`` is the first token
+of the chat template (``<|begin_of_text|>`` for Llama 3.1, ``<|im_start|>`` for Qwen3 and SmolLM2) and
+``g`` are the T graph tokens; the slot is fixed at :data:`GRAPH_SLOT` so the template's first token
+keeps its usual role (the attention sink) and every prompt token keeps its relative order.
+Training pads on the right, generation on the left; position ids always count real tokens only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from qgmem_train.llm.base import Chat
+
+GRAPH_SLOT = 1
+"""Index in the templated sequence where graph tokens are inserted: right after the template's first token."""
+
+IGNORE_INDEX = -100
+"""Label of positions that carry no loss (prompt, graph tokens, padding)."""
+
+
+def chat_prompt_ids(tokenizer: Any, chat: Chat) -> list[int]:
+    """Token ids of ``chat`` under the model's chat template, ending with the assistant header.
+
+    ``enable_thinking=False`` asks Qwen3's template for an answer without a thinking block; templates
+    that do not know the flag ignore it. The template's own special tokens (BOS included) are kept,
+    and the tokenizer adds none on top.
+    """
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def target_ids(tokenizer: Any, target: str) -> list[int]:
+    """Token ids of the target text followed by the model's EOS (end-of-turn for chat models)."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer defines no eos_token; the target needs one to learn to stop")
+    return tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def truncate_to_tokens(tokenizer: Any, text: str, max_tokens: int | None) -> str:
+    """``text`` cut to its first ``max_tokens`` tokens (unchanged when ``None`` or already short enough)."""
+    if max_tokens is None:
+        return text
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens])
+
+
+def embed_token_ids(embedding: torch.nn.Module, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Look up every sequence with one call of the LLM's input embedding; one ``(len_i, H)`` tensor each."""
+    weight = next(embedding.parameters())
+    flat = torch.tensor([t for seq in sequences for t in seq], dtype=torch.long, device=weight.device)
+    return list(torch.split(embedding(flat), [len(seq) for seq in sequences]))
+
+
+def insert_graph_tokens(token_embeds: Sequence[torch.Tensor], graph_embeds: torch.Tensor | None) -> list[torch.Tensor]:
+    """Splice each sample's ``(T, H)`` graph tokens in at :data:`GRAPH_SLOT`; unchanged when ``None``.
+
+    Graph tokens are cast to the LLM embedding dtype (bf16 backbones) so the concatenation is uniform.
+    """
+    if graph_embeds is None or graph_embeds.shape[1] == 0:
+        return list(token_embeds)
+    return [
+        torch.cat([seq[:GRAPH_SLOT], graph.to(seq.dtype), seq[GRAPH_SLOT:]])
+        for seq, graph in zip(token_embeds, graph_embeds)
+    ]
+
+
+def pad_right(embeds: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Right-padded ``inputs_embeds``, ``attention_mask``, ``position_ids`` and ``labels`` for training.
+
+    Padding rows are zeros with mask 0 and label :data:`IGNORE_INDEX`; position ids are ``0..len-1``
+    for every sample, which equals a one-sample forward pass.
+    """
+    inputs = pad_sequence(list(embeds), batch_first=True)
+    lengths = torch.tensor([len(e) for e in embeds], device=inputs.device)
+    positions = torch.arange(inputs.shape[1], device=inputs.device).expand(len(embeds), -1)
+    mask = (positions < lengths[:, None]).long()
+    padded_labels = pad_sequence(list(labels), batch_first=True, padding_value=IGNORE_INDEX)
+    return {"inputs_embeds": inputs, "attention_mask": mask, "position_ids": positions.clone(), "labels": padded_labels}
+
+
+def pad_left(embeds: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Left-padded ``inputs_embeds``, ``attention_mask`` and ``position_ids`` for batched generation.
+
+    Real tokens end at the last column so every sample's next token is generated in the same step;
+    position ids start at 0 on each sample's first real token (padding gets 0 too, and is masked).
+    """
+    inputs = pad_sequence(list(embeds), batch_first=True, padding_side="left")
+    lengths = torch.tensor([len(e) for e in embeds], device=inputs.device)
+    columns = torch.arange(inputs.shape[1], device=inputs.device).expand(len(embeds), -1)
+    mask = (columns >= (inputs.shape[1] - lengths)[:, None]).long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"inputs_embeds": inputs, "attention_mask": mask, "position_ids": positions}
+
+
+def sequence_labels(prompt_length: int, target: Sequence[int], graph_tokens: int, device: torch.device) -> torch.Tensor:
+    """Labels of one spliced sequence: :data:`IGNORE_INDEX` over prompt and graph tokens, then the target ids."""
+    ignored = torch.full((prompt_length + graph_tokens,), IGNORE_INDEX, dtype=torch.long, device=device)
+    return torch.cat([ignored, torch.tensor(list(target), dtype=torch.long, device=device)])
+
+
+def per_example_loss(hidden: torch.Tensor, labels: torch.Tensor, output_head: torch.nn.Module) -> torch.Tensor:
+    """Mean next-token cross-entropy per example over labelled positions: ``(B,)``.
+
+    Only labelled positions go through ``output_head`` (the LLM's ``lm_head``), so the vocabulary-wide
+    logits of long prompts are never materialised. Model-dependent: backbones that post-process logits
+    inside their causal-LM forward (e.g. soft-capping) would need that step here too; Llama, Qwen and
+    SmolLM2 do not. Each example weighs the same whatever its target length, so the mean over a batch
+    split across DDP processes equals the mean over the whole batch.
+    """
+    shifted = labels[:, 1:]
+    picked = shifted != IGNORE_INDEX
+    logits = output_head(hidden[:, :-1][picked]).float()
+    token_loss = torch.nn.functional.cross_entropy(logits, shifted[picked], reduction="none")
+    rows = picked.nonzero()[:, 0]
+    totals = torch.zeros(labels.shape[0], dtype=token_loss.dtype, device=token_loss.device).index_add(0, rows, token_loss)
+    return totals / picked.sum(-1).clamp(min=1)
