@@ -107,7 +107,7 @@ def build_conversation(
     pending = [w for w in windows if (w.session.id, w.index) not in done]
     report = BuildReport(namespace, windows_total=len(windows))
     stats = ParseStats() if llm is not None else None
-    batch_size = max(1, cc.window_batch_size) if cc.units == "llm" else 64
+    batch_size = max(1, cc.window_batch_size)
     for lo in range(0, len(pending), batch_size):
         batch = pending[lo:lo + batch_size]
         if cc.units == "llm":

