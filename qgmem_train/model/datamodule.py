@@ -9,6 +9,8 @@ and cached; batches carry the examples plus a torch_geometric ``Batch`` of their
 from __future__ import annotations
 
 import hashlib
+import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
@@ -24,6 +26,35 @@ from qgmem_train.graph.local_graph import graph_to_data
 from qgmem_train.model.trajectory import TrajectoryExample, read_trajectory_dataset
 
 SPLITS = ("train", "validation", "test")
+
+
+class ResumableSampler(DistributedSampler):
+    """Per-epoch seeded shuffle that starts where the run stands, so stopping and resuming sees the same batches.
+
+    The position comes from ``position()`` (batches this process has consumed, i.e. the trainer's
+    global step × gradient accumulation, restored from the checkpoint on resume): its epoch picks the
+    permutation (``seed + epoch``), its offset skips the batches already trained on. Ranks take
+    every ``world``-th index as DistributedSampler does, so a batch of B per process on W processes
+    covers the same examples as one process with batch W × B. Being a DistributedSampler, Lightning
+    leaves it in place under DDP.
+    """
+
+    def __init__(self, size: int, batch_size: int, world: int, rank: int, shuffle: bool, seed: int, position: Callable[[], int]) -> None:
+        super().__init__(range(size), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
+        self.batch_size = batch_size
+        self.position = position
+
+    def __iter__(self) -> Iterator[int]:
+        batches_per_epoch = max(1, math.ceil(self.num_samples / self.batch_size))
+        epoch, offset = divmod(self.position(), batches_per_epoch)
+        size = len(self.dataset)
+        if self.shuffle:
+            order = torch.randperm(size, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+        else:
+            order = list(range(size))
+        order += order[: self.total_size - size]
+        mine = order[self.rank : self.total_size : self.num_replicas]
+        return iter(mine[offset * self.batch_size :])
 
 
 def split_of_case(case_id: str, validation_fraction: float, test_fraction: float) -> str:
@@ -119,8 +150,16 @@ class TrajectoryDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         data = self.splits["train"]
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=self.hparams.shuffle, seed=self.hparams.shuffle_seed)
+        sampler = ResumableSampler(
+            len(data), self.hparams.batch_size, world, rank, self.hparams.shuffle, self.hparams.shuffle_seed, self._batches_consumed
+        )
         return self._loader(data, self.hparams.batch_size, sampler)
+
+    def _batches_consumed(self) -> int:
+        """Training batches this process has consumed in the run (restored from the checkpoint on resume)."""
+        if self.trainer is None:
+            return 0
+        return self.trainer.global_step * self.trainer.accumulate_grad_batches
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.splits["validation"], self._eval_batch_size())

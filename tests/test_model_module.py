@@ -1,0 +1,132 @@
+"""The LightningModule: what trains, what stays frozen, checkpoints of trainable parameters, resume."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from qgmem_train.errors import InputError
+from qgmem_train.model.checkpoint import METADATA_KEY, load_adapter, save_adapter, trainable_state_dict
+from qgmem_train.model.datamodule import TrajectoryDataModule
+from qgmem_train.model.module import GraphAugmentedLM
+from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+
+
+@pytest.fixture(scope="module")
+def llm_dir(tmp_path_factory):
+    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
+
+
+@pytest.fixture(scope="module")
+def data() -> TrajectoryDataModule:
+    module = TrajectoryDataModule(str(FIXTURE), batch_size=2)
+    module.setup("fit")
+    return module
+
+
+def _module(llm_dir, data, **overrides) -> GraphAugmentedLM:
+    torch.manual_seed(0)
+    return GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, **overrides))
+
+
+def _grads(model: GraphAugmentedLM, data: TrajectoryDataModule) -> set[str]:
+    model.train()
+    model.example_losses(data.collate(data.splits["train"][:2])).mean().backward()
+    return {name.split(".")[0] for name, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+
+
+def test_gradients_reach_only_encoder_and_projector(llm_dir, data) -> None:
+    model = _module(llm_dir, data)
+    assert _grads(model, data) == {"encoder", "projector"}
+    assert not model.llm.training and all(not m.training for m in model.llm.modules())
+    assert not any(p.requires_grad for p in model.llm.parameters())
+    assert model.encoder.training and model.projector.training
+
+
+def test_lora_adds_only_adapter_gradients(llm_dir, data) -> None:
+    model = _module(llm_dir, data, lora_r=4)
+    names = {n for n, p in model.named_parameters() if p.grad is None and p.requires_grad}
+    assert names and all(("lora_" in n) or n.startswith(("encoder", "projector")) for n in names)
+    _grads(model, data)
+    with_grad = {n for n, p in model.llm.named_parameters() if p.grad is not None}
+    assert with_grad and all("lora_" in n for n in with_grad)
+
+
+def test_gradient_checkpointing_keeps_the_same_loss_and_gradients(llm_dir, data) -> None:
+    plain, checkpointed = _module(llm_dir, data), _module(llm_dir, data, gradient_checkpointing=True)
+    batch = data.collate(data.splits["train"][:2])
+    losses = []
+    for model in (plain, checkpointed):
+        model.train()
+        loss = model.example_losses(batch).mean()
+        loss.backward()
+        losses.append((loss.item(), model.projector.mlp[2].weight.grad.clone()))
+    assert losses[0][0] == pytest.approx(losses[1][0], abs=1e-6)
+    assert torch.allclose(losses[0][1], losses[1][1], atol=1e-6)
+
+
+def test_no_graph_ablation_has_nothing_to_train_but_evaluates(llm_dir, data) -> None:
+    model = _module(llm_dir, data, graph_tokens=0)
+    assert model.encoder is None and model.graph_embeddings(data.collate(data.splits["train"][:1])["graph"]) is None
+    assert model.example_losses(data.collate(data.splits["train"][:2])).shape == (2,)
+    with pytest.raises(InputError, match="nothing to train"):
+        model.configure_optimizers()
+
+
+def test_quantization_needs_cuda(llm_dir, data) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(InputError, match="needs CUDA"):
+        _module(llm_dir, data, quantization="4bit")
+
+
+class _Losses(Callback):
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.values.append(float(outputs["loss"]))
+
+
+def _fit(llm_dir, data_path, root, max_steps: int, ckpt_path=None, **model_overrides) -> tuple[list[float], GraphAugmentedLM]:
+    L.seed_everything(0)
+    data = TrajectoryDataModule(str(data_path), batch_size=4)
+    data.setup("fit")
+    model = _module(llm_dir, data, **model_overrides)
+    losses = _Losses()
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=max_steps, limit_val_batches=0, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=root,
+        callbacks=[losses, ModelCheckpoint(dirpath=root / "ckpt", save_last=True)],
+    )
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    return losses.values, model
+
+
+def test_checkpoint_holds_only_trainable_parameters_and_refuses_a_mismatch(llm_dir, data, tmp_path) -> None:
+    _, model = _fit(llm_dir, FIXTURE, tmp_path, max_steps=1)
+    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert set(checkpoint["state_dict"]) == set(trainable_state_dict(model))
+    assert all(k.startswith(("encoder.", "projector.")) for k in checkpoint["state_dict"])
+    assert checkpoint[METADATA_KEY]["base_model"] == str(llm_dir)
+    restored = _module(llm_dir, data, learning_rate=0.5)
+    restored.on_load_checkpoint(checkpoint)
+    restored.load_state_dict(checkpoint["state_dict"], strict=False)
+    assert all(torch.equal(v, trainable_state_dict(restored)[k]) for k, v in checkpoint["state_dict"].items())
+    other = _module(llm_dir, data, graph_tokens=2)
+    with pytest.raises(InputError, match="config_hash"):
+        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).validate(other, datamodule=data, ckpt_path=tmp_path / "ckpt" / "last.ckpt")
+    file = save_adapter(checkpoint["state_dict"], model.checkpoint_metadata(), tmp_path / "export")
+    tensors, metadata = load_adapter(file)
+    assert set(tensors) == set(checkpoint["state_dict"]) and metadata["config_hash"] == model.checkpoint_metadata()["config_hash"]
+
+
+def test_stop_and_resume_continue_the_same_loss_curve(llm_dir, tmp_path) -> None:
+    straight, _ = _fit(llm_dir, FIXTURE, tmp_path / "straight", max_steps=5)
+    first, _ = _fit(llm_dir, FIXTURE, tmp_path / "resumed", max_steps=3)
+    second, _ = _fit(llm_dir, FIXTURE, tmp_path / "resumed", max_steps=5, ckpt_path="last")
+    assert len(straight) == 5 and len(first) == 3 and len(second) == 2, "stopped mid-epoch (2 batches an epoch)"
+    assert first + second == pytest.approx(straight, abs=1e-5)
+    assert straight[-1] < straight[0]
