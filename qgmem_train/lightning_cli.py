@@ -1,0 +1,61 @@
+"""``python -m qgmem_train fit|validate|test|predict --config FILE``: LightningCLI over the graph-augmented LM.
+
+A config holds LightningCLI's sections (``seed_everything``, ``trainer``, ``model``, ``data``,
+``checkpoint``) and the pipeline's (``pipeline``: models, construction, retrieval, generation). The
+model references are written once, under ``pipeline.models``, and linked into the model and data
+module; the node/edge feature width is linked from the loaded embedder. A ModelCheckpoint that keeps
+``last.ckpt`` is always present, so ``--ckpt_path last`` resumes the latest run.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from qgmem_train.config import PipelineConfig
+from qgmem_train.model.datamodule import TrajectoryDataModule
+from qgmem_train.model.module import GraphAugmentedLM
+
+PIPELINE_LINKS = {
+    "pipeline.models.llm": "model.llm",
+    "pipeline.models.llm_revision": "model.llm_revision",
+    "pipeline.models.dtype": "model.dtype",
+    "pipeline.models.quantization": "model.quantization",
+    "pipeline.models.cache_dir": ["model.cache_dir", "data.cache_dir"],
+    "pipeline.models.trust_remote_code": "model.trust_remote_code",
+    "pipeline.models.embedder": "data.embedder",
+}
+"""Pipeline settings that the model and data module take from the ``pipeline`` section."""
+
+
+class QGMemCLI(LightningCLI):
+    """LightningCLI with the ``pipeline`` section, its links, and an always-on last-checkpoint callback."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_dataclass_arguments(PipelineConfig, "pipeline")
+        for source, targets in PIPELINE_LINKS.items():
+            for target in [targets] if isinstance(targets, str) else targets:
+                parser.link_arguments(source, target)
+        parser.link_arguments("data.feature_dim", "model.feature_dim", apply_on="instantiate")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.save_last": True,
+                "checkpoint.monitor": "val/loss",
+                "checkpoint.mode": "min",
+                "checkpoint.save_top_k": 1,
+                "checkpoint.filename": "step{step}-val_loss{val/loss:.4f}",
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+
+
+def main(argv: list[str]) -> int:
+    """Run one LightningCLI subcommand (``argv[0]`` is fit, validate, test or predict)."""
+    with warnings.catch_warnings():
+        # The dispatcher passes sys.argv on as ``args`` on purpose; LightningCLI warns about exactly that.
+        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+        QGMemCLI(GraphAugmentedLM, TrajectoryDataModule, args=argv, save_config_kwargs={"overwrite": True})
+    return 0

