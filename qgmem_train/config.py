@@ -177,5 +177,5 @@ def load_pipeline_config(path: str | Path | None) -> PipelineConfig:
         raise InputError(str(path), f"not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise InputError(str(path), "top level must be a mapping")
-    section = raw.get("pipeline", raw if not {"trainer", "model", "data"} & raw.keys() else {})
+    section = raw.get("pipeline", raw if not {"trainer", "model", "data", "data_prep"} & raw.keys() else {})
     return pipeline_from_dict(section, f"{path}: pipeline")

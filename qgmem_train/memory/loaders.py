@@ -122,11 +122,16 @@ def load_beam(path: Path) -> list[Conversation]:
     return conversations
 
 
-def _convomem_sessions(raw_conversations: list[Any], where: str) -> list[Session]:
-    sessions = []
+def convomem_sessions(raw_conversations: list[Any], where: str) -> list[Session]:
+    """ConvoMem conversations as undated sessions; turn ids are ``<conversation id>:<k>``, a repeated id is read once."""
+    sessions: list[Session] = []
+    seen: set[str] = set()
     for i, conv in enumerate(raw_conversations):
         cwhere = f"{where}[{i}]"
         conv_id = str(_field(conv, "id", (str, int), cwhere))
+        if conv_id in seen:
+            continue
+        seen.add(conv_id)
         messages = _field(conv, "messages", list, cwhere)
         turns = []
         for k, message in enumerate(messages):
@@ -157,14 +162,14 @@ def load_convomem(path: Path) -> list[Conversation]:
             raise InputError(where, "expected a test-case object")
         if "conversations" in case:
             raw = _field(case, "conversations", list, where)
-            conversations.append(Conversation(name, _convomem_sessions(raw, f"{where}: conversations")))
+            conversations.append(Conversation(name, convomem_sessions(raw, f"{where}: conversations")))
             continue
         key = "evidence_items" if "evidence_items" in case else "evidenceItems"
         items = _field(case, key, list, where)
         for i, item in enumerate(items):
             iwhere = f"{where}: {key}[{i}]"
             raw = _field(item, "conversations", list, iwhere)
-            conversations.append(Conversation(f"{name}-{i}", _convomem_sessions(raw, f"{iwhere}.conversations")))
+            conversations.append(Conversation(f"{name}-{i}", convomem_sessions(raw, f"{iwhere}.conversations")))
     return conversations
 
 

@@ -1,0 +1,69 @@
+"""``python -m data_prep``: run the frozen pipeline over ConvoMem and keep trajectories for training.
+
+    python -m data_prep --config configs/data_prep/demo-cpu.yaml            # all shards' work, then merge
+    python -m data_prep --config FILE --shard 0/4                          # one shard (SLURM array task)
+    python -m data_prep merge --config FILE [--push-to-hub REPO]           # combine finished shards
+
+Every finished case is persisted at once; rerunning the same command resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from qgmem_train.errors import InputError, ModelUnavailableError
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        index, total = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N such as 0/4, got {text!r}") from None
+    if not 0 <= index < total:
+        raise argparse.ArgumentTypeError(f"shard index {index} is not in 0..{total - 1}")
+    return index, total
+
+
+def parser() -> argparse.ArgumentParser:
+    """The CLI: run (default) or merge."""
+    p = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", nargs="?", choices=["run", "merge"], default="run", help="run (default) or merge")
+    p.add_argument("--config", required=True, help="YAML with data_prep: and pipeline: sections")
+    p.add_argument("--shard", type=_shard, help="process only shard I of N (then run merge once all are done)")
+    p.add_argument("--push-to-hub", metavar="REPO", help="after merge, push the dataset to this Hub dataset repo (token from HF_TOKEN)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run or merge; bad input and unavailable models are one line and exit 2."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from data_prep.config import load_data_prep_config
+    from data_prep.merge import merge
+    from data_prep.run import run_shard
+
+    try:
+        cfg, pipeline = load_data_prep_config(args.config)
+        if args.command == "run":
+            shard, total = args.shard or (0, 1)
+            folder = run_shard(cfg, pipeline, shard, total)
+            print(f"shard {shard}/{total} done: {folder}")
+            if args.shard is not None:
+                return 0
+        manifest = merge(cfg, pipeline)
+        print(json.dumps({"dataset": manifest["dataset"], "per_split": manifest["counts"]["per_split"], "target": manifest["target"]}))
+        if args.push_to_hub:
+            from data_prep.push import push_dataset
+
+            push_dataset(manifest["dataset"], args.push_to_hub)
+    except (InputError, ModelUnavailableError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

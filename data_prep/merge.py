@@ -1,0 +1,133 @@
+"""Combine finished shards into one trajectory dataset, split by case, with a manifest.
+
+Merge refuses when a shard is missing, unfinished, or was made with another config. Targets follow
+``data_prep.target``: the paper keeps judge-correct answers as they were generated; ``gold`` targets the
+dataset's answer with a reasoning path over the evidence units' labels.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from data_prep.config import DataPrepConfig
+from data_prep.pipeline import case_namespace
+from data_prep.run import shard_dir
+from qgmem_train.config import PipelineConfig
+from qgmem_train.errors import InputError
+from qgmem_train.fileio import write_json_atomic
+from qgmem_train.graph.local_graph import LocalGraph
+from qgmem_train.model.datamodule import split_of_case
+from qgmem_train.model.trajectory import TrajectoryExample, write_trajectory_dataset
+
+SOURCE_DATASET = "convomem"
+
+
+def _shard_states(out: Path, fingerprint: str) -> list[tuple[Path, dict]]:
+    """Every shard of the run, checked complete and made with this config."""
+    found = sorted((out / "shards").glob("*-of-*/shard.json"))
+    if not found:
+        raise InputError(str(out / "shards"), "no shards here; run `python -m data_prep --config FILE [--shard I/N]` first")
+    states = [(p.parent, json.loads(p.read_text())) for p in found]
+    counts = {s["num_shards"] for _, s in states}
+    if len(counts) != 1:
+        raise InputError(str(out / "shards"), f"shards of different splits {sorted(counts)}; keep one shard count per output folder")
+    (num_shards,) = counts
+    for shard in range(num_shards):
+        folder = shard_dir(out, shard, num_shards)
+        state_file = folder / "shard.json"
+        if not state_file.exists():
+            raise InputError(str(state_file), f"shard {shard}/{num_shards} is missing")
+        state = json.loads(state_file.read_text())
+        if state.get("fingerprint") != fingerprint:
+            raise InputError(str(state_file), "was made with another config than this merge")
+        if not state.get("done"):
+            raise InputError(str(state_file), f"shard {shard}/{num_shards} has not finished; rerun it")
+    return [(shard_dir(out, s, num_shards), json.loads((shard_dir(out, s, num_shards) / "shard.json").read_text())) for s in range(num_shards)]
+
+
+def _example(record: dict, question: dict, target: str) -> TrajectoryExample | None:
+    """The trajectory of one question, or None when the target mode drops it."""
+    if target == "judge_correct":
+        if not question["correct"]:
+            return None
+        answer, reasoning = question["answer"], question["reasoning_path"]
+    else:
+        answer, reasoning = question["gold_answer"], question["gold_reasoning_path"]
+    return TrajectoryExample(
+        case_id=record["case_id"],
+        question_id=question["question_id"],
+        source_dataset=f"{SOURCE_DATASET}/{record['category']}",
+        namespace=record["namespace"],
+        question=question["question"],
+        question_time=question["question_time"],
+        context=question["context"],
+        answer=str(answer),
+        reasoning_path=str(reasoning),
+        graph=LocalGraph(**question["graph"]),
+        unit_ids=[u["id"] for u in question["units"]],
+    )
+
+
+def merge(cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:
+    """Write ``out/dataset`` (DatasetDict) and ``out/manifest.json``; return the manifest."""
+    out = Path(cfg.out)
+    fingerprint = cfg.fingerprint(pipeline)
+    states = _shard_states(out, fingerprint)
+    records = []
+    for folder, state in states:
+        for case_id in state["cases"]:
+            path = folder / "cases" / f"{case_namespace(case_id)}.json"
+            if not path.exists():
+                raise InputError(str(path), f"case {case_id} is listed as done but its record is missing; rerun the shard")
+            records.append(json.loads(path.read_text()))
+    records.sort(key=lambda r: r["case_id"])
+
+    splits: dict[str, list[TrajectoryExample]] = {"train": [], "validation": [], "test": []}
+    per_category: dict[str, Counter] = {}
+    parse = Counter()
+    seconds = Counter()
+    for record in records:
+        split = split_of_case(record["case_id"], cfg.validation_fraction, cfg.test_fraction)
+        counts = per_category.setdefault(record["category"], Counter())
+        counts["cases"] += 1
+        parse.update(record["parse"])
+        seconds.update(record["seconds"])
+        for question in record["questions"]:
+            counts["questions"] += 1
+            counts["judge_correct"] += question["correct"]
+            counts["answer_dropped"] += question["answer"] is None
+            example = _example(record, question, cfg.target)
+            if example is None:
+                counts["dropped"] += 1
+                continue
+            counts[f"kept_{split}"] += 1
+            splits[split].append(example)
+    dataset_dir = write_trajectory_dataset(splits, out / "dataset")
+    n_cases = max(1, len(records))
+    manifest = {
+        "fingerprint": fingerprint,
+        "target": cfg.target,
+        "source": cfg.source,
+        "revision": cfg.revision,
+        "seed": cfg.seed,
+        "categories": cfg.categories,
+        "shards": len(states),
+        "sampling": states[0][1]["sampling"],
+        "cases": [r["case_id"] for r in records],
+        "counts": {"per_category": {c: dict(v) for c, v in sorted(per_category.items())},
+                   "per_split": {name: len(rows) for name, rows in splits.items()}},
+        "json_outputs": dict(parse),
+        "seconds_per_case": {k: round(v / n_cases, 3) for k, v in seconds.items()},
+        "models": {"llm": pipeline.models.llm, "llm_revision": pipeline.models.llm_revision,
+                   "embedder": pipeline.models.embedder, "reranker": pipeline.models.reranker,
+                   "reranker_model": pipeline.models.reranker_model},
+        "config": {"data_prep": {k: v for k, v in vars(cfg).items()}, "pipeline": pipeline.to_dict()},
+        "dataset": str(dataset_dir),
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+    }
+    write_json_atomic(out / "manifest.json", manifest)
+    return manifest

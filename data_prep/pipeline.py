@@ -1,0 +1,117 @@
+"""One ConvoMem case through the frozen pipeline: build → activate → answer (text path) → judge.
+
+Everything a trajectory needs is recorded per question (activated units with their source turns, the
+serialized context, the local graph, the answer, verdicts, token counts), plus seconds per stage, so
+that merge can pick targets without rerunning anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from data_prep.config import DataPrepConfig
+from data_prep.convomem import ConvoMemCase
+from data_prep.targets import cites, gold_reasoning_path
+from qgmem_train.config import PipelineConfig
+from qgmem_train.eval.judge import JudgeItem, judge
+from qgmem_train.graph.local_graph import local_graph_from_units
+from qgmem_train.llm.base import ChatLLM
+from qgmem_train.llm.embedder import Embedder
+from qgmem_train.llm.schemas import AnswerOutput
+from qgmem_train.llm.structured import ParseStats, generate_structured
+from qgmem_train.memory.construct import build_conversation
+from qgmem_train.memory.store import MemoryStore
+from qgmem_train.model.prompt import final_answer_chat
+from qgmem_train.retrieval.activation import ActivationIndex, activate
+from qgmem_train.retrieval.rerank import Reranker
+from qgmem_train.retrieval.serialization import serialize_working_memory
+
+
+@dataclass
+class PipelineModels:
+    """The frozen models shared by every case of a run."""
+
+    llm: ChatLLM
+    embedder: Embedder
+    reranker: Reranker | None
+
+
+def case_namespace(case_id: str) -> str:
+    """Store namespace of a case: short, stable, filesystem- and SQL-safe."""
+    return "case-" + hashlib.sha1(case_id.encode()).hexdigest()[:16]
+
+
+def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:
+    """Run every question of ``case`` and return its JSON-ready record."""
+    seconds: dict[str, float] = {}
+    stats = ParseStats()
+    namespace = case_namespace(case.ref.case_id)
+
+    start = time.perf_counter()
+    report = build_conversation(store, case.conversation, pipeline, models.embedder, namespace=namespace, llm=models.llm)
+    memory = store.load_namespace(namespace)
+    seconds["construction"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    index = ActivationIndex(memory, pipeline.retrieval)
+    intent_llm = models.llm if cfg.intent == "llm" else None
+    working = [
+        activate(q.question, None, memory, cfg=pipeline.retrieval, llm=intent_llm, embedder=models.embedder, reranker=models.reranker, index=index)
+        for q in case.questions
+    ]
+    serialized = [serialize_working_memory(wm.units, memory, models.llm) for wm in working]
+    graphs = [local_graph_from_units(wm.units, max_edges=pipeline.retrieval.k) for wm in working]
+    seconds["activation"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    chats = [final_answer_chat(q.question, None, s.text, g, text_path=True) for q, s, g in zip(case.questions, serialized, graphs)]
+    answers: list[AnswerOutput | None] = generate_structured(
+        models.llm, chats, AnswerOutput, max_new_tokens=pipeline.generation.max_new_tokens, stats=stats
+    )
+    seconds["answer"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    judged = [(q, a) for q, a in zip(case.questions, answers) if a is not None]
+    verdicts = iter(judge(models.llm, [JudgeItem(q.question, q.answer, a.answer) for q, a in judged], repeats=cfg.judge_repeats, stats=stats))
+    seconds["judge"] = time.perf_counter() - start
+
+    questions = []
+    for number, (q, wm, ser, graph, chat, ans) in enumerate(zip(case.questions, working, serialized, graphs, chats, answers)):
+        verdict = next(verdicts) if ans is not None else None
+        evidence_units = {u.id for u in wm.units if cites(u.source_text, q.evidence_texts)}
+        questions.append(
+            {
+                "question_id": f"{case.ref.case_id}/q{number}",
+                "question": q.question,
+                "question_time": "",
+                "gold_answer": q.answer,
+                "evidence_texts": q.evidence_texts,
+                "units": [
+                    {"id": u.id, "fact_text": u.fact_text, "source_turn_ids": u.source_turn_ids, "source_text": u.source_text}
+                    for u in wm.units
+                ],
+                "context": ser.text,
+                "context_tokens": ser.n_tokens,
+                "prompt_tokens": sum(models.llm.count_tokens(m["content"]) for m in chat),
+                "graph": dataclasses.asdict(graph),
+                "answer": ans.answer if ans else None,
+                "reasoning_path": ans.reasoning_path if ans else None,
+                "gold_reasoning_path": gold_reasoning_path(ser.labels, evidence_units),
+                "judgments": verdict.judgments if verdict else [],
+                "judge_reasons": verdict.reasons if verdict else [],
+                "correct": bool(verdict and verdict.correct),
+            }
+        )
+    return {
+        "case_id": case.ref.case_id,
+        "category": case.ref.category,
+        "namespace": namespace,
+        "build": {"units": report.units, "traces": report.traces, "dropped": report.dropped},
+        "parse": stats.merge(ParseStats(**report.parse)).as_dict() if report.parse else stats.as_dict(),
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "questions": questions,
+    }

@@ -1,0 +1,83 @@
+"""One shard of a data-prep run: draw the cases, skip those already done, persist each at once.
+
+Layout under ``out/shards/<I>-of-<N>/``: ``shard.json`` (config fingerprint, the shard's cases, done
+flag), ``cases/<namespace>.json`` (one record per finished case, written atomically) and ``store/``
+(the shard's memory store, one namespace per case, itself resumable). A killed run resumes where it
+stopped without redoing or duplicating a case.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from data_prep.config import DataPrepConfig
+from data_prep.convomem import discover_cases, load_case, resolve_source
+from data_prep.pipeline import PipelineModels, case_namespace, run_case
+from data_prep.sampling import CaseRef, sample_cases, shard_of
+from qgmem_train.config import PipelineConfig
+from qgmem_train.errors import InputError
+from qgmem_train.fileio import write_json_atomic
+from qgmem_train.llm.factory import build_embedder, build_llm
+from qgmem_train.memory.store import MemoryStore
+from qgmem_train.retrieval.rerank import build_reranker
+
+log = logging.getLogger(__name__)
+
+
+def shard_dir(out: Path, shard: int, num_shards: int) -> Path:
+    """Folder of one shard's outputs."""
+    return out / "shards" / f"{shard}-of-{num_shards}"
+
+
+def draw(cfg: DataPrepConfig, pipeline: PipelineConfig) -> tuple[Path, list[CaseRef], dict]:
+    """Resolve the source and draw the run's cases (the same list in every shard)."""
+    root = resolve_source(cfg.source, cfg.revision, list(cfg.categories))
+    available = discover_cases(root, list(cfg.categories))
+    missing = [c for c in cfg.categories if c not in available]
+    if missing:
+        raise InputError(f"{cfg.source}", f"no cases for categories {missing} (found: {sorted(available) or 'none'})")
+    cases, counts = sample_cases(available, cfg.categories, cfg.total_cases, cfg.seed)
+    return root, cases, counts
+
+
+def run_shard(cfg: DataPrepConfig, pipeline: PipelineConfig, shard: int = 0, num_shards: int = 1) -> Path:
+    """Process this shard's cases, resuming from what is on disk; returns the shard folder."""
+    out = Path(cfg.out)
+    folder = shard_dir(out, shard, num_shards)
+    fingerprint = cfg.fingerprint(pipeline)
+    state_file = folder / "shard.json"
+    if state_file.exists():
+        state = json.loads(state_file.read_text())
+        if state.get("fingerprint") != fingerprint:
+            raise InputError(str(state_file), "was made with another config; use a new data_prep.out or delete the shard")
+    root, cases, counts = draw(cfg, pipeline)
+    mine = shard_of(cases, shard, num_shards)
+    state = {"shard": shard, "num_shards": num_shards, "fingerprint": fingerprint, "source": str(root),
+             "sampling": counts, "cases": [c.case_id for c in mine], "done": False}
+    write_json_atomic(state_file, state)
+
+    cases_dir = folder / "cases"
+    pending = [c for c in mine if not (cases_dir / f"{case_namespace(c.case_id)}.json").exists()]
+    log.info("shard %d/%d: %d cases, %d already done", shard, num_shards, len(mine), len(mine) - len(pending))
+    if pending:
+        llm = build_llm(pipeline)
+        models = PipelineModels(llm, build_embedder(pipeline), build_reranker(pipeline, llm=llm))
+        with MemoryStore.open(folder / "store", create=True) as store:
+            bar = tqdm(pending, desc=f"data prep shard {shard}/{num_shards}", unit="case")
+            kept = 0
+            for ref in bar:
+                started = time.perf_counter()
+                case = load_case(root, ref, max_questions=cfg.max_questions_per_case, max_sessions=cfg.max_sessions_per_case)
+                record = run_case(case, store, models, cfg, pipeline)
+                record["seconds"]["total"] = round(time.perf_counter() - started, 3)
+                write_json_atomic(cases_dir / f"{record['namespace']}.json", record)
+                kept += sum(q["correct"] for q in record["questions"])
+                bar.set_postfix(judge_correct=kept)
+    state["done"] = True
+    write_json_atomic(state_file, state)
+    return folder

@@ -1,0 +1,128 @@
+"""Data prep end to end with the real CPU models: one run, kill and resume, two shards merged.
+
+Every stage runs for real (turns-mode construction, activation, SmolLM2 answers and judgments); the
+demo config targets gold answers, so the dataset does not depend on what the small judge decides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qgmem_train.model.trajectory import read_trajectory_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "configs" / "data_prep" / "demo-cpu.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def make_config(tmp: Path, name: str) -> Path:
+    """The demo config cut to two cases of one question each, writing under ``tmp/name``."""
+    raw = yaml.safe_load(DEMO.read_text())
+    raw["data_prep"].update(
+        source=str(ROOT / "samples" / "convomem_cases"),
+        categories={"category_2_temporal": 1, "category_4_multi_session": 1},
+        total_cases=2,
+        max_questions_per_case=1,
+        max_sessions_per_case=1,
+        out=str(tmp / name),
+    )
+    raw["pipeline"]["generation"]["max_new_tokens"] = 64
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def data_prep(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "data_prep", *args], capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+
+def rows(out: Path) -> dict[str, list[dict]]:
+    return {split: [ex.to_record() for ex in examples] for split, examples in read_trajectory_dataset(out / "dataset").items()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("dp")
+    config = make_config(tmp, "one")
+    result = data_prep("--config", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return tmp, tmp / "one"
+
+
+def test_one_run_writes_a_dataset_the_data_module_loads(reference: tuple[Path, Path]) -> None:
+    from qgmem_train.model.datamodule import TrajectoryDataModule
+
+    _, out = reference
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"] == "gold"
+    assert len(manifest["cases"]) == 2
+    assert sum(manifest["counts"]["per_split"].values()) == 2
+    assert set(manifest["seconds_per_case"]) >= {"construction", "activation", "answer", "judge"}
+    per_category = manifest["counts"]["per_category"]
+    assert {c: v["questions"] for c, v in per_category.items()} == {"category_2_temporal": 1, "category_4_multi_session": 1}
+    records = [json.loads(p.read_text()) for p in (out / "shards" / "0-of-1" / "cases").glob("*.json")]
+    for record in records:
+        (question,) = record["questions"]
+        assert question["units"] and all(u["source_turn_ids"] for u in question["units"])
+        assert question["context"].strip() and question["prompt_tokens"] > question["context_tokens"] > 0
+        assert len(question["graph"]["edge_src"]) == len(question["units"])
+        assert len(question["judgments"]) == (1 if question["answer"] is not None else 0)
+    module = TrajectoryDataModule(str(out / "dataset"), batch_size=1, validation_fraction=0.5, test_fraction=0.0)
+    module.setup("fit")
+    batch = next(iter(module.train_dataloader() if module.train_data else module.val_dataloader()))
+    assert batch["graph"].num_graphs == 1
+
+
+def test_kill_and_resume_equals_one_run(reference: tuple[Path, Path]) -> None:
+    tmp, one = reference
+    config = make_config(tmp, "killed")
+    process = subprocess.Popen([sys.executable, "-m", "data_prep", "--config", str(config)], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    cases = tmp / "killed" / "shards" / "0-of-1" / "cases"
+    deadline = time.monotonic() + 600
+    while not any(cases.glob("*.json")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert len(list(cases.glob("*.json"))) == 1, "the kill should land after the first of two cases"
+    assert not (tmp / "killed" / "manifest.json").exists()
+    result = data_prep("--config", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert rows(tmp / "killed") == rows(one)
+
+
+def test_two_shards_merged_equal_one_run(reference: tuple[Path, Path]) -> None:
+    tmp, one = reference
+    config = make_config(tmp, "sharded")
+    first = data_prep("--config", str(config), "--shard", "1/2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    early = data_prep("merge", "--config", str(config))
+    assert early.returncode == 2
+    assert "shard 0/2 is missing" in early.stderr
+    second = data_prep("--config", str(config), "--shard", "0/2")
+    assert second.returncode == 0, second.stderr[-3000:]
+    merged = data_prep("merge", "--config", str(config))
+    assert merged.returncode == 0, merged.stderr[-3000:]
+    assert rows(tmp / "sharded") == rows(one)
+
+
+def test_merge_refuses_shards_of_another_config(reference: tuple[Path, Path]) -> None:
+    tmp, one = reference
+    raw = yaml.safe_load(make_config(tmp, "one").read_text())
+    raw["data_prep"]["seed"] = 99
+    other = tmp / "other.yaml"
+    other.write_text(yaml.safe_dump(raw))
+    result = data_prep("merge", "--config", str(other))
+    assert result.returncode == 2
+    assert "made with another config" in result.stderr
+    assert result.stderr.strip().count("\n") == 0
