@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from qgmem_train.config import load_pipeline_config
 from qgmem_train.errors import InputError
+from qgmem_train.llm.factory import build_embedder, build_llm
 from qgmem_train.memory.construct import build_conversation, conversation_windows
 from qgmem_train.memory.loaders import DATASETS, load_conversations
 from qgmem_train.memory.store import MemoryStore
@@ -44,9 +45,6 @@ def main(argv: list[str]) -> int:
     if not conversations:
         raise InputError(args.input, "no conversations found")
     started = time.perf_counter()
-
-    from qgmem_train.llm.factory import build_embedder, build_llm
-
     embedder = build_embedder(cfg)
     llm = build_llm(cfg) if cfg.construction.units == "llm" or cfg.construction.traces else None
     with MemoryStore.open(args.store, create=True) as store:
