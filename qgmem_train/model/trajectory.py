@@ -109,16 +109,15 @@ def _check_graph(graph: LocalGraph, where: str) -> None:
 
 
 def write_trajectory_dataset(splits: Mapping[str, list[TrajectoryExample]], path: str | os.PathLike) -> Path:
-    """Save ``{split: examples}`` as a DatasetDict folder at ``path``, atomically (temp folder + rename)."""
+    """Save the non-empty splits of ``{split: examples}`` as a DatasetDict folder at ``path``, atomically (temp folder + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        # Column-wise, so that an empty split (a few cases all hashed into one split) still gets its columns.
-        table = {name: [ex.to_record() for ex in examples] for name, examples in splits.items()}
-        columns = {name: {key: [row[key] for row in rows] for key in TRAJECTORY_FEATURES} for name, rows in table.items()}
+        # Empty splits are left out: datasets can neither build nor reload a split without rows.
+        table = {name: [ex.to_record() for ex in examples] for name, examples in splits.items() if examples}
         dataset = datasets.DatasetDict(
-            {name: datasets.Dataset.from_dict(cols, features=TRAJECTORY_FEATURES) for name, cols in columns.items()}
+            {name: datasets.Dataset.from_list(rows, features=TRAJECTORY_FEATURES) for name, rows in table.items()}
         )
         dataset.save_to_disk(str(staging))
         if path.exists():
