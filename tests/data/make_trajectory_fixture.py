@@ -6,7 +6,7 @@ serialized as MEMORY_CONTEXT, and turned into a local graph; the target is the g
 reasoning path citing the labels of units whose source turns are gold evidence. A model trained on
 this fixture must never be evaluated on LoCoMo.
 
-    python tests/data/make_trajectory_fixture.py [--questions 12] [--k 6]
+    python tests/data/make_trajectory_fixture.py [--questions 12] [--k 6] [--held-out 2] [--out FOLDER]
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=12, help="questions to keep (first answered ones)")
     parser.add_argument("--k", type=int, default=6, help="working-memory budget (the paper uses 10)")
+    parser.add_argument("--held-out", type=int, default=2, help="questions in each of validation and test (the last ones)")
+    parser.add_argument("--out", type=Path, default=TARGET, help="folder to write (default: the committed fixture)")
     args = parser.parse_args(argv)
 
     cfg = PipelineConfig()
@@ -79,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
                     unit_ids=[u.id for u in wm.units],
                 )
             )
-    n = len(examples)
-    splits = {"train": examples[: n - 4], "validation": examples[n - 4 : n - 2], "test": examples[n - 2 :]}
-    write_trajectory_dataset(splits, TARGET)
-    print(f"wrote {TARGET}: " + ", ".join(f"{name} {len(part)}" for name, part in splits.items()))
+    n, h = len(examples), args.held_out
+    splits = {"train": examples[: n - 2 * h], "validation": examples[n - 2 * h : n - h], "test": examples[n - h :]}
+    write_trajectory_dataset(splits, args.out)
+    print(f"wrote {args.out}: " + ", ".join(f"{name} {len(part)}" for name, part in splits.items()))
     return 0
 
 
