@@ -1,0 +1,1 @@
+"""``python -m export``: package a trained checkpoint as a self-contained folder and push it to the Hugging Face Hub."""

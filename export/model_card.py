@@ -1,0 +1,117 @@
+"""The model card (README.md) of an export: what it is, how to use it, its data and licences, its metrics."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+LOCOMO_LICENCE = "CC BY-NC 4.0 (LoCoMo, Maharana et al., ACL 2024): non-commercial use, attribution required"
+SOURCE_LICENCES = {
+    "convomem": f"ConvoMem-format cases re-packed from LoCoMo: content {LOCOMO_LICENCE}; ConvoMem code Apache-2.0",
+    "locomo": f"LoCoMo conversations: {LOCOMO_LICENCE}",
+}
+"""Licence notes by source-dataset prefix (the ``source_dataset`` column of the trajectories)."""
+
+
+def source_licence(source: str) -> str | None:
+    """The licence note of a training source, or ``None`` when the source is not one this project knows."""
+    for prefix, note in SOURCE_LICENCES.items():
+        if source.lower().startswith(prefix):
+            return note
+    return None
+
+
+def card_licence(sources: Mapping[str, int] | None) -> str:
+    """The card's ``license`` tag: non-commercial when any LoCoMo-derived source (or an unknown one) trained it."""
+    if sources and all(source_licence(s) is None for s in sources):
+        return "other"
+    return "cc-by-nc-4.0"
+
+
+def _yaml_value(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | None, repo_id: str | None) -> str:
+    """Markdown with Hub front matter, from an export's ``config.json`` and an optional flat metrics dict."""
+    base = config["base_model"]
+    module = config["module"]
+    pipeline = config["pipeline"]
+    training = config["training"]
+    sources = training.get("sources")
+    ref = repo_id or "path/to/this/folder"
+    lora = f"LoRA r={module['lora_r']}, alpha={module['lora_alpha']} (peft format)" if config["adapter"]["lora"] else "none (the LLM is frozen)"
+    front = ["---", f"license: {card_licence(sources)}", "tags:", "- qgmem", "- long-term-memory", "- graph-augmented-generation", "- lightning"]
+    if "/" in base["id"] and not base["id"].startswith(("pkg:", "/", ".", "~")):
+        front.append(f"base_model: {_yaml_value(base['id'])}")
+    front.append("---")
+    lines = [
+        *front,
+        "",
+        "# QGMem graph adapter",
+        "",
+        "A trained graph encoder and projector for QGMem (query-aware graph-augmented memory): an event-indexed",
+        "memory store of a user's conversations, hybrid retrieval (BM25, dense, event attributes) fused by RRF and",
+        "reranked, and a local graph of the activated memory units encoded into "
+        f"{config['graph_tokens']} graph token(s) prepended to a frozen LLM's input.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| base LLM (frozen) | `{base['id']}` (revision `{base['revision'] or 'default'}`) |",
+        f"| embedder (retrieval, graph features) | `{config['embedder']['id']}` ({config['feature_dim']}-d) |",
+        f"| reranker | `{config['reranker']['kind']}`{' (' + config['reranker']['model'] + ')' if config['reranker']['model'] else ''} |",
+        f"| graph encoder | TransformerConv, {module['gnn_layers']} layers, hidden {module['gnn_hidden']}, {module['gnn_heads']} heads |",
+        f"| projector | MLP hidden {module['projector_hidden']} → {config['graph_tokens']} token(s) |",
+        f"| LoRA | {lora} |",
+        f"| memory units | `{pipeline['construction']['units']}`; window {pipeline['construction']['window']}, overlap {pipeline['construction']['overlap']} |",
+        f"| retrieval | channels {', '.join(pipeline['retrieval']['channels'])}; n={pipeline['retrieval']['n']}, κ={pipeline['retrieval']['kappa']}, k={pipeline['retrieval']['k']} |",
+        f"| prompts | `{config['prompts_version']}` (all templates in `prompts.json`) |",
+        "",
+        "Every setting is in `config.json`; `sha256sums.txt` lists the SHA-256 of every file and loading refuses",
+        "a file that differs. Weights are safetensors only; nothing is pickled.",
+        "",
+        "## How to use",
+        "",
+        "```python",
+        "from qgmem_train.predictor import QGMemPredictor",
+        "",
+        f'predictor = QGMemPredictor.from_pretrained("{ref}")',
+        'memory = predictor.memory("alice", "stores/alice")',
+        'memory.add_session([{"speaker": "Alice", "text": "I adopted a puppy named Max today."}], time="2024-05-01")',
+        'result = memory.ask("What is the name of Alice\'s dog?")',
+        "print(result.answer, result.reasoning_path)",
+        "for unit in result.cited:",
+        "    print(unit.label, unit.fact_text, [turn.id for turn in unit.source_turns])",
+        "```",
+        "",
+        f"or from the command line: `python -m qgmem_train ask --model {ref} --store stores/alice --namespace alice \"question\"`.",
+        "Local backbones answer through the graph token(s); API backbones (`models.backend: openai`) through the text",
+        "path, with the local graph written into the prompt as labelled facts.",
+        "",
+        "## Training data and licences",
+        "",
+        f"Trained for {training.get('global_step')} steps on trajectories of the frozen pipeline (`{training.get('data') or 'unknown'}`).",
+        "",
+    ]
+    if sources:
+        lines += ["| source | examples | licence |", "|---|---|---|"]
+        lines += [f"| `{name}` | {count} | {source_licence(name) or 'not known to this project: check the source before use'} |" for name, count in sources.items()]
+    else:
+        lines.append("The training folder was not readable at export time, so its sources are not listed here.")
+    lines += [
+        "",
+        f"Data derived from LoCoMo is licensed {LOCOMO_LICENCE}; this adapter is released for non-commercial use",
+        "accordingly. ConvoMem's code is Apache-2.0. A model trained on ConvoMem-format cases re-packed from LoCoMo",
+        "must never be scored on LoCoMo. The base LLM and the embedder keep their own licences.",
+        "",
+        "## Metrics",
+        "",
+    ]
+    if metrics:
+        lines += ["| metric | value |", "|---|---|"]
+        lines += [f"| {name} | {value:.4f} |" if isinstance(value, float) else f"| {name} | {value} |" for name, value in metrics.items()]
+    else:
+        lines.append("No evaluation report was given at export time.")
+    lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,302 @@
+"""Package a training checkpoint as a self-contained export folder (safetensors only, checksummed).
+
+The folder holds the graph adapter (encoder + projector) as safetensors, the LoRA adapter in peft's
+format when one was trained, ``config.json`` (base model, module hyperparameters, every pipeline
+setting, prompts version), ``prompts.json``, a model card and ``sha256sums.txt``. It is written under a
+temporary name and renamed into place, so a reader sees the previous export or the complete new one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Mapping
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qgmem_train.config import PipelineConfig, load_pipeline_config
+from qgmem_train.errors import InputError
+from qgmem_train.llm.prompts import ALL_PROMPTS, JSON_RETRY, PROMPTS_VERSION, RERANK
+from qgmem_train.model.checkpoint import ADAPTER_FILE, METADATA_KEY, config_hash, save_adapter
+from qgmem_train.predictor import (
+    CARD_FILE,
+    CHECKSUM_FILE,
+    CONFIG_FILE,
+    EXPORT_FORMAT,
+    EXPORT_FORMAT_VERSION,
+    LORA_CONFIG_FILE,
+    LORA_WEIGHTS_FILE,
+    PROMPTS_FILE,
+    file_sha256,
+)
+
+GRAPH_PREFIXES = ("encoder.", "projector.")
+"""State-dict prefixes of the graph adapter; every other trainable parameter is LoRA inside ``llm.``."""
+TEXT_SUFFIXES = (".md", ".txt")
+LIBRARIES = ("qgmem", "torch", "lightning", "transformers", "peft", "torch_geometric", "sentence-transformers")
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """A Lightning checkpoint of the module, read with ``weights_only=True``; a folder means its ``last.ckpt``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "last.ckpt"
+    if not path.is_file():
+        raise InputError(str(path), "checkpoint not found")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle errors of any kind: not a checkpoint we can read safely
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(str(path), f"not a checkpoint readable with torch.load(weights_only=True): {first}") from None
+    for key in ("state_dict", "hyper_parameters", METADATA_KEY):
+        if key not in checkpoint:
+            raise InputError(f"{path}: {key}", "missing: not a checkpoint of the graph-augmented LM")
+    return checkpoint
+
+
+def module_hyperparameters(checkpoint: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The module's ``__init__`` arguments from the checkpoint (LightningCLI bookkeeping dropped, no cache path)."""
+    from qgmem_train.model.module import GraphAugmentedLM
+
+    names = [n for n in inspect.signature(GraphAugmentedLM.__init__).parameters if n != "self"]
+    saved = checkpoint["hyper_parameters"]
+    missing = [n for n in names if n not in saved and n != "cache_dir"]
+    if missing:
+        raise InputError(f"{where}: hyper_parameters", f"missing {', '.join(missing)}")
+    return {n: (None if n == "cache_dir" else saved[n]) for n in names}
+
+
+def check_checkpoint(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any], where: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Split the trainable state into graph adapter and LoRA tensors after checking its metadata against ``hparams``."""
+    meta = checkpoint[METADATA_KEY]
+    settings = meta.get("settings", {})
+    if config_hash(settings) != meta.get("config_hash"):
+        raise InputError(f"{where}: {METADATA_KEY}.config_hash", "does not match the recorded settings")
+    for key, value in settings.items():
+        if hparams.get(key) != value:
+            raise InputError(f"{where}: hyper_parameters.{key}", f"is {hparams.get(key)!r} but the trainable parameters were made with {value!r}")
+    state = checkpoint["state_dict"]
+    graph = {k: v for k, v in state.items() if k.startswith(GRAPH_PREFIXES)}
+    lora = {k: v for k, v in state.items() if k not in graph}
+    stray = [k for k in lora if not (k.startswith("llm.") and "lora_" in k)]
+    if stray:
+        raise InputError(f"{where}: state_dict", f"unexpected parameters {stray[:3]} (expected encoder., projector. or LoRA)")
+    if bool(lora) != (hparams["lora_r"] > 0):
+        raise InputError(f"{where}: state_dict", f"{len(lora)} LoRA tensors but lora_r is {hparams['lora_r']}")
+    return graph, lora
+
+
+def check_pipeline_matches(cfg: PipelineConfig, hparams: Mapping[str, Any], data_hparams: Mapping[str, Any], config_path: Path) -> None:
+    """Refuse a fit config whose models differ from the ones the checkpoint was trained with."""
+    pairs = [("llm", hparams["llm"]), ("llm_revision", hparams["llm_revision"])]
+    if "embedder" in data_hparams:
+        pairs.append(("embedder", data_hparams["embedder"]))
+    for name, trained in pairs:
+        configured = getattr(cfg.models, name)
+        if configured != trained:
+            raise InputError(f"{config_path}: pipeline.models.{name}", f"is {configured!r} but the checkpoint was trained with {trained!r}")
+
+
+def save_lora(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any], folder: Path) -> None:
+    """Write ``adapter_model.safetensors`` + ``adapter_config.json`` with peft's ``save_pretrained``.
+
+    The module is rebuilt around the base LLM (unquantized: LoRA tensors do not depend on it), checked
+    against the checkpoint, loaded, and its LoRA-wrapped LLM saved; the adapter config names the base
+    model by its reference and revision rather than this machine's cache path.
+    """
+    from qgmem_train.model.module import GraphAugmentedLM
+
+    model = GraphAugmentedLM(**{**hparams, "quantization": "none"})
+    model.on_load_checkpoint(dict(checkpoint))
+    model.load_state_dict(checkpoint["state_dict"], strict=False)
+    peft_config = model.llm.peft_config["default"]
+    peft_config.base_model_name_or_path = hparams["llm"]
+    peft_config.revision = hparams["llm_revision"]
+    staging = Path(tempfile.mkdtemp(prefix=".peft.", dir=folder))
+    try:
+        model.llm.save_pretrained(staging, safe_serialization=True, save_embedding_layers=False)
+        for name in (LORA_WEIGHTS_FILE, LORA_CONFIG_FILE):
+            os.replace(staging / name, folder / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def training_sources(data_path: str | None) -> dict[str, int] | None:
+    """Examples per ``source_dataset`` of the training folder, or ``None`` when it is not readable here."""
+    if not data_path or not Path(data_path).exists():
+        return None
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(data_path))
+    except (FileNotFoundError, ValueError):
+        return None
+    parts = loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]
+    counts: Counter[str] = Counter()
+    for part in parts:
+        if "source_dataset" in part.column_names:
+            counts.update(part["source_dataset"])
+    return dict(sorted(counts.items()))
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of the libraries that shape the export."""
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def export_config(cfg: PipelineConfig, hparams: Mapping[str, Any], checkpoint: Mapping[str, Any], has_lora: bool, sources: dict[str, int] | None) -> dict[str, Any]:
+    """The ``config.json`` of an export: everything needed to rebuild the model and its retrieval stack."""
+    pipeline = cfg.to_dict()
+    pipeline["models"]["cache_dir"] = None
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    meta = checkpoint[METADATA_KEY]
+    return {
+        "format": EXPORT_FORMAT,
+        "format_version": EXPORT_FORMAT_VERSION,
+        "base_model": {"id": hparams["llm"], "revision": hparams["llm_revision"]},
+        "embedder": {"id": cfg.models.embedder, "dim": hparams["feature_dim"]},
+        "reranker": {"kind": cfg.models.reranker, "model": cfg.models.reranker_model},
+        "feature_dim": hparams["feature_dim"],
+        "graph_tokens": hparams["graph_tokens"],
+        "prompts_version": PROMPTS_VERSION,
+        "module": dict(hparams),
+        "adapter": {"graph": ADAPTER_FILE, "lora": LORA_WEIGHTS_FILE if has_lora else None, "config_hash": meta["config_hash"]},
+        "pipeline": pipeline,
+        "training": {
+            "global_step": checkpoint.get("global_step"),
+            "epoch": checkpoint.get("epoch"),
+            "data": data.get("path"),
+            "sources": sources,
+        },
+        "libraries": library_versions(),
+    }
+
+
+def prompts_record() -> dict[str, Any]:
+    """Every prompt template the pipeline renders, with the prompts version."""
+    templates = {**ALL_PROMPTS, RERANK.name: RERANK, JSON_RETRY.name: JSON_RETRY}
+    return {"version": PROMPTS_VERSION, "templates": {name: {"system": t.system, "user": t.user} for name, t in templates.items()}}
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Indented UTF-8 JSON with a final newline."""
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_checksums(folder: Path) -> None:
+    """``sha256sums.txt`` over every other file of the folder, sorted by name."""
+    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUM_FILE)
+    lines = [f"{file_sha256(folder / name)}  {name}" for name in names]
+    (folder / CHECKSUM_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def unsafe_files(folder: Path) -> list[str]:
+    """Files that are not plainly safe to load: anything but readable safetensors, JSON, Markdown or text.
+
+    An allow-list rather than a pickle detector: no pickled weights, archives or code can slip in.
+    """
+    from safetensors import safe_open
+
+    found = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), framework="pt"):
+                    continue
+            if path.suffix == ".json":
+                json.loads(path.read_text(encoding="utf-8"))
+                continue
+            if path.suffix in TEXT_SUFFIXES:
+                path.read_text(encoding="utf-8")
+                continue
+        except Exception:  # safetensors raises its own error type; any failure means the file is not what it claims
+            pass
+        found.append(str(path.relative_to(folder)))
+    return found
+
+
+def read_eval_report(path: str | os.PathLike | None) -> dict[str, Any] | None:
+    """Flat scalar metrics from an evaluation's ``metrics.json`` (nested values are left out)."""
+    if path is None:
+        return None
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(str(path), "eval report not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(str(path), f"not valid JSON: {exc}") from None
+    if not isinstance(report, dict):
+        raise InputError(str(path), "expected a JSON object of metrics")
+    return {k: v for k, v in report.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def replace_folder(staging: Path, out: Path) -> None:
+    """Move the finished ``staging`` folder to ``out``; an existing export there is replaced, anything else refused."""
+    if out.exists():
+        if not (out / CONFIG_FILE).is_file() or EXPORT_FORMAT not in (out / CONFIG_FILE).read_text(encoding="utf-8", errors="replace"):
+            if not out.is_dir() or any(out.iterdir()):
+                raise InputError(str(out), "exists and is not a QGMem export; choose a new folder")
+        retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+        os.replace(out, retired / out.name)
+        os.replace(staging, out)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(staging, out)
+
+
+def export_model(
+    checkpoint_path: str | os.PathLike,
+    config_path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    eval_report: str | os.PathLike | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """Write the export folder ``out`` from a checkpoint and the fit YAML it was trained with; return ``out``."""
+    from export.model_card import render_model_card
+
+    config_path, out = Path(config_path), Path(out).expanduser().resolve()
+    checkpoint = read_checkpoint(checkpoint_path)
+    where = str(checkpoint_path)
+    hparams = module_hyperparameters(checkpoint, where)
+    cfg = load_pipeline_config(config_path)
+    check_pipeline_matches(cfg, hparams, checkpoint.get("datamodule_hyper_parameters") or {}, config_path)
+    graph_state, lora_state = check_checkpoint(checkpoint, hparams, where)
+    metrics = read_eval_report(eval_report)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_adapter(graph_state, checkpoint[METADATA_KEY], staging)
+        if lora_state:
+            save_lora(checkpoint, hparams, staging)
+        sources = training_sources((checkpoint.get("datamodule_hyper_parameters") or {}).get("path"))
+        config = export_config(cfg, hparams, checkpoint, bool(lora_state), sources)
+        write_json(staging / CONFIG_FILE, config)
+        write_json(staging / PROMPTS_FILE, prompts_record())
+        (staging / CARD_FILE).write_text(render_model_card(config, metrics, repo_id), encoding="utf-8")
+        unsafe = unsafe_files(staging)
+        if unsafe:
+            raise InputError(str(out), f"refusing to export files that are not safetensors, JSON or text: {unsafe}")
+        for path in staging.iterdir():
+            path.chmod(0o644)
+        write_checksums(staging)
+        os.chmod(staging, 0o755)
+        replace_folder(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out

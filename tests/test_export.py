@@ -1,0 +1,226 @@
+"""Export of a trained checkpoint and the predictor over it: round trip, checksums, push failures, persistence.
+
+One module fixture trains the graph adapter and LoRA for one step on SmolLM2 (the committed trajectory
+fixture) and exports it; every test reads that folder or a copy of it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from export.__main__ import main as export_main
+from export.hub import PushError, push_folder
+from export.package import unsafe_files, write_checksums
+from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM, load_pipeline_config
+from qgmem_train.errors import InputError
+from qgmem_train.model.checkpoint import trainable_state_dict
+from qgmem_train.model.datamodule import TrajectoryDataModule
+from qgmem_train.model.module import GraphAugmentedLM
+from qgmem_train.predictor import CHECKSUM_FILE, QGMemPredictor, verify_checksums
+from tests.tiny_decoder import FIXTURE
+
+REPO = Path(__file__).resolve().parents[1]
+PIPELINE = {
+    "models": {"llm": BUNDLED_LLM, "embedder": BUNDLED_EMBEDDER, "reranker": "none", "dtype": "float32", "device": "cpu"},
+    "construction": {"units": "turns", "traces": False},
+    "retrieval": {"k": 4},
+    "generation": {"max_new_tokens": 16},
+}
+SESSION = [
+    {"speaker": "Caroline", "text": "I went to the LGBTQ support group yesterday and it was so powerful."},
+    {"speaker": "Melanie", "text": "That's great! I painted a sunrise over the lake last week."},
+    {"speaker": "Caroline", "text": "I'm thinking about studying counseling next year."},
+]
+QUESTION = "What did Melanie paint?"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(model in memory, checkpoint path, fit YAML path, export folder) after one LoRA + adapter step."""
+    root = tmp_path_factory.mktemp("export")
+    L.seed_everything(0)
+    data = TrajectoryDataModule(str(FIXTURE), batch_size=2, max_examples=2)
+    model = GraphAugmentedLM(
+        feature_dim=data.feature_dim, llm=BUNDLED_LLM, dtype="float32", gnn_hidden=32, gnn_layers=1, gnn_heads=2,
+        projector_hidden=32, lora_r=2, max_context_tokens=48, max_new_tokens=6, learning_rate=1e-2, weight_decay=0.0,
+    )  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=root, callbacks=[ModelCheckpoint(dirpath=root / "ckpt", save_last=True)],
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+    config = root / "fit.yaml"
+    config.write_text(yaml.safe_dump({"pipeline": PIPELINE}))
+    out = root / "model"
+    assert export_main(["--checkpoint", str(root / "ckpt" / "last.ckpt"), "--config", str(config), "--out", str(out), "--dry-run", "--push", "me/qgmem"]) == 0
+    return model.eval(), root / "ckpt" / "last.ckpt", config, out
+
+
+def _copy(folder: Path, target: Path) -> Path:
+    shutil.copytree(folder, target)
+    return target
+
+
+def test_export_is_complete_checksummed_and_free_of_pickles(trained, capsys) -> None:
+    model, _, config_path, out = trained
+    names = {p.name for p in out.iterdir()}
+    assert names == {"graph_adapter.safetensors", "adapter_model.safetensors", "adapter_config.json", "config.json", "prompts.json", "README.md", CHECKSUM_FILE}
+    assert unsafe_files(out) == [] and not any(p.suffix in {".bin", ".pt", ".pth", ".ckpt", ".pkl"} for p in out.iterdir())
+    assert set(verify_checksums(out)) == names - {CHECKSUM_FILE}
+    config = json.loads((out / "config.json").read_text())
+    expected = load_pipeline_config(config_path).to_dict()
+    assert config["pipeline"] == expected and config["base_model"] == {"id": BUNDLED_LLM, "revision": None}
+    assert config["module"]["lora_r"] == 2 and config["feature_dim"] == 384 and config["graph_tokens"] == 1
+    assert config["training"]["sources"] == {"locomo-sample": 12}
+    lora = json.loads((out / "adapter_config.json").read_text())
+    assert lora["base_model_name_or_path"] == BUNDLED_LLM and lora["r"] == 2
+    prompts = json.loads((out / "prompts.json").read_text())
+    assert {"final_answer", "memory_unit_extraction", "query_intent"} <= set(prompts["templates"])
+    card = (out / "README.md").read_text()
+    assert "CC BY-NC 4.0" in card and "Apache-2.0" in card and "license: cc-by-nc-4.0" in card and 'from_pretrained("me/qgmem")' in card
+
+
+@pytest.mark.slow
+def test_round_trip_answers_equal_the_model_in_memory(trained, tmp_path) -> None:
+    model, _, config_path, out = trained
+    in_memory = QGMemPredictor.from_module(model, load_pipeline_config(config_path), intent="rules")
+    loaded = QGMemPredictor.from_pretrained(out, intent="rules", device="cpu")
+    reference, restored = trainable_state_dict(model), trainable_state_dict(loaded.model)
+    assert reference.keys() == restored.keys() and all(torch.equal(reference[k], restored[k]) for k in reference)
+    assert any("lora_B" in k and reference[k].abs().sum() > 0 for k in reference)
+    with in_memory.memory("chat", tmp_path / "store") as memory:
+        report = memory.add_session(SESSION, time="2023-05-08")
+        expected = memory.ask(QUESTION)
+    assert report.units == len(SESSION)
+    with loaded.memory("chat", tmp_path / "store") as memory:
+        got = memory.ask(QUESTION)
+    assert got.generated == expected.generated and got.answer == expected.answer and got.tokens == expected.tokens
+    assert [u.id for u in got.units] == [u.id for u in expected.units] and [u.cited for u in got.units] == [u.cited for u in expected.units]
+    assert got.path == "graph" and got.tokens["prompt"] > got.tokens["context"] > 0
+    assert {"memory", "embed", "rerank", "serialize", "graph", "generate", "total"} <= set(got.seconds)
+    paint = got.units[0]
+    assert paint.id == "S1:2" and paint.source_turns[0].text == SESSION[1]["text"] and paint.source_turns[0].time == "2023-05-08"
+
+
+def test_a_tampered_or_incomplete_export_is_refused(trained, tmp_path) -> None:
+    out = trained[3]
+    for name in ("graph_adapter.safetensors", "adapter_model.safetensors", "config.json"):
+        copy = _copy(out, tmp_path / name)
+        raw = bytearray((copy / name).read_bytes())
+        raw[len(raw) // 2] ^= 0x01
+        (copy / name).write_bytes(bytes(raw))
+        with pytest.raises(InputError, match=f"{name}: SHA-256 differs"):
+            QGMemPredictor.from_pretrained(copy)
+    unlisted = _copy(out, tmp_path / "unlisted")
+    (unlisted / CHECKSUM_FILE).unlink()
+    with pytest.raises(InputError, match="checksum file missing"):
+        QGMemPredictor.from_pretrained(unlisted)
+
+
+def test_an_adapter_for_other_settings_is_refused_even_with_fresh_checksums(trained, tmp_path) -> None:
+    changed = _copy(trained[3], tmp_path / "changed")
+    config = json.loads((changed / "config.json").read_text())
+    config["module"]["gnn_hidden"] = 16
+    (changed / "config.json").write_text(json.dumps(config))
+    write_checksums(changed)
+    with pytest.raises(InputError, match="graph_adapter.safetensors: config_hash"):
+        QGMemPredictor.from_pretrained(changed)
+
+
+def _forbid_network(monkeypatch) -> None:
+    import huggingface_hub
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Hub client was called")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", refuse)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", refuse)
+
+
+def test_push_in_offline_mode_stops_after_the_folder_with_one_line(trained, tmp_path, monkeypatch, capsys) -> None:
+    _, checkpoint, config, _ = trained
+    _forbid_network(monkeypatch)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "offline"
+    code = export_main(["--checkpoint", str(checkpoint), "--config", str(config), "--out", str(out), "--push", "me/qgmem"])
+    captured = capsys.readouterr()
+    assert code == 2 and (out / CHECKSUM_FILE).exists()
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "offline mode is on" in last and str(out) in last and "Traceback" not in captured.err
+
+
+def test_push_without_a_token_or_network_fails_with_one_line(trained, monkeypatch) -> None:
+    import huggingface_hub
+
+    out = trained[3]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    _forbid_network(monkeypatch)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    with pytest.raises(PushError, match="no Hugging Face token"):
+        push_folder(out, "me/qgmem")
+    secret = "hf_secret_test_token"
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: secret)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(PushError, match="failed to reach the Hub at http://127.0.0.1:9: ConnectError") as failure:
+        push_folder(out, "me/qgmem", private=True)
+    assert secret not in str(failure.value) and "\n" not in str(failure.value)
+
+
+def test_bad_export_input_is_one_line_and_exit_code_2(trained, tmp_path, capsys) -> None:
+    _, checkpoint, config, _ = trained
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"pipeline": {**PIPELINE, "models": {**PIPELINE["models"], "embedder": "some/other-embedder"}}}))
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("not an export")
+    cases = [
+        (["--checkpoint", str(tmp_path / "missing.ckpt"), "--config", str(config)], "checkpoint not found"),
+        (["--checkpoint", str(config), "--config", str(config)], "weights_only=True"),
+        (["--checkpoint", str(checkpoint), "--config", str(other)], "pipeline.models.embedder"),
+        (["--checkpoint", str(checkpoint), "--config", str(config), "--push", "no-owner"], "--push"),
+    ]
+    for args, message in cases:
+        assert export_main([*args, "--out", str(tmp_path / "never")]) == 2
+        err = capsys.readouterr().err
+        assert message in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert not (tmp_path / "never").exists()
+    assert export_main(["--checkpoint", str(checkpoint), "--config", str(config), "--out", str(taken)]) == 2
+    assert "is not a QGMem export" in capsys.readouterr().err and (taken / "notes.txt").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+ADD_SESSION = """
+from qgmem_train.predictor import QGMemPredictor
+predictor = QGMemPredictor.from_pretrained({model!r}, intent="rules")
+with predictor.memory("chat", {store!r}) as memory:
+    memory.add_session({session!r}, time="2023-05-08")
+"""
+ASK = """
+import json
+from qgmem_train.predictor import ask_with_model
+print(json.dumps(ask_with_model({model!r}, {store!r}, "chat", {question!r}).to_dict()))
+"""
+
+
+@pytest.mark.slow
+def test_a_predictor_memory_survives_a_process_restart(trained, tmp_path) -> None:
+    out, store = str(trained[3]), str(tmp_path / "store")
+    for script in (ADD_SESSION, ASK):
+        code = textwrap.dedent(script).format(model=out, store=store, session=SESSION, question=QUESTION)
+        run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert {u["id"] for u in result["units"]} == {"S1:1", "S1:2", "S1:3"}
+    assert result["units"][0]["source_turns"][0] == {"id": "S1:2", "speaker": "Melanie", "text": SESSION[1]["text"], "time": "2023-05-08"}

@@ -1,0 +1,153 @@
+"""The predictor's memory handle, text path, frozen pipeline under LoRA, and JSONL predictions of ``predict``.
+
+Real MiniLM embeddings throughout; the answering LLM is scripted only where the test is about parsing
+and citations, and the tiny random decoder stands in where the test is about the module's wiring.
+(SmolLM2 end to end: tests/test_export.py.)
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
+from qgmem_train.errors import InputError
+from qgmem_train.llm.local import TransformersLLM
+from qgmem_train.memory.types import Turn
+from qgmem_train.model.module import GraphAugmentedLM
+from qgmem_train.model.prediction_writer import JsonlPredictionWriter
+from qgmem_train.predictor import QGMemPredictor
+from tests.fakes import ScriptedLLM
+from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+
+SESSION = [
+    {"speaker": "Caroline", "text": "I went to the LGBTQ support group yesterday and it was so powerful."},
+    {"speaker": "Melanie", "text": "That's great! I painted a sunrise over the lake last week."},
+]
+
+
+def _pipeline(llm: str = "scripted") -> PipelineConfig:
+    cfg = PipelineConfig()
+    cfg.models.llm, cfg.models.reranker, cfg.models.device = llm, "none", "cpu"
+    cfg.construction.units, cfg.construction.traces = "turns", False
+    cfg.retrieval.k = 3
+    return cfg
+
+
+def _text_predictor(minilm, replies: list[str]) -> QGMemPredictor:
+    return QGMemPredictor(None, _pipeline(), llm=ScriptedLLM(replies), embedder=minilm, reranker=None, intent="rules")
+
+
+@pytest.fixture(scope="module")
+def llm_dir(tmp_path_factory):
+    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
+
+
+def test_sessions_get_ids_and_persist_and_bad_turns_are_one_clear_error(minilm, tmp_path) -> None:
+    predictor = _text_predictor(minilm, [])
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        assert memory.add_session(SESSION, time="8 May, 2023").units == 2
+        memory.add_session([Turn("x-1", "Alice", "I moved to Paris in June.")], session_id="trip")
+        memory.add_session([{"id": "late", "speaker": "Bob", "text": "See you soon."}])
+        stored = memory.store.load_namespace("alice")
+        assert list(stored.turns) == ["S1:1", "S1:2", "x-1", "late"]
+        assert stored.turn_time["S1:1"] == "2023-05-08" and stored.turn_time["x-1"] is None
+        assert {s for s, _ in memory.store.done_windows("alice")} == {"S1", "trip", "S3"}
+        for turns, time, message in [
+            ([{"speaker": "Bob"}], None, "turn 1.text"),
+            ([SESSION[0], "hello"], None, "turn 2"),
+            (SESSION, "someday", "unrecognised date"),
+            ([], None, "no turns"),
+        ]:
+            with pytest.raises(InputError, match=message):
+                memory.add_session(turns, time=time)
+        with pytest.raises(InputError, match="empty question"):
+            memory.ask("  ")
+    with predictor.memory("alice", tmp_path / "store") as reopened:
+        assert reopened.store.count_units("alice") == 4
+
+
+def test_text_path_answer_cites_units_with_their_source_turns(minilm, tmp_path) -> None:
+    reply = json.dumps({"reasoning_path": "[F1] says Melanie painted a sunrise.", "answer": "a sunrise"})
+    predictor = _text_predictor(minilm, [reply])
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION, time="2023-05-08")
+        result = memory.ask("What did Melanie paint?", question_time="2023-05-20")
+    assert result.path == "text" and result.answer == "a sunrise"
+    assert [u.id for u in result.cited] == ["S1:2"] and result.units[0].label == "F1"
+    assert result.cited[0].source_turns[0].text == SESSION[1]["text"] and result.cited[0].source_turns[0].time == "2023-05-08"
+    assert result.tokens["generated"] == len(result.generated.split()) and result.tokens["prompt"] > result.tokens["context"] > 0
+    prompt = predictor.llm.calls[0][-1]["content"]
+    assert "What did Melanie paint?" in prompt and "2023-05-20" in prompt and "I painted a sunrise" in prompt
+    rendered = result.render()
+    assert rendered.startswith("answer: a sunrise") and "cited units (1 of 2 units" in rendered and "S1:2 (2023-05-08) Melanie:" in rendered
+
+
+def test_an_invalid_answer_cites_nothing_and_shows_the_working_memory(minilm, tmp_path) -> None:
+    predictor = _text_predictor(minilm, ["no json here", "still none"])
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION)
+        result = memory.ask("What did Melanie paint?")
+    assert result.answer is None and result.cited == [] and len(result.units) == 2
+    assert "working memory (nothing cited) (2 of 2 units" in result.render()
+
+
+def test_graph_path_wiring_and_lora_off_in_the_frozen_pipeline(llm_dir, minilm, tmp_path) -> None:
+    torch.manual_seed(0)
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, minilm.dim, lora_r=2))
+    for name, param in model.llm.named_parameters():
+        if "lora_B" in name:
+            param.data.fill_(0.05)
+    predictor = QGMemPredictor.from_module(model, _pipeline(str(llm_dir)), intent="rules")
+    chat = [{"role": "user", "content": "What did Melanie paint?"}]
+    with predictor.frozen_pipeline():
+        frozen = predictor.llm.next_token_logprobs([chat])
+    adapted = predictor.llm.next_token_logprobs([chat])
+    base = TransformersLLM(str(llm_dir)).next_token_logprobs([chat])
+    assert torch.allclose(frozen, base, atol=1e-5) and not torch.allclose(adapted, base, atol=1e-3)
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION)
+        result = memory.ask("What did Melanie paint?")
+    assert result.path == "graph" and len(result.units) == 2 and result.units[0].id == "S1:2"
+    assert result.tokens["prompt"] > result.tokens["context"] and {"graph", "generate"} <= set(result.seconds)
+
+
+def test_prediction_writer_is_atomic(tmp_path) -> None:
+    trainer = SimpleNamespace(default_root_dir=str(tmp_path), global_rank=0, world_size=1)
+    writer = JsonlPredictionWriter()
+    writer.on_predict_start(trainer, None)
+    writer.write_on_batch_end(trainer, None, [{"answer": "a"}], None, None, 0, 0)
+    writer.on_exception(trainer, None, RuntimeError("killed"))
+    assert list(tmp_path.iterdir()) == []
+    writer.on_predict_start(trainer, None)
+    writer.write_on_batch_end(trainer, None, [{"answer": "a"}, {"answer": "b"}], None, None, 0, 0)
+    assert list(tmp_path.iterdir())[0].name.startswith(".predictions.jsonl.")
+    writer.on_predict_end(trainer, None)
+    assert [p.name for p in tmp_path.iterdir()] == ["predictions.jsonl"]
+    assert [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()] == [{"answer": "a"}, {"answer": "b"}]
+    assert writer.target(SimpleNamespace(default_root_dir=str(tmp_path), global_rank=1, world_size=2)).name == "predictions.rank1.jsonl"
+
+
+def test_lightning_cli_predict_writes_jsonl(llm_dir, tmp_path) -> None:
+    from qgmem_train.lightning_cli import main
+
+    out = tmp_path / "predictions.jsonl"
+    config = {
+        "trainer": {
+            "accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False, "default_root_dir": str(tmp_path),
+            "callbacks": [{"class_path": "qgmem_train.model.prediction_writer.JsonlPredictionWriter", "init_args": {"path": str(out)}}],
+        },
+        "checkpoint": {"dirpath": str(tmp_path / "ckpt")},
+        "model": {k: v for k, v in tiny_module_kwargs(llm_dir, 0).items() if k not in {"feature_dim", "llm"}},
+        "data": {"path": str(FIXTURE), "batch_size": 2},
+        "pipeline": {"models": {"llm": str(llm_dir), "embedder": BUNDLED_EMBEDDER}},
+    }  # fmt: skip
+    path = tmp_path / "predict.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["predict", "--config", str(path)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2 and {"question_id", "generated", "answer", "valid_json", "exact_match", "reference_answer"} <= set(records[0])
