@@ -17,8 +17,9 @@ import numpy as np
 from qgmem_train.config import RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.llm.base import ChatLLM
+from qgmem_train.memory.store import AttributeIndex
 from qgmem_train.memory.types import MemoryUnit
-from qgmem_train.retrieval.attributes import AttributeScorer
+from qgmem_train.retrieval.attributes import ENTITY, AttributeScorer
 from qgmem_train.retrieval.dense import DenseIndex
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.intent import QueryIntent, parse_intent_rules, parse_intents
@@ -34,12 +35,29 @@ CHANNELS = ("bm25", "dense", "attr")
 
 
 def lexical_text(unit: MemoryUnit) -> str:
-    """What BM25 indexes for a unit: its fact, its source dialogue when different, and its attributes."""
-    parts = [unit.fact_text]
-    if unit.source_text.strip() != unit.fact_text.strip():
-        parts.append(unit.source_text)
-    parts += unit.entities + unit.locations
-    return " ".join(parts)
+    """What BM25 indexes for a unit: its fact, and its source dialogue when that differs."""
+    if unit.source_text.strip() and unit.source_text.strip() != unit.fact_text.strip():
+        return f"{unit.fact_text} {unit.source_text}"
+    return unit.fact_text
+
+
+def with_subject_entities(attributes: AttributeIndex, units: Sequence[MemoryUnit], embedder: Embedder) -> AttributeIndex:
+    """The attribute rows plus each unit's triple subject as an entity: who a fact is about is one of its entities."""
+    subjects = [u.subject for u in units]
+    distinct = sorted(set(subjects))
+    vectors = embedder.encode(distinct)
+    row = {s: i for i, s in enumerate(distinct)}
+    return AttributeIndex(
+        unit_index=np.concatenate([np.asarray(attributes.unit_index, np.int64), np.arange(len(units), dtype=np.int64)]),
+        kind=np.concatenate([np.asarray(attributes.kind, np.int8), np.full(len(units), ENTITY, np.int8)]),
+        texts=list(attributes.texts) + subjects,
+        embeddings=np.concatenate([np.asarray(attributes.embeddings, np.float32).reshape(-1, vectors.shape[1]), vectors[[row[s] for s in subjects]]]),
+    )
+
+
+def query_texts(question: str, intent: QueryIntent) -> list[str]:
+    """What a query embeds: the question, then its entities, then its locations."""
+    return [question, *intent.entities, *intent.locations]
 
 
 def check_channels(channels: Sequence[str]) -> list[str]:
@@ -51,17 +69,22 @@ def check_channels(channels: Sequence[str]) -> list[str]:
 
 
 class ActivationIndex:
-    """The search structures of one namespace: BM25, dense, attributes, and units by id."""
+    """The search structures of one namespace: BM25, dense, attributes, and trajectories by trace id.
 
-    def __init__(self, memory: NamespaceMemory, cfg: RetrievalConfig):
+    With an ``embedder``, each unit's triple subject joins its entities for SemMatch (extraction
+    often leaves the subject, e.g. the speaker, out of the entity list).
+    """
+
+    def __init__(self, memory: NamespaceMemory, cfg: RetrievalConfig, embedder: Embedder | None = None):
         self.memory = memory
         self.channels = check_channels(cfg.channels)
         units = memory.units
         self.bm25 = BM25Index([tokenize(lexical_text(u)) for u in units]) if "bm25" in self.channels else None
         self.dense = DenseIndex(memory.fact_embeddings, approximate=cfg.approximate)
-        self.attributes = (
-            AttributeScorer(units, memory.attributes, sem_threshold=cfg.sem_threshold) if "attr" in self.channels else None
-        )
+        self.attributes = None
+        if "attr" in self.channels:
+            attributes = with_subject_entities(memory.attributes, units, embedder) if embedder is not None and units else memory.attributes
+            self.attributes = AttributeScorer(units, attributes, sem_threshold=cfg.sem_threshold)
         self.trajectory = {t.id: t.trajectory for t in memory.traces}
 
     def trajectory_of(self, unit: MemoryUnit) -> str | None:
@@ -102,14 +125,16 @@ def activate(
     reranker: Reranker | None,
     index: ActivationIndex | None = None,
     intent: QueryIntent | None = None,
+    query_vectors: np.ndarray | None = None,
 ) -> WorkingMemory:
     """Activate the working memory for one question.
 
     ``llm`` parses the query intent with the paper's prompt; ``None`` uses the rule-based parser.
     ``index`` reuses a namespace's prebuilt :class:`ActivationIndex`; ``intent`` a parse made
-    beforehand (batched). ``reranker`` ``None`` keeps the RRF order.
+    beforehand (batched); ``query_vectors`` the embeddings of :func:`query_texts`, encoded beforehand
+    (batched). ``reranker`` ``None`` keeps the RRF order.
     """
-    index = index or ActivationIndex(memory, cfg)
+    index = index or ActivationIndex(memory, cfg, embedder)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     if intent is None:
@@ -117,7 +142,7 @@ def activate(
     timings["intent"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    vectors = embedder.encode([question, *intent.entities, *intent.locations])
+    vectors = query_vectors if query_vectors is not None else embedder.encode(query_texts(question, intent))
     query_vector = vectors[0]
     entity_vectors = vectors[1 : 1 + len(intent.entities)]
     location_vectors = vectors[1 + len(intent.entities) :]
@@ -167,7 +192,8 @@ def search_channels(
 ) -> dict[str, np.ndarray]:
     """Each configured channel's top-n unit rows, best first (BM25 and attributes: positive scores only).
 
-    Attribute scores are coarse (many units share one), so ties are broken by the dense similarity.
+    Attribute scores are coarse (many units share one), so ties are broken by the BM25 score (units
+    that match the constraints and share the query's words first), or by dense similarity without BM25.
     """
     timings = timings if timings is not None else {}
     ranked: dict[str, np.ndarray] = {}
@@ -180,14 +206,18 @@ def search_channels(
             similarities = index.dense.similarities(query_vector)
             ranked["dense"] = top_n(similarities, cfg.n)[0]
         timings["dense"] = time.perf_counter() - start
+    lexical = None
     if "bm25" in index.channels:
         start = time.perf_counter()
-        ranked["bm25"] = index.bm25.search(tokenize(question), cfg.n)[0]
+        lexical = index.bm25.scores(tokenize(question))
+        ranked["bm25"] = top_positive(lexical, cfg.n)[0]
         timings["bm25"] = time.perf_counter() - start
     if "attr" in index.channels:
         start = time.perf_counter()
         elt = index.attributes.scores(intent, entity_vectors, location_vectors)
-        if similarities is not None:
+        if lexical is not None:
+            tiebreak = lexical.__getitem__
+        elif similarities is not None:
             tiebreak = similarities.__getitem__
         else:
             tiebreak = lambda rows: index.dense.similarities(query_vector, rows)  # noqa: E731

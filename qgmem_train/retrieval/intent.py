@@ -98,11 +98,15 @@ def intent_from_output(output: IntentOutput, question: str, question_time: str |
 
 
 def parse_intents(
-    questions: Sequence[tuple[str, str | None]], llm: ChatLLM, *, stats: ParseStats | None = None
+    questions: Sequence[tuple[str, str | None]],
+    llm: ChatLLM,
+    *,
+    max_new_tokens: int = INTENT_MAX_NEW_TOKENS,
+    stats: ParseStats | None = None,
 ) -> list[QueryIntent]:
     """Parse (question, question time) pairs with the QUERY_INTENT prompt, batched; dropped outputs use the rules."""
     chats = [QUERY_INTENT.render(query=q, question_time=t or "unknown") for q, t in questions]
-    outputs = generate_structured(llm, chats, IntentOutput, max_new_tokens=INTENT_MAX_NEW_TOKENS, stats=stats)
+    outputs = generate_structured(llm, chats, IntentOutput, max_new_tokens=max_new_tokens, stats=stats)
     intents = []
     for (question, question_time), output in zip(questions, outputs):
         if output is None:

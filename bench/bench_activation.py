@@ -1,0 +1,248 @@
+"""Activation latency per query without LLM calls, on synthetic namespaces of 10k, 100k and 1M units.
+
+Measures each channel (BM25, dense, attributes) and the fusion, p50 and p95 over random queries, on
+one thread (numpy/BLAS and torch threads set to 1 before import), plus the memory the search structures
+take, and our BM25 against rank_bm25's BM25Okapi on the same 100k documents and queries (a ratio
+measured side by side). Query parsing, embedding and reranking are model calls and are left out.
+
+    python bench/bench_activation.py                 # 10k, 100k, 1M (about 3 minutes, ~8 GB RAM)
+    python bench/bench_activation.py --sizes 10000   # quick
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+from datetime import date, timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from qgmem_train.config import RetrievalConfig  # noqa: E402
+from qgmem_train.memory.store import AttributeIndex, NamespaceMemory  # noqa: E402
+from qgmem_train.memory.types import MemoryUnit, TimeSpan  # noqa: E402
+from qgmem_train.retrieval.activation import ActivationIndex, lexical_text, search_channels  # noqa: E402
+from qgmem_train.retrieval.fusion import reciprocal_rank_fusion  # noqa: E402
+from qgmem_train.retrieval.intent import QueryIntent  # noqa: E402
+from qgmem_train.retrieval.lexical import tokenize  # noqa: E402
+
+VOCAB = 30_000
+ENTITIES = 20_000
+LOCATIONS = 2_000
+DIM = 384
+START = date(2022, 1, 1)
+
+
+def rss_mb() -> float:
+    """Resident memory of this process in MB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def unit_vectors(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` random L2-normalised float32 rows, generated in chunks to bound peak memory."""
+    out = np.empty((n, DIM), np.float32)
+    for start in range(0, n, 100_000):
+        block = rng.standard_normal((min(100_000, n - start), DIM), dtype=np.float32)
+        block /= np.linalg.norm(block, axis=1, keepdims=True)
+        out[start : start + len(block)] = block
+    return out
+
+
+def synthetic_memory(n: int, seed: int = 0) -> tuple[NamespaceMemory, list[str], np.ndarray, np.ndarray]:
+    """A namespace of ``n`` units: Zipf-distributed words, one entity each, a location and a fact time for some."""
+    rng = np.random.default_rng(seed)
+    words = np.array([f"word{i}" for i in range(VOCAB)])
+    zipf = 1.0 / np.arange(1, VOCAB + 1) ** 1.1
+    zipf /= zipf.sum()
+    lengths = rng.integers(8, 25, size=n)
+    tokens = words[rng.choice(VOCAB, size=int(lengths.sum()), p=zipf)]
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    entity_of = rng.integers(0, ENTITIES, size=n)
+    location_of = np.where(rng.random(n) < 0.3, rng.integers(0, LOCATIONS, size=n), -1)
+    day_of = rng.integers(0, 730, size=n)
+    dated = rng.random(n) < 0.3
+    units = []
+    for i in range(n):
+        day = (START + timedelta(days=int(day_of[i]))).isoformat()
+        units.append(MemoryUnit(
+            id=f"u{i}", session_id=f"s{i // 50}", fact_text=" ".join(tokens[bounds[i] : bounds[i + 1]]),
+            subject=f"entity{entity_of[i]}", predicate="did", object="something", source_turn_ids=[f"t{i}"],
+            source_text="", utterance_time=day, serial=i,
+            fact_time=[TimeSpan(day, day)] if dated[i] else [],
+            entities=[f"entity{entity_of[i]}"], locations=[f"place{location_of[i]}"] if location_of[i] >= 0 else [],
+        ))
+    units_with_location = np.flatnonzero(location_of >= 0)
+    entity_vectors, location_vectors = unit_vectors(rng, ENTITIES), unit_vectors(rng, LOCATIONS)
+    attributes = AttributeIndex(
+        unit_index=np.concatenate([np.arange(n), units_with_location]).astype(np.int64),
+        kind=np.concatenate([np.zeros(n, np.int8), np.ones(len(units_with_location), np.int8)]),
+        texts=[f"entity{e}" for e in entity_of] + [f"place{location_of[i]}" for i in units_with_location],
+        embeddings=np.concatenate([entity_vectors[entity_of], location_vectors[location_of[units_with_location]]]),
+    )
+    memory = NamespaceMemory(
+        namespace="bench", units=units, fact_embeddings=unit_vectors(rng, n), attributes=attributes, traces=[],
+        trace_of={}, turns={}, turn_time={}, embedder_id="synthetic",
+    )
+    query_words = [" ".join(words[rng.choice(2000, size=rng.integers(3, 8))]) for _ in range(1000)]
+    return memory, query_words, entity_vectors, location_vectors
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50 and p95 in milliseconds."""
+    ms = np.array(values) * 1000
+    return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2)}
+
+
+def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bool) -> dict:
+    """Latencies of every channel and the fusion on a namespace of ``n`` units."""
+    base = rss_mb()
+    started = time.perf_counter()
+    memory, query_words, entity_vectors, location_vectors = synthetic_memory(n)
+    generated = time.perf_counter()
+    with_data = rss_mb()
+    index = ActivationIndex(memory, cfg)
+    built = time.perf_counter()
+    with_index = rss_mb()
+    rng = np.random.default_rng(1)
+    timings: dict[str, list[float]] = {name: [] for name in ("bm25", "dense", "attr", "fusion", "channels+fusion")}
+    for q in range(queries):
+        target = int(rng.integers(n))
+        query_vector = memory.fact_embeddings[target] + 0.5 * rng.standard_normal(DIM, dtype=np.float32)
+        query_vector /= np.linalg.norm(query_vector)
+        entity = int(memory.units[target].entities[0].removeprefix("entity"))
+        day = memory.units[target].utterance_time
+        intent = QueryIntent(
+            entities=[f"entity{entity}"], locations=["place"] if q % 3 == 0 else [],
+            fact_times=[TimeSpan(day, (date.fromisoformat(day) + timedelta(days=6)).isoformat())] if q % 2 == 0 else [],
+        )
+        locations = location_vectors[rng.integers(LOCATIONS)][None, :] if intent.locations else np.zeros((0, DIM), np.float32)
+        step: dict[str, float] = {}
+        start = time.perf_counter()
+        ranked = search_channels(index, cfg, query_words[q % len(query_words)], query_vector, intent,
+                                 entity_vectors[entity][None, :], locations, step)
+        fusion_start = time.perf_counter()
+        reciprocal_rank_fusion(ranked, kappa=cfg.kappa, n=cfg.n)
+        end = time.perf_counter()
+        for name in ("bm25", "dense", "attr"):
+            timings[name].append(step[name])
+        timings["fusion"].append(end - fusion_start)
+        timings["channels+fusion"].append(end - start)
+    result = {
+        "units": n,
+        "queries": queries,
+        "latency": {name: percentiles(values) for name, values in timings.items()},
+        "memory_mb": {
+            "units_and_embeddings": round(with_data - base, 1),
+            "search_structures": round(with_index - with_data, 1),
+            "fact_embeddings": round(memory.fact_embeddings.nbytes / 2**20, 1),
+        },
+        "seconds": {"generate": round(generated - started, 1), "build_index": round(built - generated, 1)},
+    }
+    if compare_rank_bm25:
+        result["bm25_vs_rank_bm25"] = compare_bm25(memory, index, query_words[:20])
+    del memory, index
+    gc.collect()
+    return result
+
+
+def compare_bm25(memory: NamespaceMemory, index: ActivationIndex, query_words: list[str]) -> dict:
+    """Full score vectors from our index and from rank_bm25's BM25Okapi for the same queries, side by side."""
+    from rank_bm25 import BM25Okapi
+
+    corpus = [tokenize(lexical_text(u)) for u in memory.units]
+    reference = BM25Okapi(corpus)
+    ours_t, ref_t, max_diff = [], [], 0.0
+    for text in query_words:
+        query = tokenize(text)
+        start = time.perf_counter()
+        ours = index.bm25.scores(query)
+        middle = time.perf_counter()
+        theirs = reference.get_scores(query)
+        end = time.perf_counter()
+        ours_t.append(middle - start)
+        ref_t.append(end - middle)
+        max_diff = max(max_diff, float(np.max(np.abs(ours - theirs) / np.maximum(1.0, np.abs(theirs)))))
+    ours_p50, ref_p50 = float(np.median(ours_t)), float(np.median(ref_t))
+    return {
+        "queries": len(query_words),
+        "ours_p50_ms": round(ours_p50 * 1000, 2),
+        "rank_bm25_p50_ms": round(ref_p50 * 1000, 2),
+        "speedup": round(ref_p50 / ours_p50, 1),
+        "max_relative_score_difference": max_diff,
+    }
+
+
+def markdown(report: dict) -> str:
+    """The results as a Markdown table."""
+    lines = [
+        f"# Activation latency (one thread; {report['machine']['cpu']}, {report['machine']['cores']} cores)",
+        "",
+        "| units | bm25 p50/p95 | dense p50/p95 | attr p50/p95 | fusion p50/p95 | 3 channels + fusion p50/p95 | index MB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        cell = lambda name: f"{r['latency'][name]['p50_ms']} / {r['latency'][name]['p95_ms']} ms"  # noqa: E731
+        lines.append(
+            f"| {r['units']:,} | {cell('bm25')} | {cell('dense')} | {cell('attr')} | {cell('fusion')} | "
+            f"{cell('channels+fusion')} | {r['memory_mb']['search_structures']} (+{r['memory_mb']['units_and_embeddings']} data) |"
+        )
+    for r in report["results"]:
+        if "bm25_vs_rank_bm25" in r:
+            c = r["bm25_vs_rank_bm25"]
+            lines += ["", f"BM25 at {r['units']:,} units: ours {c['ours_p50_ms']} ms vs rank_bm25 {c['rank_bm25_p50_ms']} ms "
+                      f"per query (p50, full score vector): **{c['speedup']}x**; max relative score difference "
+                      f"{c['max_relative_score_difference']:.1e}."]
+    lines += ["", "Targets (three channels together, p50): < 50 ms at 100k units, < 300 ms at 1M units."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Run the sizes, print and write bench/results/activation.{json,md}."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000], help="namespace sizes in units")
+    parser.add_argument("--queries", type=int, default=200, help="queries per size (1M runs a quarter as many)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
+    args = parser.parse_args()
+    cfg = RetrievalConfig()
+    results = []
+    for n in args.sizes:
+        queries = args.queries if n < 1_000_000 else max(20, args.queries // 4)
+        print(f"{n:,} units ...", flush=True)
+        results.append(bench_size(n, queries, cfg, compare_rank_bm25=(n == 100_000)))
+        print(json.dumps(results[-1], indent=1), flush=True)
+    report = {
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads_used": 1, "numpy": np.__version__},
+        "settings": {"n": cfg.n, "kappa": cfg.kappa, "sem_threshold": cfg.sem_threshold, "dim": DIM, "approximate": cfg.approximate},
+        "results": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "activation.json").write_text(json.dumps(report, indent=2))
+    (args.out / "activation.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""``ask`` end to end with SmolLM2 over a small turns-mode store, and its bad-input paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qgmem_train.__main__ import main
+
+SAMPLE = Path(__file__).parent.parent / "samples" / "locomo_sample.json"
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The sample's first session in turns mode, and a config with a short generation budget."""
+    root = tmp_path_factory.mktemp("ask")
+    config = root / "ask.yaml"
+    config.write_text("pipeline:\n  construction:\n    units: turns\n    traces: false\n  generation:\n    max_new_tokens: 48\n")
+    build = ["build", "--dataset", "locomo", "--input", str(SAMPLE), "--store", str(root / "store"), "--units", "turns",
+             "--config", str(config), "--limit-sessions", "1"]
+    assert main(build) == 0
+    return root / "store", config
+
+
+@pytest.mark.slow
+def test_ask_prints_answer_and_cited_turns(small_store: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    store, config = small_store
+    code = main(["ask", "--store", str(store), "--config", str(config), "--reranker", "none", "--time", "2023-05-09",
+                 "What did Caroline go to yesterday?"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("answer: ") and "cited units (" in out
+    assert "    D1:" in out and "(2023-05-08" in out
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--namespace", "nobody", "q?"], "nobody"),
+        (["--time", "next-ish", "q?"], "--time"),
+        (["   "], "empty question"),
+    ],
+)
+def test_ask_bad_input_exits_2(small_store: tuple[Path, Path], capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> None:
+    store, config = small_store
+    assert main(["ask", "--store", str(store), "--config", str(config), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_ask_missing_store_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ask", "--store", str(tmp_path / "none"), "q?"]) == 2
+    assert "no memory store" in capsys.readouterr().err

@@ -1,0 +1,148 @@
+"""Activation end to end on a small crafted namespace with MiniLM; rerankers; serialization; answering."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qgmem_train.config import RetrievalConfig
+from qgmem_train.llm.prompts import RERANK
+from qgmem_train.llm.schemas import AnswerOutput
+from qgmem_train.memory.store import AttributeIndex, NamespaceMemory
+from qgmem_train.memory.types import MemoryUnit, TimeSpan, Trace, Turn
+from qgmem_train.retrieval.activation import ActivationIndex, activate
+from qgmem_train.retrieval.answer import answer_questions
+from qgmem_train.retrieval.intent import parse_intents
+from qgmem_train.retrieval.rerank import CrossEncoderReranker, LLMReranker, rerank_document
+from qgmem_train.retrieval.serialization import cited_unit_ids, serialize_working_memory
+from tests.fakes import ScriptedLLM
+
+FACTS = [
+    ("D1:1", "Caroline", "went to", "an LGBTQ support group", "Caroline went to an LGBTQ support group yesterday.", ["LGBTQ support group"], [], "2023-05-07"),
+    ("D1:2", "Melanie", "painted", "a sunrise", "Melanie painted a sunrise over the lake last year.", ["sunrise"], ["lake"], None),
+    ("D2:1", "Caroline", "plans", "to study counseling", "Caroline plans to study counseling and mental health.", ["counseling"], [], None),
+    ("D2:2", "Melanie", "took", "her kids camping", "Melanie took her kids camping in the mountains.", ["kids"], ["mountains"], None),
+    ("D3:1", "Caroline", "plans", "to adopt children", "Caroline now plans to adopt children as a single parent.", ["adoption"], [], None),
+    ("D3:2", "Melanie", "runs", "a pottery class", "Melanie runs a pottery class on Fridays.", ["pottery class"], ["studio"], None),
+]
+
+
+def make_memory(embedder) -> NamespaceMemory:
+    """Six units of two speakers over three sessions, two of them in one trace, embedded with ``embedder``."""
+    units, turns, turn_time = [], {}, {}
+    attr_rows, attr_kind, attr_text = [], [], []
+    for row, (tid, subj, pred, obj, text, entities, locations, fact_day) in enumerate(FACTS):
+        utterance = f"2023-0{5 + int(tid[1]) - 1}-08"
+        turns[tid] = Turn(tid, subj, text)
+        turn_time[tid] = utterance
+        units.append(MemoryUnit(
+            id=f"u{row}", session_id=f"session_{tid[1]}", fact_text=text, subject=subj, predicate=pred, object=obj,
+            source_turn_ids=[tid], source_text=f"{subj}: {text}", utterance_time=utterance, serial=row,
+            fact_time=[TimeSpan(fact_day, fact_day)] if fact_day else [], entities=entities, locations=locations,
+        ))
+        for kind, values in ((0, entities), (1, locations)):
+            for value in values:
+                attr_rows.append(row)
+                attr_kind.append(kind)
+                attr_text.append(value)
+    trace = Trace(id="t0", relation_text="Caroline plans", member_ids=["u2", "u4"],
+                  trajectory="Caroline first planned to study counseling; she now plans to adopt children.", current_id="u4")
+    return NamespaceMemory(
+        namespace="demo", units=units, fact_embeddings=embedder.encode([u.fact_text for u in units]),
+        attributes=AttributeIndex(np.array(attr_rows, np.int64), np.array(attr_kind, np.int8), attr_text, embedder.encode(attr_text)),
+        traces=[trace], trace_of={"u2": "t0", "u4": "t0"}, turns=turns, turn_time=turn_time, embedder_id=embedder.model_id,
+    )
+
+
+@pytest.fixture(scope="module")
+def memory(minilm) -> NamespaceMemory:
+    return make_memory(minilm)
+
+
+def test_activation_without_reranker_finds_the_evidence(memory, minilm) -> None:
+    cfg = RetrievalConfig(n=5, k=3)
+    wm = activate("What did Melanie paint?", "2023-08-01", memory, cfg=cfg, llm=None, embedder=minilm, reranker=None)
+    assert wm.units[0].id == "u1" and len(wm.units) == 3
+    assert set(wm.channels) == {"bm25", "dense", "attr"} and wm.channels["bm25"][0] == "u1"
+    assert wm.fused[:3] == [u.id for u in wm.units] and wm.reranked == wm.fused
+    assert wm.intent.entities == ["Melanie"] and wm.reranker == "none"
+    assert {"intent", "embed", "bm25", "dense", "attr", "fusion", "rerank"} <= set(wm.timings)
+    dense_only = activate("Who went hiking in the mountains?", None, memory, cfg=RetrievalConfig(n=5, k=2, channels=["dense"]),
+                          llm=None, embedder=minilm, reranker=None)
+    assert list(dense_only.channels) == ["dense"] and dense_only.units[0].id == "u3"
+
+
+def test_rerank_document_holds_every_field(memory) -> None:
+    index = ActivationIndex(memory, RetrievalConfig())
+    doc = rerank_document(memory.units[4], index.trajectory_of(memory.units[4]))
+    for part in ("Fact: Caroline now plans", "Source dialogue: Caroline:", "Entities: adoption", "Locations: none",
+                 "Fact time: unknown", "Utterance time: 2023-07-08", "Trajectory: Caroline first planned"):
+        assert part in doc
+    assert "Fact time: 2023-05-07" in rerank_document(memory.units[0]) and "Trajectory" not in rerank_document(memory.units[0])
+
+
+def test_llm_reranker_scores_a_small_pool_with_smollm2(memory, minilm, smollm2) -> None:
+    reranker = LLMReranker(smollm2, batch_size=4)
+    docs = [rerank_document(u) for u in memory.units[:2]]
+    scores = reranker.score("What did Melanie paint?", docs)
+    assert scores.shape == (2,) and np.all((scores > 0) & (scores < 1))
+    wm = activate("What did Melanie paint?", None, memory, cfg=RetrievalConfig(n=3, k=2), llm=None, embedder=minilm, reranker=reranker)
+    assert wm.reranker == "llm" and sorted(wm.reranked) == sorted(wm.fused) and len(wm.units) == 2
+    assert wm.scores == sorted(wm.scores, reverse=True)
+
+
+def test_llm_reranker_renders_the_qwen3_reranker_prompt() -> None:
+    llm = ScriptedLLM([], yes_scores=lambda chat: 0.9 if "sunrise" in chat[-1]["content"] else 0.1)
+    scores = LLMReranker(llm, batch_size=2).score("q?", ["a sunrise", "b", "c"])
+    assert scores.tolist() == pytest.approx([0.9, 0.1, 0.1])
+    assert llm.calls == [] and RERANK.render(instruction="i", query="q", document="d")[1]["content"].startswith("<Instruct>: i\n<Query>: q")
+
+
+def test_cross_encoder_reranker_runs_a_local_model(tmp_path) -> None:
+    from sentence_transformers import CrossEncoder
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "melanie", "paint", "sunrise", "caroline", "group", "?", "what", "did"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab))
+    BertTokenizerFast(str(tmp_path / "vocab.txt")).save_pretrained(tmp_path)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(tmp_path)
+    assert isinstance(CrossEncoder(str(tmp_path)), CrossEncoder)
+    scores = CrossEncoderReranker(str(tmp_path), device="cpu").score("what did melanie paint?", ["melanie paint sunrise", "caroline group"])
+    assert scores.shape == (2,) and np.isfinite(scores).all()
+
+
+def test_serialization_clusters_then_facts_with_labels(memory) -> None:
+    units = [memory.units[i] for i in (4, 1, 2, 0)]
+    context = serialize_working_memory(units, memory, ScriptedLLM([]))
+    lines = context.text.splitlines()
+    assert lines[0] == "Evidence Clusters:" and lines[1] == "Cluster 1 (relation: Caroline plans)"
+    assert lines[2].startswith("trajectory: Caroline first planned")
+    assert lines[3].startswith("[MU1] (utterance_time: 2023-06-08; fact_time: unknown) Caroline plans to study")
+    assert lines[4].startswith("[MU2] (utterance_time: 2023-07-08")
+    assert lines[5] == "Facts:"
+    assert lines[6] == ("[F1] Melanie | painted | a sunrise (utterance_time: 2023-05-08; fact_time: unknown) "
+                        "Melanie painted a sunrise over the lake last year.")
+    assert lines[7].startswith("[F2] Caroline | went to | an LGBTQ support group (utterance_time: 2023-05-08; fact_time: 2023-05-07)")
+    assert context.labels == {"MU1": "u2", "MU2": "u4", "F1": "u1", "F2": "u0"}
+    assert context.n_tokens == len(context.text.split())
+    assert cited_unit_ids("F2 and MU2 say so; F2 again; F9 unknown", context.labels) == ["u0", "u4"]
+    none = serialize_working_memory([memory.units[1]], memory)
+    assert none.text.splitlines()[:2] == ["Evidence Clusters:", "(none)"]
+
+
+def test_intent_and_answer_parsing_paths() -> None:
+    llm = ScriptedLLM(['{"entities": ["Melanie"], "locations": ["lake"], "time": {"fact": ["2022"], "utterance": []}}', "no json", "still none"])
+    good, dropped = parse_intents([("What did Melanie paint at the lake in 2022?", "2023-08-01"), ("Where is Caroline?", None)], llm)
+    assert good.entities == ["Melanie"] and good.locations == ["lake"] and good.parser == "llm"
+    assert (good.fact_times[0].start, good.fact_times[0].end) == ("2022-01-01", "2022-12-31")
+    assert dropped.parser == "rules-fallback" and dropped.entities == ["Caroline"]
+    answer = ScriptedLLM(['{"reasoning_path": "F1 says a sunrise", "answer": "a sunrise"}'])
+    out = answer_questions(answer, [("What did Melanie paint?", None, serialize_working_memory([], make_memory_stub()))])
+    assert out == [AnswerOutput(reasoning_path="F1 says a sunrise", answer="a sunrise")]
+    assert "Question: What did Melanie paint?" in answer.calls[0][-1]["content"]
+
+
+def make_memory_stub() -> NamespaceMemory:
+    """An empty namespace for serialization edge cases."""
+    return NamespaceMemory("empty", [], np.zeros((0, 4), np.float32), AttributeIndex(np.zeros(0, np.int64), np.zeros(0, np.int8), [], np.zeros((0, 4), np.float32)), [], {}, {}, {}, "none")
