@@ -17,7 +17,7 @@ import numpy as np
 from qgmem_train.config import RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.llm.base import ChatLLM
-from qgmem_train.memory.store import AttributeIndex
+from qgmem_train.memory.store import AttributeIndex, NamespaceMemory
 from qgmem_train.memory.types import MemoryUnit
 from qgmem_train.retrieval.attributes import ENTITY, AttributeScorer
 from qgmem_train.retrieval.dense import DenseIndex
@@ -29,7 +29,6 @@ from qgmem_train.retrieval.rerank import Reranker, rerank_document
 
 if TYPE_CHECKING:
     from qgmem_train.llm.embedder import Embedder
-    from qgmem_train.memory.store import NamespaceMemory
 
 CHANNELS = ("bm25", "dense", "attr")
 

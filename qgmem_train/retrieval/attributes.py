@@ -61,9 +61,9 @@ class AttributeScorer:
 
     def sem_match(self, query_embeddings: np.ndarray, kind: int) -> np.ndarray:
         """Mean over query items of each unit's best cosine with its attributes of ``kind`` (0 below threshold)."""
-        best = np.zeros((self.n_units, len(query_embeddings)), dtype=np.float32)
         if len(query_embeddings) == 0 or len(self._text_embeddings) == 0:
             return np.zeros(self.n_units, np.float32)
+        best = np.zeros((self.n_units, len(query_embeddings)), dtype=np.float32)
         text_sims = self._text_embeddings @ np.asarray(query_embeddings, dtype=np.float32).T
         text_sims[text_sims < self.sem_threshold] = 0.0
         passing = text_sims.any(axis=1)
