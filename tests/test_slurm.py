@@ -1,0 +1,154 @@
+"""The slurm/ batch scripts on a real local Slurm: data prep as an array plus merge, DDP training with requeue, export.
+
+One cluster (``scripts/slurm_local.sh``) serves the module; Slurm is installed with apt-get when missing, and
+the module is skipped only where that cannot be done. Training uses the tiny random Qwen3 decoder, two srun
+tasks on one node (gloo on CPU); the requeue signal is the one ``--signal=SIGUSR1@90`` sends before the limit,
+and the export job waits on the training job (afterok) as it would on a cluster.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from qgmem_train.config import BUNDLED_EMBEDDER
+from tests.slurm_cluster import ROOT, LocalSlurm, SlurmUnavailable
+from tests.test_data_prep_run import make_config, rows
+from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS = 8
+HOLD_STEP = 6
+"""The first run waits at step 6 (after one epoch of 4 steps, so last.ckpt is older than the signal's checkpoint)."""
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("slurm")
+
+
+@pytest.fixture(scope="module")
+def slurm(scratch: Path):
+    cluster = LocalSlurm(scratch / "cluster")
+    try:
+        cluster.start()
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no local Slurm: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    return {"PYTHON": sys.executable, **extra}
+
+
+def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch: Path) -> None:
+    one = make_config(scratch, "one")
+    sharded = make_config(scratch, "sharded")
+    reference = subprocess.Popen([sys.executable, "-m", "data_prep", "--config", str(one)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+    logs = scratch / "logs"
+    ids = slurm.run("bash", "slurm/submit_data_prep.sh", str(sharded), "2", "--cpus-per-task=1", env=job_env(LOG_DIR=str(logs)))
+    array, merge = ids.split()
+    merged = slurm.wait(merge, timeout=1200)
+    shards = slurm.jobs(array)
+    assert [r["JobState"] for r in shards] == ["COMPLETED", "COMPLETED"], [(r["JobId"], r["JobState"]) for r in shards]
+    assert merged["JobState"] == "COMPLETED", (logs / f"qgmem-data-prep-merge-{merge}.out").read_text()[-3000:]
+    assert merged["Dependency"] == "(null)"
+    for task in (0, 1):
+        assert f"data prep shard {task}/2" in (logs / f"qgmem-data-prep-{array}_{task}.out").read_text()
+    _, stderr = reference.communicate(timeout=1200)
+    assert reference.returncode == 0, stderr[-3000:]
+    assert rows(scratch / "sharded") == rows(scratch / "one")
+
+
+def training_config(scratch: Path, llm_dir: Path) -> Path:
+    """A fit YAML over the tiny decoder: 2 ranks x batch 1 = 4 steps per epoch, CSV metrics every step, held mid-fit."""
+    model = {k: v for k, v in tiny_module_kwargs(llm_dir, 0, val_generate=False).items() if k not in ("feature_dim", "llm")}
+    raw = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "precision": "32-true",
+            "max_steps": MAX_STEPS,
+            "limit_val_batches": 0,
+            "num_sanity_val_steps": 0,
+            "log_every_n_steps": 1,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "logger": [
+                {
+                    "class_path": "lightning.pytorch.loggers.CSVLogger",
+                    "init_args": {"save_dir": str(scratch / "run"), "name": "logs", "flush_logs_every_n_steps": 1},
+                }
+            ],
+            "callbacks": [
+                {"class_path": "tests.slurm_cluster.HoldAtStep", "init_args": {"step": HOLD_STEP, "marker_dir": str(scratch / "held")}}
+            ],
+        },
+        "checkpoint": {"monitor": None, "filename": "step{step}"},
+        "model": model,
+        "data": {"path": str(FIXTURE), "batch_size": 1},
+        "pipeline": {"models": {"llm": str(llm_dir), "embedder": BUNDLED_EMBEDDER, "reranker": "none", "dtype": "float32", "device": "cpu"}},
+    }
+    path = scratch / "train.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def global_step(path: Path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=True)["global_step"]
+
+
+def logged_steps(version: Path) -> list[int]:
+    with (version / "metrics.csv").open() as f:
+        return sorted({int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")})
+
+
+def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm: LocalSlurm, scratch: Path) -> None:
+    llm_dir = save_tiny_decoder(scratch / "tiny", fixture_corpus())
+    config = training_config(scratch, llm_dir)
+    run, logs = scratch / "run", scratch / "logs"
+    logs.mkdir(exist_ok=True)
+    job = slurm.run(
+        "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
+        f"--output={logs}/%x-%j.out", "slurm/train.sbatch", str(config), env=job_env(RUN_DIR=str(run)),
+    ).strip()  # fmt: skip
+    export = slurm.run(
+        "sbatch", "--parsable", f"--dependency=afterok:{job}", "--cpus-per-task=1", f"--output={logs}/%x-%j.out",
+        "slurm/export.sbatch", str(config), env=job_env(RUN_DIR=str(run), OUT=str(scratch / "export")),
+    ).strip()  # fmt: skip
+    log = logs / f"qgmem-train-{job}.out"
+    held = [scratch / "held" / f"rank{rank}" for rank in (0, 1)]
+    slurm.wait_for(lambda: all(m.exists() for m in held), job, timeout=900)
+    slurm.run("scancel", "--signal=USR1", job)
+    final = slurm.wait(job, timeout=900)
+    text = log.read_text()
+    assert final["JobState"] == "COMPLETED", text[-4000:]
+    assert final["Restarts"] == "1"
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in text
+    assert "distributed_backend=gloo" in text
+    assert f"Requeued SLURM job: {job}" in text
+    hpc = run / "hpc_ckpt_1.ckpt"
+    assert global_step(hpc) == HOLD_STEP
+    assert f"restart 1, run dir {run}, resume from {hpc}" in text
+    assert global_step(run / "ckpt" / "last.ckpt") == MAX_STEPS
+    first, second = logged_steps(run / "logs" / "version_0"), logged_steps(run / "logs" / "version_1")
+    assert max(first) < HOLD_STEP <= min(second) and max(second) < MAX_STEPS, (first, second)
+    assert not list(run.glob("hpc_ckpt_2.ckpt")), "only one requeue was asked for"
+    assert os.path.getmtime(hpc) < os.path.getmtime(run / "ckpt" / "last.ckpt")
+    exported = slurm.wait(export, timeout=600)
+    export_log = (logs / f"qgmem-export-{export}.out").read_text()
+    assert exported["JobState"] == "COMPLETED", export_log[-3000:]
+    assert f"export {run / 'ckpt' / 'last.ckpt'}" in export_log
+    assert {"graph_adapter.safetensors", "config.json", "README.md"} <= {p.name for p in (scratch / "export").iterdir()}
