@@ -23,8 +23,6 @@ from tests.slurm_cluster import ROOT, LocalSlurm, SlurmUnavailable
 from tests.test_data_prep_run import make_config, rows
 from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
 
-pytestmark = pytest.mark.slow
-
 MAX_STEPS = 8
 HOLD_STEP = 6
 """The first run waits at step 6 (after one epoch of 4 steps, so last.ckpt is older than the signal's checkpoint)."""
@@ -52,6 +50,38 @@ def job_env(**extra: str) -> dict[str, str]:
     return {"PYTHON": sys.executable, **extra}
 
 
+BAD_SUBMISSIONS = {
+    "shards not a number": (["slurm/submit_data_prep.sh", "configs/data_prep/demo-cpu.yaml", "two"], {}, "SHARDS must be a positive integer"),
+    "missing data-prep config": (["slurm/submit_data_prep.sh", "nope.yaml", "2"], {}, "nope.yaml: no such config file"),
+    "array not from 0": (
+        ["slurm/data_prep_shard.sbatch"],
+        {"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "2", "SLURM_ARRAY_TASK_COUNT": "2"},
+        "the array must be 0-1",
+    ),
+    "--ntasks, not --ntasks-per-node": (["slurm/train.sbatch"], {"SLURM_NNODES": "1", "SLURM_NTASKS": "2"}, "--ntasks-per-node"),
+    "GPUs differ from tasks": (
+        ["slurm/train.sbatch"], {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "4"}, "4 GPUs per node but",
+    ),
+    "missing training config": (["slurm/train.sbatch", "nope.yaml"], {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2"}, "nope.yaml"),
+    "missing resume checkpoint": (
+        ["slurm/train.sbatch", "configs/demo-cpu.yaml"], {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "RESUME": "nope.ckpt"},
+        "RESUME=nope.ckpt: no such checkpoint",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD_SUBMISSIONS)
+def test_scripts_refuse_bad_input_with_one_line_and_exit_2(case: str) -> None:
+    """Checked before anything is queued or started; no cluster needed."""
+    args, env, message = BAD_SUBMISSIONS[case]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(["bash", *args], env={**clean, **env}, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+
+
+@pytest.mark.slow
 def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch: Path) -> None:
     one = make_config(scratch, "one")
     sharded = make_config(scratch, "sharded")
@@ -115,6 +145,7 @@ def logged_steps(version: Path) -> list[int]:
         return sorted({int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")})
 
 
+@pytest.mark.slow
 def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm: LocalSlurm, scratch: Path) -> None:
     llm_dir = save_tiny_decoder(scratch / "tiny", fixture_corpus())
     config = training_config(scratch, llm_dir)
