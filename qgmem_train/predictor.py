@@ -309,6 +309,7 @@ class QGMemPredictor:
         embedder = build_embedder(pipeline)
         if embedder.dim != model.hparams.feature_dim:
             raise InputError("pipeline.models.embedder", f"{embedder.model_id} is {embedder.dim}-d; the model's graph features are {model.hparams.feature_dim}-d")
+        model.eval()
         reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
         return cls(model, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent)
 
@@ -485,9 +486,16 @@ def _turn(value: Turn | Mapping[str, Any], session_id: str, number: int, where: 
 
 
 def ask_with_model(
-    model_dir: str | Path, store_dir: str | Path, namespace: str, question: str, question_time: str | None = None, *, device: str = "auto"
+    model_dir: str | Path,
+    store_dir: str | Path,
+    namespace: str,
+    question: str,
+    question_time: str | None = None,
+    *,
+    device: str = "auto",
+    intent: IntentMode = "llm",
 ) -> AskResult:
     """Load the exported model and answer one question over ``namespace`` of the store (``qgmem_train ask --model``)."""
-    predictor = QGMemPredictor.from_pretrained(model_dir, device=device)
+    predictor = QGMemPredictor.from_pretrained(model_dir, device=device, intent=intent)
     with predictor.memory(namespace, store_dir) as memory:
         return memory.ask(question, question_time)

@@ -50,7 +50,7 @@ def trained(tmp_path_factory):
     """(model in memory, checkpoint path, fit YAML path, export folder) after one LoRA + adapter step."""
     root = tmp_path_factory.mktemp("export")
     L.seed_everything(0)
-    data = TrajectoryDataModule(str(FIXTURE), batch_size=2, max_examples=2)
+    data = TrajectoryDataModule(str(FIXTURE), batch_size=1, max_examples=1)
     model = GraphAugmentedLM(
         feature_dim=data.feature_dim, llm=BUNDLED_LLM, dtype="float32", gnn_hidden=32, gnn_layers=1, gnn_heads=2,
         projector_hidden=32, lora_r=2, max_context_tokens=48, max_new_tokens=6, learning_rate=1e-2, weight_decay=0.0,
@@ -91,26 +91,52 @@ def test_export_is_complete_checksummed_and_free_of_pickles(trained, capsys) -> 
     assert "CC BY-NC 4.0" in card and "Apache-2.0" in card and "license: cc-by-nc-4.0" in card and 'from_pretrained("me/qgmem")' in card
 
 
+ADD_SESSION = """
+from qgmem_train.predictor import QGMemPredictor
+predictor = QGMemPredictor.from_pretrained({model!r}, intent="rules")
+with predictor.memory("chat", {store!r}) as memory:
+    print(memory.add_session({session!r}, time="2023-05-08").units)
+"""
+
+
 @pytest.mark.slow
-def test_round_trip_answers_equal_the_model_in_memory(trained, tmp_path) -> None:
+def test_round_trip_over_a_memory_written_by_another_process(trained, tmp_path) -> None:
+    """A process adds a session and exits; here the model in memory and the loaded export answer alike from it."""
     model, _, config_path, out = trained
+    store = tmp_path / "store"
+    code = textwrap.dedent(ADD_SESSION).format(model=str(out), store=str(store), session=SESSION)
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.split()[-1] == str(len(SESSION)), run.stderr[-2000:]
+
     in_memory = QGMemPredictor.from_module(model, load_pipeline_config(config_path), intent="rules")
+    with in_memory.memory("chat", store) as memory:
+        expected = memory.ask(QUESTION)
     loaded = QGMemPredictor.from_pretrained(out, intent="rules", device="cpu")
     reference, restored = trainable_state_dict(model), trainable_state_dict(loaded.model)
     assert reference.keys() == restored.keys() and all(torch.equal(reference[k], restored[k]) for k in reference)
     assert any("lora_B" in k and reference[k].abs().sum() > 0 for k in reference)
-    with in_memory.memory("chat", tmp_path / "store") as memory:
-        report = memory.add_session(SESSION, time="2023-05-08")
-        expected = memory.ask(QUESTION)
-    assert report.units == len(SESSION)
-    with loaded.memory("chat", tmp_path / "store") as memory:
+    with loaded.memory("chat", store) as memory:
         got = memory.ask(QUESTION)
     assert got.generated == expected.generated and got.answer == expected.answer and got.tokens == expected.tokens
     assert [u.id for u in got.units] == [u.id for u in expected.units] and [u.cited for u in got.units] == [u.cited for u in expected.units]
     assert got.path == "graph" and got.tokens["prompt"] > got.tokens["context"] > 0
     assert {"memory", "embed", "rerank", "serialize", "graph", "generate", "total"} <= set(got.seconds)
+    assert {u.id for u in got.units} == {"S1:1", "S1:2", "S1:3"}
     paint = got.units[0]
     assert paint.id == "S1:2" and paint.source_turns[0].text == SESSION[1]["text"] and paint.source_turns[0].time == "2023-05-08"
+
+
+@pytest.mark.slow
+def test_an_api_backbone_answers_on_the_text_path(trained, smollm2, tmp_path) -> None:
+    from qgmem_train.llm.serve import OpenAICompatibleServer
+
+    with OpenAICompatibleServer(smollm2, model_name=BUNDLED_LLM) as server:
+        predictor = QGMemPredictor.from_pretrained(trained[3], models={"backend": "openai", "base_url": server.base_url, "max_retries": 0}, intent="rules")
+        with predictor.memory("chat", tmp_path / "store") as memory:
+            memory.add_session(SESSION, time="2023-05-08")
+            result = memory.ask(QUESTION)
+    assert predictor.model is None and result.path == "text"
+    assert result.units[0].id == "S1:2" and result.tokens["prompt"] > result.tokens["context"] > 0 and "generate" in result.seconds
 
 
 def test_a_tampered_or_incomplete_export_is_refused(trained, tmp_path) -> None:
@@ -199,28 +225,3 @@ def test_bad_export_input_is_one_line_and_exit_code_2(trained, tmp_path, capsys)
     assert export_main(["--checkpoint", str(checkpoint), "--config", str(config), "--out", str(taken)]) == 2
     assert "is not a QGMem export" in capsys.readouterr().err and (taken / "notes.txt").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-
-
-ADD_SESSION = """
-from qgmem_train.predictor import QGMemPredictor
-predictor = QGMemPredictor.from_pretrained({model!r}, intent="rules")
-with predictor.memory("chat", {store!r}) as memory:
-    memory.add_session({session!r}, time="2023-05-08")
-"""
-ASK = """
-import json
-from qgmem_train.predictor import ask_with_model
-print(json.dumps(ask_with_model({model!r}, {store!r}, "chat", {question!r}).to_dict()))
-"""
-
-
-@pytest.mark.slow
-def test_a_predictor_memory_survives_a_process_restart(trained, tmp_path) -> None:
-    out, store = str(trained[3]), str(tmp_path / "store")
-    for script in (ADD_SESSION, ASK):
-        code = textwrap.dedent(script).format(model=out, store=store, session=SESSION, question=QUESTION)
-        run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stderr[-2000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert {u["id"] for u in result["units"]} == {"S1:1", "S1:2", "S1:3"}
-    assert result["units"][0]["source_turns"][0] == {"id": "S1:2", "speaker": "Melanie", "text": SESSION[1]["text"], "time": "2023-05-08"}

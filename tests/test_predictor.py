@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -18,9 +19,10 @@ from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.llm.local import TransformersLLM
 from qgmem_train.memory.types import Turn
+from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
-from qgmem_train.predictor import QGMemPredictor
+from qgmem_train.predictor import QGMemPredictor, ask_with_model
 from tests.fakes import ScriptedLLM
 from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
 
@@ -151,3 +153,21 @@ def test_lightning_cli_predict_writes_jsonl(llm_dir, tmp_path) -> None:
     assert main(["predict", "--config", str(path)]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 2 and {"question_id", "generated", "answer", "valid_json", "exact_match", "reference_answer"} <= set(records[0])
+
+
+def test_ask_with_model_answers_from_an_export_folder(llm_dir, tmp_path) -> None:
+    from export.package import export_model
+
+    L.seed_everything(0)
+    data = TrajectoryDataModule(str(FIXTURE), batch_size=2, max_examples=2)
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim))
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=data)
+    trainer.save_checkpoint(tmp_path / "tiny.ckpt")
+    config = tmp_path / "fit.yaml"
+    config.write_text(yaml.safe_dump({"pipeline": _pipeline(str(llm_dir)).to_dict()}))
+    out = export_model(tmp_path / "tiny.ckpt", config, tmp_path / "model")
+    with QGMemPredictor.from_pretrained(out, intent="rules").memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION)
+    result = ask_with_model(out, tmp_path / "store", "alice", "What did Melanie paint?", intent="rules")
+    assert result.path == "graph" and [u.id for u in result.units] == ["S1:2", "S1:1"]
