@@ -109,6 +109,7 @@ def training_config(scratch: Path, llm_dir: Path) -> Path:
         "seed_everything": 0,
         "trainer": {
             "accelerator": "cpu",
+            "strategy": "ddp",
             "precision": "32-true",
             "max_steps": MAX_STEPS,
             "limit_val_batches": 0,
