@@ -52,12 +52,6 @@ def _session_time(value: Any, where: str) -> str | None:
     return parsed
 
 
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise InputError(where, f"expected a string, got {type(value).__name__}")
-    return value
-
-
 def load_locomo(path: Path) -> list[Conversation]:
     """LoCoMo ``locomo10.json``: a list of samples with ``conversation.session_N`` and ``session_N_date_time``."""
     data = _read_json(path)
