@@ -65,12 +65,14 @@ def module_hyperparameters(checkpoint: Mapping[str, Any], where: str) -> dict[st
     """The module's ``__init__`` arguments from the checkpoint (LightningCLI bookkeeping dropped, no cache path)."""
     from qgmem_train.model.module import GraphAugmentedLM
 
-    names = [n for n in inspect.signature(GraphAugmentedLM.__init__).parameters if n != "self"]
+    parameters = {n: p for n, p in inspect.signature(GraphAugmentedLM.__init__).parameters.items() if n != "self"}
     saved = checkpoint["hyper_parameters"]
-    missing = [n for n in names if n not in saved and n != "cache_dir"]
+    missing = [n for n, p in parameters.items() if n not in saved and p.default is inspect.Parameter.empty]
     if missing:
         raise InputError(f"{where}: hyper_parameters", f"missing {', '.join(missing)}")
-    return {n: (None if n == "cache_dir" else saved[n]) for n in names}
+    values = {n: saved.get(n, p.default) for n, p in parameters.items()}
+    values["cache_dir"] = None
+    return values
 
 
 def check_checkpoint(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any], where: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -167,7 +169,7 @@ def export_config(cfg: PipelineConfig, hparams: Mapping[str, Any], checkpoint: M
         "format": EXPORT_FORMAT,
         "format_version": EXPORT_FORMAT_VERSION,
         "base_model": {"id": hparams["llm"], "revision": hparams["llm_revision"]},
-        "embedder": {"id": cfg.models.embedder, "dim": hparams["feature_dim"]},
+        "embedder": {"id": cfg.models.embedder, "revision": data.get("embedder_revision"), "dim": hparams["feature_dim"]},
         "reranker": {"kind": cfg.models.reranker, "model": cfg.models.reranker_model},
         "feature_dim": hparams["feature_dim"],
         "graph_tokens": hparams["graph_tokens"],
@@ -271,7 +273,7 @@ def export_model(
 
     config_path, out = Path(config_path), Path(out).expanduser().resolve()
     checkpoint = read_checkpoint(checkpoint_path)
-    where = str(checkpoint_path)
+    where = str(checkpoint_path)  # a folder stands for its last.ckpt
     hparams = module_hyperparameters(checkpoint, where)
     cfg = load_pipeline_config(config_path)
     check_pipeline_matches(cfg, hparams, checkpoint.get("datamodule_hyper_parameters") or {}, config_path)

@@ -13,6 +13,7 @@ This module also defines the export format (file names, checksum file) that ``py
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import time
@@ -27,8 +28,10 @@ from qgmem_train.llm.prompts import PROMPTS_VERSION
 from qgmem_train.memory.types import Conversation, Session, Turn
 
 if TYPE_CHECKING:
+    from qgmem_train.graph.local_graph import LocalGraph
     from qgmem_train.llm.base import ChatLLM
     from qgmem_train.llm.embedder import Embedder
+    from qgmem_train.llm.schemas import AnswerOutput
     from qgmem_train.memory.construct import BuildReport
     from qgmem_train.memory.store import MemoryStore, NamespaceMemory
     from qgmem_train.model.module import GraphAugmentedLM
@@ -271,12 +274,13 @@ class QGMemPredictor:
             models: overrides of the exported ``pipeline.models`` settings, e.g. ``{"backend": "openai",
                 "base_url": ...}`` to answer through an API backbone on the text path.
             intent: query-intent parser: the paper's LLM prompt, or rules without an LLM.
-            max_new_tokens: answer generation budget (default: the exported module's).
+            max_new_tokens: graph-path answer budget (default: the exported module's; the text path uses
+                ``generation.max_new_tokens``).
         """
         folder = locate_export(dir_or_repo_id, revision=revision)
         verify_checksums(folder)
         config = read_export_config(folder)
-        values = json.loads(json.dumps(config["pipeline"]))
+        values = copy.deepcopy(config["pipeline"])
         values["models"].update({"device": device, "cache_dir": cache_dir, **(models or {})})
         pipeline = pipeline_from_dict(values, f"{folder / CONFIG_FILE}: pipeline")
         if pipeline.models.backend == "openai":
@@ -414,8 +418,8 @@ class PredictorMemory:
             context = serialize_working_memory(wm.units, memory, predictor.llm)
             graph = local_graph_from_units(wm.units, max_edges=cfg.retrieval.k)
             seconds["serialize"] = time.perf_counter() - start
-        answer = self._generate_graph(question, question_time, context.text, graph, seconds) if predictor.model is not None else self._generate_text(question, question_time, context.text, graph, seconds)
-        generated, parsed, prompt_tokens, generated_tokens = answer
+        generate = self._generate_graph if predictor.model is not None else self._generate_text
+        generated, parsed, prompt_tokens, generated_tokens = generate(question, question_time, context.text, graph, seconds)
         cited = set(cited_unit_ids(parsed.reasoning_path, context.labels)) if parsed else set()
         label_of = {uid: label for label, uid in context.labels.items()}
         units = [
@@ -429,7 +433,7 @@ class PredictorMemory:
             tokens={"context": context.n_tokens, "prompt": prompt_tokens, "generated": generated_tokens}, seconds=seconds,
         )  # fmt: skip
 
-    def _generate_graph(self, question: str, question_time: str | None, context: str, graph: Any, seconds: dict[str, float]) -> tuple[str, Any, int, int]:
+    def _generate_graph(self, question: str, question_time: str | None, context: str, graph: LocalGraph, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
         """Graph-token path: embed the local graph, generate with the module, parse strictly."""
         from torch_geometric.data import Batch
 
@@ -451,7 +455,7 @@ class PredictorMemory:
         prompt_tokens = len(model.prompt_ids(example)) + model.hparams.graph_tokens
         return generated, parse_answer(generated), prompt_tokens, self.predictor.llm.count_tokens(generated)
 
-    def _generate_text(self, question: str, question_time: str | None, context: str, graph: Any, seconds: dict[str, float]) -> tuple[str, Any, int, int]:
+    def _generate_text(self, question: str, question_time: str | None, context: str, graph: LocalGraph, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
         """Text path (API backbones): the local graph as labelled facts in the prompt, a schema-checked answer."""
         from qgmem_train.llm.schemas import AnswerOutput
         from qgmem_train.llm.structured import generate_structured

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
-from qgmem_train.errors import InputError
+from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.llm.local import TransformersLLM
 from qgmem_train.memory.types import Turn
 from qgmem_train.model.datamodule import TrajectoryDataModule
@@ -171,3 +171,11 @@ def test_ask_with_model_answers_from_an_export_folder(llm_dir, tmp_path) -> None
         memory.add_session(SESSION)
     result = ask_with_model(out, tmp_path / "store", "alice", "What did Melanie paint?", intent="rules")
     assert result.path == "graph" and [u.id for u in result.units] == ["S1:2", "S1:1"]
+
+
+def test_a_missing_folder_or_an_unreachable_hub_repo_is_one_clear_error(tmp_path) -> None:
+    with pytest.raises(InputError, match="not an export folder"):
+        QGMemPredictor.from_pretrained(tmp_path / "missing")
+    with pytest.raises(ModelUnavailableError, match="export 'me/not-cached' unavailable") as failure:
+        QGMemPredictor.from_pretrained("me/not-cached")
+    assert "\n" not in str(failure.value)

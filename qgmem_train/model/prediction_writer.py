@@ -52,6 +52,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._handle.close()
+        os.chmod(self._staging, 0o644)
         os.replace(self._staging, self._target)
         self._handle = self._staging = None
 
