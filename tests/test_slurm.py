@@ -88,16 +88,20 @@ def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch:
     reference = subprocess.Popen([sys.executable, "-m", "data_prep", "--config", str(one)], cwd=ROOT, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
     logs = scratch / "logs"
-    ids = slurm.run("bash", "slurm/submit_data_prep.sh", str(sharded), "2", "--cpus-per-task=1", env=job_env(LOG_DIR=str(logs)))
-    array, merge = ids.split()
-    merged = slurm.wait(merge, timeout=1200)
-    shards = slurm.jobs(array)
+    try:
+        ids = slurm.run("bash", "slurm/submit_data_prep.sh", str(sharded), "2", "--cpus-per-task=1", env=job_env(LOG_DIR=str(logs)))
+        array, merge = ids.split()
+        merged = slurm.wait(merge, timeout=1200)
+        shards = slurm.jobs(array)
+        _, stderr = reference.communicate(timeout=1200)
+    finally:
+        if reference.poll() is None:
+            reference.kill()
     assert [r["JobState"] for r in shards] == ["COMPLETED", "COMPLETED"], [(r["JobId"], r["JobState"]) for r in shards]
     assert merged["JobState"] == "COMPLETED", (logs / f"qgmem-data-prep-merge-{merge}.out").read_text()[-3000:]
-    assert merged["Dependency"] == "(null)"
+    assert merged["StartTime"] >= max(r["EndTime"] for r in shards), "the merge must wait for every shard (afterok)"
     for task in (0, 1):
         assert f"data prep shard {task}/2" in (logs / f"qgmem-data-prep-{array}_{task}.out").read_text()
-    _, stderr = reference.communicate(timeout=1200)
     assert reference.returncode == 0, stderr[-3000:]
     assert rows(scratch / "sharded") == rows(scratch / "one")
 
