@@ -125,6 +125,14 @@ def train_and_validate(args: argparse.Namespace, data: TrajectoryDataModule, gra
     return {"val_loss_before": before, "val_loss_after": after}
 
 
+def write(result: dict[str, object], path: Path) -> None:
+    """Write the results so far (each phase adds to them), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    staging.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(staging, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT / "tests" / "data" / "trajectories", help="trajectory folder (datasets save_to_disk)")
@@ -147,14 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: str(v) for k, v in vars(args).items()},
         "data": {name: len(part) for name, part in data.splits.items()},
         "timing": time_steps(args, data),
+        "validation": {},
     }
-    result["validation"] = {
-        "graph_token": train_and_validate(args, data, 1, empty_graphs=False),
-        "no_graph (graph_tokens 0)": train_and_validate(args, data, 0, empty_graphs=False),
-        "graph_token_on_empty_graphs": train_and_validate(args, data, 1, empty_graphs=True),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write(result, args.out)
+    variants = {"graph_token": (1, False), "no_graph (graph_tokens 0)": (0, False), "graph_token_on_empty_graphs": (1, True)}
+    for name, (graph_tokens, empty) in variants.items():
+        result["validation"][name] = train_and_validate(args, data, graph_tokens, empty_graphs=empty)
+        write(result, args.out)
     print(json.dumps(result, indent=2))
     return 0
 
