@@ -12,74 +12,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from qgmem_train.errors import InputError
+from qgmem_train.eval.benchmarks import EvalQuestion, last_session_time, load_locomo_questions
+from qgmem_train.fileio import atomic_output
 
 RECALL_CURVE_KS = tuple(range(1, 21))
-RETRIEVAL_CATEGORIES = (1, 2, 3, 4)
-_EVIDENCE_SPLIT = re.compile(r"[;,\s]+")
-
-
-@dataclass
-class EvalQuestion:
-    """One question with its gold evidence turns."""
-
-    conversation_id: str
-    index: int
-    question: str
-    category: int
-    evidence: list[str]
-
-
-def load_locomo_questions(path: Path, conversation_ids: Sequence[str] | None = None) -> list[EvalQuestion]:
-    """LoCoMo ``qa`` items of categories 1-4 that list gold evidence turn ids (``"D1:3; D2:4"`` is split)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(str(path), "file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(str(path), f"not valid JSON: {exc}") from None
-    if not isinstance(data, list):
-        raise InputError(str(path), "expected a JSON list of samples")
-    questions = []
-    for i, sample in enumerate(data):
-        if not isinstance(sample, dict) or not isinstance(sample.get("sample_id"), str):
-            raise InputError(f"{path}: sample {i}.sample_id", "missing or not a string")
-        sample_id = sample["sample_id"]
-        if conversation_ids and sample_id not in conversation_ids:
-            continue
-        qa = sample.get("qa")
-        if not isinstance(qa, list):
-            raise InputError(f"{path}: sample {sample_id}.qa", "missing or not a list")
-        for j, item in enumerate(qa):
-            where = f"{path}: sample {sample_id}.qa[{j}]"
-            if not isinstance(item, dict):
-                raise InputError(where, "expected an object")
-            if not isinstance(item.get("question"), str):
-                raise InputError(f"{where}.question", "missing or not a string")
-            category = item.get("category")
-            if not isinstance(category, int) or isinstance(category, bool):
-                raise InputError(f"{where}.category", "missing or not an integer")
-            evidence = item.get("evidence", [])
-            if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
-                raise InputError(f"{where}.evidence", "expected a list of turn ids")
-            turns = [t for e in evidence for t in _EVIDENCE_SPLIT.split(e) if t]
-            if category in RETRIEVAL_CATEGORIES and turns:
-                questions.append(EvalQuestion(sample_id, j, item["question"], category, list(dict.fromkeys(turns))))
-    return questions
 
 
 def spread_subset(items: Sequence[Any], limit: int | None) -> list[Any]:
@@ -88,20 +35,6 @@ def spread_subset(items: Sequence[Any], limit: int | None) -> list[Any]:
         return list(items)
     step = len(items) / limit
     return [items[int(i * step)] for i in range(limit)]
-
-
-@contextmanager
-def atomic_output(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """A file handle whose content replaces ``path`` only when the block completes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, staging = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as handle:
-            yield handle
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
 
 
 def git_commit() -> str | None:
@@ -164,7 +97,7 @@ def run_retrieval(args: argparse.Namespace) -> int:
     questions = spread_subset(load_locomo_questions(args.input, args.conversation), args.limit)
     if not questions:
         raise InputError(str(args.input), "no questions of categories 1-4 with gold evidence")
-    question_time = {cid: _last_session_time(c) for cid, c in conversations.items()}
+    question_time = {cid: last_session_time(c) for cid, c in conversations.items()}
 
     by_conversation: dict[str, list[EvalQuestion]] = {}
     for q in questions:
@@ -270,12 +203,6 @@ def _batched(fn: Callable[[list[Any]], list[Any]], items: list[Any], size: int) 
     for start in range(0, len(items), max(1, size)):
         out += fn(items[start : start + size])
     return out
-
-
-def _last_session_time(conversation: Any) -> str | None:
-    """The latest session time of a conversation: when its questions are taken to be asked."""
-    times = [s.time for s in conversation.sessions if s.time and s.turns]
-    return max(times) if times else None
 
 
 def main(argv: list[str]) -> int:
