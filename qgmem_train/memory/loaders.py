@@ -53,7 +53,11 @@ def _session_time(value: Any, where: str) -> str | None:
 
 
 def load_locomo(path: Path) -> list[Conversation]:
-    """LoCoMo ``locomo10.json``: a list of samples with ``conversation.session_N`` and ``session_N_date_time``."""
+    """LoCoMo ``locomo10.json``: a list of samples with ``conversation.session_N`` and ``session_N_date_time``.
+
+    A turn that shares an image keeps its caption in the text (``[shares a photo: <blip_caption>]``):
+    answers often rest on what the photo shows.
+    """
     data = _read_json(path)
     if not isinstance(data, list):
         raise InputError(str(path), "expected a JSON list of samples")
@@ -74,7 +78,10 @@ def load_locomo(path: Path) -> list[Conversation]:
             turns = []
             for j, raw in enumerate(turns_raw):
                 twhere = f"{where}.conversation.{key}[{j}]"
-                turns.append(Turn(_field(raw, "dia_id", str, twhere), _field(raw, "speaker", str, twhere), _field(raw, "text", str, twhere)))
+                text = _field(raw, "text", str, twhere)
+                if isinstance(raw.get("blip_caption"), str) and raw["blip_caption"].strip():
+                    text = f"{text} [shares a photo: {raw['blip_caption'].strip()}]"
+                turns.append(Turn(_field(raw, "dia_id", str, twhere), _field(raw, "speaker", str, twhere), text))
             sessions.append(Session(key, time, turns))
         conversations.append(Conversation(sample_id, sessions))
     return conversations
