@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from qgmem_train.graph.local_graph import LocalGraph
 from qgmem_train.llm.base import ChatLLM
-from qgmem_train.llm.prompts import FINAL_ANSWER
 from qgmem_train.llm.schemas import AnswerOutput
 from qgmem_train.llm.structured import ParseStats, generate_structured
+from qgmem_train.model.prompt import final_answer_chat
 from qgmem_train.retrieval.serialization import SerializedMemory
 
 
@@ -18,9 +19,13 @@ def answer_questions(
     max_new_tokens: int | None = None,
     stats: ParseStats | None = None,
 ) -> list[AnswerOutput | None]:
-    """{reasoning_path, answer} for each (question, question time, MEMORY_CONTEXT); None where the output was dropped."""
+    """{reasoning_path, answer} for each (question, question time, MEMORY_CONTEXT); None where the output was dropped.
+
+    The chat is the one training and the predictor use (:func:`final_answer_chat`); MEMORY_CONTEXT already
+    lists every unit's triple as a labelled fact, so no graph is appended.
+    """
     chats = [
-        FINAL_ANSWER.render(query=question, question_time=question_time or "unknown", serialized_graph=context.text)
+        final_answer_chat(question, question_time, context.text, LocalGraph(), text_path=False)
         for question, question_time, context in questions
     ]
     return generate_structured(llm, chats, AnswerOutput, max_new_tokens=max_new_tokens, stats=stats)
