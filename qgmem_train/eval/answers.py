@@ -1,0 +1,300 @@
+"""Answer quality: activate, answer, judge R times with the paper's judge prompt of each benchmark and question type.
+
+LoCoMo and FactConsolidation use the LoCoMo judge; LongMemEval picks its temporal, knowledge-update,
+preference or abstention prompt by question type; BEAM scores rubric nuggets and event ordering
+(:mod:`qgmem_train.eval.beam_scoring`) and macro-averages its ten abilities. Each repeat gives one
+accuracy over all questions; the report is their mean and (population) std, as in the paper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from qgmem_train.config import PipelineConfig
+from qgmem_train.errors import InputError
+from qgmem_train.eval.beam_scoring import EVENT_ORDERING, event_ordering_score, nugget_scores
+from qgmem_train.eval.benchmarks import BenchmarkQuestion
+from qgmem_train.eval.judge import JudgeItem, judge
+from qgmem_train.llm.base import ChatLLM
+from qgmem_train.llm.prompts import (
+    LONGMEMEVAL_ABSTENTION_JUDGE,
+    LONGMEMEVAL_JUDGE,
+    LONGMEMEVAL_KNOWLEDGE_UPDATE_JUDGE,
+    LONGMEMEVAL_PREFERENCE_JUDGE,
+    LONGMEMEVAL_TEMPORAL_JUDGE,
+    PromptTemplate,
+)
+from qgmem_train.llm.structured import ParseStats
+
+YES_NO_MAX_NEW_TOKENS = 8
+_YES_NO = re.compile(r"\b(yes|no)\b", re.I)
+LONGMEMEVAL_PROMPTS: dict[str, PromptTemplate] = {
+    "temporal-reasoning": LONGMEMEVAL_TEMPORAL_JUDGE,
+    "knowledge-update": LONGMEMEVAL_KNOWLEDGE_UPDATE_JUDGE,
+    "single-session-preference": LONGMEMEVAL_PREFERENCE_JUDGE,
+    "abstention": LONGMEMEVAL_ABSTENTION_JUDGE,
+}
+
+
+@dataclass
+class AnswerVariant:
+    """What an evaluation run changes in the pipeline (the ablations vary these over the same questions)."""
+
+    name: str = "full"
+    reranker: str | None = None
+    """Reranker kind (llm, cross, none); None: ``models.reranker``."""
+    channels: list[str] | None = None
+    """Retrieval channels; None: ``retrieval.channels``."""
+    traces: bool = True
+    """Serialize evidence clusters with their trajectories; False: every unit as a plain fact."""
+    store: Path | None = None
+    """Store to read; None: the run's ``--store``."""
+    model: Path | None = None
+    """Exported model folder (graph-token path); None: the configured LLM on the text path."""
+
+
+@dataclass
+class AnsweredQuestion:
+    """One question's answer, its working memory and its online cost."""
+
+    question: BenchmarkQuestion
+    prediction: str
+    reasoning_path: str
+    working_memory: list[str]
+    context_tokens: int
+    online_tokens: int
+    seconds: float
+    path: str = "text"
+    scores: list[float] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+
+def parse_yes_no(text: str) -> bool | None:
+    """The first yes/no word of a judge reply (True for yes), None when it has neither."""
+    match = _YES_NO.search(text)
+    return None if match is None else match[1].lower() == "yes"
+
+
+def longmemeval_prompt(qtype: str) -> PromptTemplate:
+    """The LongMemEval judge prompt of a question type (the generic one for the other types)."""
+    return LONGMEMEVAL_PROMPTS.get(qtype, LONGMEMEVAL_JUDGE)
+
+
+def judge_yes_no(
+    llm: ChatLLM, items: Sequence[tuple[PromptTemplate, JudgeItem]], *, repeats: int, stats: ParseStats | None = None
+) -> list[tuple[list[float], list[str]]]:
+    """Judge with yes/no prompts ``repeats`` times; a reply with neither word counts as no (and as dropped in ``stats``)."""
+    chats = [t.render(question=i.question, answer=i.reference, response=i.prediction) for t, i in items]
+    results: list[tuple[list[float], list[str]]] = [([], []) for _ in items]
+    for _ in range(repeats):
+        replies = llm.generate(chats, max_new_tokens=YES_NO_MAX_NEW_TOKENS)
+        for (scores, reasons), reply in zip(results, replies):
+            verdict = parse_yes_no(reply)
+            if stats is not None:
+                stats.requested += 1
+                stats.valid += verdict is not None
+                stats.dropped += verdict is None
+            scores.append(1.0 if verdict else 0.0)
+            reasons.append(reply.strip()[:200])
+    return results
+
+
+def judge_answers(
+    benchmark: str, llm: ChatLLM, answered: Sequence[AnsweredQuestion], *, repeats: int, stats: ParseStats | None = None
+) -> None:
+    """Fill ``scores`` (one per repeat, in [0, 1]) and ``reasons`` of every answered question."""
+    if repeats < 1:
+        raise InputError("--repeats", "must be at least 1")
+    if benchmark == "longmemeval":
+        items = [(longmemeval_prompt(a.question.qtype), JudgeItem(a.question.question, a.question.reference, a.prediction)) for a in answered]
+        for a, (scores, reasons) in zip(answered, judge_yes_no(llm, items, repeats=repeats, stats=stats)):
+            a.scores, a.reasons = scores, reasons
+    elif benchmark == "beam":
+        for a in tqdm(answered, desc="judge nuggets", unit="q", leave=False):
+            if a.question.qtype == EVENT_ORDERING:
+                a.scores = [event_ordering_score(a.question.nuggets, a.prediction)] * repeats
+                a.reasons = ["Kendall tau_b of the reference items' order in the answer"]
+            else:
+                a.scores, a.reasons = nugget_scores(llm, a.question.question, a.question.nuggets, a.prediction, repeats=repeats, stats=stats)
+    else:
+        verdicts = judge(llm, [JudgeItem(a.question.question, a.question.reference, a.prediction) for a in answered], repeats=repeats, stats=stats)
+        for a, verdict in zip(answered, verdicts):
+            a.scores = [float(j) for j in verdict.judgments]
+            a.reasons = verdict.reasons
+
+
+def score_summary(benchmark: str, answered: Sequence[AnsweredQuestion]) -> dict[str, Any]:
+    """judge_accuracy / judge_std over repeats (BEAM: macro over abilities), and the mean score per question type."""
+    if not answered:
+        return {"judge_accuracy": 0.0, "judge_std": 0.0, "n_questions": 0}
+    repeats = len(answered[0].scores)
+    by_type: dict[str, list[AnsweredQuestion]] = {}
+    for a in answered:
+        by_type.setdefault(a.question.qtype, []).append(a)
+
+    def mean_at(group: Sequence[AnsweredQuestion], r: int) -> float:
+        return statistics.fmean(a.scores[r] for a in group)
+
+    if benchmark == "beam":
+        per_repeat = [statistics.fmean(mean_at(g, r) for g in by_type.values()) for r in range(repeats)]
+    else:
+        per_repeat = [mean_at(answered, r) for r in range(repeats)]
+    out: dict[str, Any] = {
+        "judge_accuracy": round(statistics.fmean(per_repeat), 4),
+        "judge_std": round(statistics.pstdev(per_repeat), 4),
+        "n_questions": len(answered),
+        "repeats": repeats,
+        "judge_accuracy_per_repeat": [round(v, 4) for v in per_repeat],
+    }
+    for qtype, group in sorted(by_type.items()):
+        out[f"judge_accuracy/{qtype}"] = round(statistics.fmean(statistics.fmean(a.scores) for a in group), 4)
+        out[f"n_questions/{qtype}"] = len(group)
+    if benchmark == "beam":
+        nugget = [out[f"judge_accuracy/{t}"] for t in by_type if t != EVENT_ORDERING]
+        out["beam_nugget_score"] = round(statistics.fmean(nugget), 4) if nugget else None
+        out["beam_event_ordering_tau_b"] = out.get(f"judge_accuracy/{EVENT_ORDERING}")
+    for key in ("context_tokens", "online_tokens", "seconds"):
+        out[f"mean_{key}"] = round(statistics.fmean(getattr(a, key) for a in answered), 4)
+    return out
+
+
+def _chat_tokens(llm: ChatLLM, chat: Sequence[dict[str, str]]) -> int:
+    return sum(llm.count_tokens(m["content"]) for m in chat if m.get("content"))
+
+
+def without_traces(memory: Any) -> Any:
+    """The namespace memory with its traces removed: every unit serializes as a plain fact."""
+    return dataclasses.replace(memory, traces=[], trace_of={})
+
+
+def answer_text_path(
+    questions: Sequence[BenchmarkQuestion],
+    store_dir: Path,
+    cfg: PipelineConfig,
+    variant: AnswerVariant,
+    *,
+    intent_mode: str,
+    llm: ChatLLM,
+    stats: ParseStats,
+) -> list[AnsweredQuestion]:
+    """Activate and answer every question with the configured LLM over the serialized working memory (text path).
+
+    Per question: context tokens of MEMORY_CONTEXT; online tokens = intent and answer prompts plus their
+    (re-serialized) outputs; seconds = its activation plus its share of the batched intent and answer calls.
+    """
+    from qgmem_train.llm.factory import build_embedder
+    from qgmem_train.llm.prompts import FINAL_ANSWER, QUERY_INTENT
+    from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.retrieval.activation import ActivationIndex, activate, query_texts
+    from qgmem_train.retrieval.answer import answer_questions
+    from qgmem_train.retrieval.intent import INTENT_MAX_NEW_TOKENS, parse_intent_rules, parse_intents
+    from qgmem_train.retrieval.rerank import build_reranker
+    from qgmem_train.retrieval.serialization import serialize_working_memory
+
+    retrieval = dataclasses.replace(cfg.retrieval, channels=variant.channels or cfg.retrieval.channels)
+    kind = variant.reranker or cfg.models.reranker
+    embedder = build_embedder(cfg)
+    reranker = build_reranker(cfg, kind, llm=llm if kind == "llm" and not cfg.models.reranker_model else None)
+    by_conversation: dict[str, list[BenchmarkQuestion]] = {}
+    for q in questions:
+        by_conversation.setdefault(q.conversation_id, []).append(q)
+    answered: list[AnsweredQuestion] = []
+    progress = tqdm(total=len(questions), desc=f"answer ({variant.name})", unit="q")
+    with MemoryStore.open(store_dir) as store:
+        missing = sorted(set(by_conversation) - set(store.namespaces()))
+        if missing:
+            raise InputError(f"{store_dir}: namespace {missing[0]}", "not in the store (build it from the same input first)")
+        for cid, items in by_conversation.items():
+            memory = store.load_namespace(cid)
+            if memory.embedder_id != embedder.model_id:
+                raise InputError(f"{store_dir}: namespace {cid}", f"built with embedder {memory.embedder_id!r}, configured {embedder.model_id!r}")
+            if not variant.traces:
+                memory = without_traces(memory)
+            index = ActivationIndex(memory, retrieval, embedder)
+            pairs = [(q.question, q.question_time) for q in items]
+            started = time.perf_counter()
+            if intent_mode == "llm":
+                budget = min(INTENT_MAX_NEW_TOKENS, cfg.generation.max_new_tokens)
+                intents = parse_intents(pairs, llm, max_new_tokens=budget, stats=stats)
+                intent_tokens = [_chat_tokens(llm, QUERY_INTENT.render(query=q, question_time=t or "unknown"))
+                                 + llm.count_tokens(json.dumps(i.as_dict())) for (q, t), i in zip(pairs, intents)]
+            else:
+                intents = [parse_intent_rules(*p) for p in pairs]
+                intent_tokens = [0] * len(items)
+            intent_share = (time.perf_counter() - started) / len(items)
+            texts = [query_texts(q.question, intent) for q, intent in zip(items, intents)]
+            vectors = embedder.encode([t for group in texts for t in group])
+            offsets = np.cumsum([0] + [len(group) for group in texts])
+            contexts, units, seconds = [], [], []
+            for i, (q, intent) in enumerate(zip(items, intents)):
+                started = time.perf_counter()
+                wm = activate(q.question, q.question_time, memory, cfg=retrieval, llm=llm, embedder=embedder, reranker=reranker,
+                              index=index, intent=intent, query_vectors=vectors[offsets[i] : offsets[i + 1]])
+                contexts.append(serialize_working_memory(wm.units, memory, llm))
+                units.append([u.id for u in wm.units])
+                seconds.append(time.perf_counter() - started + intent_share)
+            outputs = []
+            for start in range(0, len(items), max(1, cfg.generation.batch_size)):
+                chunk = slice(start, start + cfg.generation.batch_size)
+                began = time.perf_counter()
+                batch = [(q.question, q.question_time, c) for q, c in zip(items[chunk], contexts[chunk])]
+                outputs += answer_questions(llm, batch, max_new_tokens=cfg.generation.max_new_tokens, stats=stats)
+                share = (time.perf_counter() - began) / len(batch)
+                for i in range(start, start + len(batch)):
+                    seconds[i] += share
+            for i, (q, context, output) in enumerate(zip(items, contexts, outputs)):
+                prompt = FINAL_ANSWER.render(query=q.question, question_time=q.question_time or "unknown", serialized_graph=context.text)
+                generated = llm.count_tokens(output.model_dump_json()) if output is not None else 0
+                answered.append(AnsweredQuestion(
+                    q, output.answer if output else "", output.reasoning_path if output else "", units[i], context.n_tokens,
+                    intent_tokens[i] + _chat_tokens(llm, prompt) + generated, round(seconds[i], 4),
+                ))  # fmt: skip
+                progress.update()
+    progress.close()
+    return answered
+
+
+def answer_model_path(questions: Sequence[BenchmarkQuestion], store_dir: Path, variant: AnswerVariant, *, intent_mode: str) -> list[AnsweredQuestion]:
+    """Answer through an exported model (``qgmem_train.predictor``): graph-token path, its own token and time accounting."""
+    from qgmem_train.predictor import QGMemPredictor
+
+    predictor = QGMemPredictor.from_pretrained(variant.model, intent=intent_mode)
+    answered = []
+    by_conversation: dict[str, list[BenchmarkQuestion]] = {}
+    for q in questions:
+        by_conversation.setdefault(q.conversation_id, []).append(q)
+    progress = tqdm(total=len(questions), desc=f"answer ({variant.name})", unit="q")
+    for cid, items in by_conversation.items():
+        with predictor.memory(cid, store_dir) as memory:
+            for q in items:
+                result = memory.ask(q.question, q.question_time)
+                answered.append(AnsweredQuestion(
+                    q, result.answer or "", result.reasoning_path or "", [u.id for u in result.units], result.tokens.get("context", 0),
+                    result.tokens.get("prompt", 0) + result.tokens.get("generated", 0), round(result.seconds.get("total", 0.0), 4), result.path,
+                ))  # fmt: skip
+                progress.update()
+    progress.close()
+    return answered
+
+
+def question_record(a: AnsweredQuestion) -> dict[str, Any]:
+    """One line of the per-question JSONL."""
+    q = a.question
+    return {
+        "id": q.id, "conversation": q.conversation_id, "type": q.qtype, "question": q.question, "question_time": q.question_time,
+        "reference": q.reference, "prediction": a.prediction, "reasoning_path": a.reasoning_path, "path": a.path,
+        "scores": a.scores, "score": statistics.fmean(a.scores) if a.scores else None, "judge_reasons": a.reasons,
+        "working_memory": a.working_memory, "evidence": q.evidence,
+        "context_tokens": a.context_tokens, "online_tokens": a.online_tokens, "seconds": a.seconds,
+    }  # fmt: skip
