@@ -1,0 +1,92 @@
+"""Benchmark loaders on the committed samples and hand-made fixtures, and one-line errors on bad records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qgmem_train.errors import InputError
+from qgmem_train.eval.benchmarks import BEAM_ABILITIES, FACT_SESSION_SIZE, load_benchmark, longmemeval_time
+
+ROOT = Path(__file__).parent.parent
+DATA = Path(__file__).parent / "data"
+LME = DATA / "longmemeval_s_tiny.json"
+FACTS = DATA / "factconsolidation_tiny.json"
+
+
+def test_locomo_questions_have_answers_types_and_time() -> None:
+    bench = load_benchmark("locomo", ROOT / "samples" / "locomo_sample.json")
+    assert [c.id for c in bench.conversations] == ["conv-26"]
+    q = bench.questions[0]
+    assert (q.id, q.qtype, q.reference, q.question_time, q.evidence) == ("conv-26/0", "temporal", "7 May 2023", "2023-06-27T10:37:00", ["D1:3"])
+    assert {q.qtype for q in bench.questions} <= {"multi-hop", "temporal", "open-domain", "single-hop"}
+
+
+def test_beam_sample_has_ten_abilities_with_nuggets() -> None:
+    bench = load_benchmark("beam", ROOT / "samples" / "beam")
+    assert {c.id for c in bench.conversations} == {"beam-1", "beam-2"}
+    assert sorted(q.qtype for q in bench.questions) == sorted(BEAM_ABILITIES)
+    ordering = next(q for q in bench.questions if q.qtype == "event_ordering")
+    assert ordering.nuggets == ["Core functionality", "Transaction error handling", "Security and deployment"]
+    assert ordering.evidence == ["4", "60", "116"] and ordering.conversation_id == "beam-1" and ordering.question_time
+    assert all(q.reference and q.nuggets for q in bench.questions)
+
+
+def test_longmemeval_sessions_dates_evidence_and_abstention() -> None:
+    bench = load_benchmark("longmemeval", LME)
+    assert [c.id for c in bench.conversations] == ["tiny_ss_user_1", "tiny_ku_1", "tiny_temporal_1_abs"]
+    first = bench.conversations[0]
+    assert [(s.id, s.time) for s in first.sessions] == [("s_a1", "2023-05-20T02:21:00"), ("s_a2", "2023-05-27T18:40:00")]
+    assert first.sessions[0].turns[0].id == "s_a1:0" and first.sessions[0].turns[0].speaker == "user"
+    assert bench.questions[1].evidence == ["s_b1:0", "s_b2:0"] and bench.questions[1].qtype == "knowledge-update"
+    assert bench.questions[2].qtype == "abstention" and bench.questions[0].question_time == "2023-06-01T10:15:00"
+    assert longmemeval_time("2023/05/20", "x") == "2023-05-20"
+
+
+def test_factconsolidation_facts_become_ordered_turns() -> None:
+    bench = load_benchmark("factconsolidation", FACTS)
+    turns = [t for s in bench.conversations[0].sessions for t in s.turns]
+    assert [t.id for t in turns] == [f"fact-0:{n}" for n in range(5)] and turns[2].text == "The capital of Veloria is Brisk."
+    assert all(len(s.turns) <= FACT_SESSION_SIZE and s.time is None for s in bench.conversations[0].sessions)
+    assert [(q.qtype, q.reference) for q in bench.questions] == [("multi-hop", "Brisk"), ("multi-hop", "Brisk"), ("single-hop", "violin or the violin")]
+
+
+@pytest.mark.parametrize(
+    "name,source,edit,needle",
+    [
+        ("longmemeval", LME, lambda d: d[1].pop("question_type"), "record tiny_ku_1.question_type"),
+        ("longmemeval", LME, lambda d: d[0].update(haystack_dates=["yesterday", "2023/05/27 (Sat) 18:40"]), "record tiny_ss_user_1.haystack_dates[0]"),
+        ("longmemeval", LME, lambda d: d[0]["haystack_sessions"][1][0].pop("content"), "haystack_sessions[1][0].content"),
+        ("longmemeval", LME, lambda d: d[2]["haystack_session_ids"].append("extra"), "record tiny_temporal_1_abs.haystack_sessions"),
+        ("factconsolidation", FACTS, lambda d: d[1].update(answers=[]), "record 1.answers"),
+        ("factconsolidation", FACTS, lambda d: d[0].update(context="no numbered facts"), "record 0.context"),
+        ("factconsolidation", FACTS, lambda d: d[1].update(answers=[[3]]), "record 1.answers[0]"),
+    ],
+)
+def test_bad_records_name_file_record_and_field(tmp_path: Path, name: str, source: Path, edit, needle: str) -> None:
+    data = json.loads(source.read_text())
+    edit(data)
+    path = tmp_path / source.name
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError) as info:
+        load_benchmark(name, path)
+    assert needle in str(info.value) and str(path) in str(info.value)
+
+
+def test_bad_beam_probing_questions_and_missing_input(tmp_path: Path) -> None:
+    chat = tmp_path / "7"
+    (chat / "probing_questions").mkdir(parents=True)
+    (chat / "chat.json").write_text((ROOT / "samples" / "beam" / "1" / "chat.json").read_text())
+    (chat / "probing_questions" / "probing_questions.json").write_text(json.dumps({"summarization": [{"question": "q?", "rubric": [], "ideal_summary": "s"}]}))
+    with pytest.raises(InputError, match=r"summarization\[0\]\.rubric"):
+        load_benchmark("beam", tmp_path)
+    (chat / "probing_questions" / "probing_questions.json").write_text(json.dumps({"telepathy": []}))
+    with pytest.raises(InputError, match="unknown ability"):
+        load_benchmark("beam", tmp_path)
+    with pytest.raises(InputError, match="input not found"):
+        load_benchmark("longmemeval", tmp_path / "missing.json")
+    (tmp_path / "broken.json").write_text("[{")
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_benchmark("factconsolidation", tmp_path / "broken.json")
