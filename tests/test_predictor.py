@@ -155,7 +155,7 @@ def test_lightning_cli_predict_writes_jsonl(llm_dir, tmp_path) -> None:
     assert len(records) == 2 and {"question_id", "generated", "answer", "valid_json", "exact_match", "reference_answer"} <= set(records[0])
 
 
-def test_ask_with_model_answers_from_an_export_folder(llm_dir, tmp_path) -> None:
+def test_ask_with_model_answers_from_an_export_folder_with_metrics_in_its_card(llm_dir, tmp_path) -> None:
     from export.package import export_model
 
     L.seed_everything(0)
@@ -166,7 +166,11 @@ def test_ask_with_model_answers_from_an_export_folder(llm_dir, tmp_path) -> None
     trainer.save_checkpoint(tmp_path / "tiny.ckpt")
     config = tmp_path / "fit.yaml"
     config.write_text(yaml.safe_dump({"pipeline": _pipeline(str(llm_dir)).to_dict()}))
-    out = export_model(tmp_path / "tiny.ckpt", config, tmp_path / "model")
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps({"recall@10": 0.5, "n_questions": 3, "per_category": {"1": 0.4}}))
+    out = export_model(tmp_path / "tiny.ckpt", config, tmp_path / "model", eval_report=metrics)
+    card = (out / "README.md").read_text()
+    assert "| recall@10 | 0.5000 |" in card and "| n_questions | 3 |" in card and "per_category" not in card
     with QGMemPredictor.from_pretrained(out, intent="rules").memory("alice", tmp_path / "store") as memory:
         memory.add_session(SESSION)
     result = ask_with_model(out, tmp_path / "store", "alice", "What did Melanie paint?", intent="rules")
