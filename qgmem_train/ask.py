@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="YAML with a pipeline: section (models, retrieval settings)")
     parser.add_argument("--time", help="when the question is asked (ISO date); resolves relative expressions only")
     parser.add_argument("--reranker", choices=["llm", "cross", "none"], help="reranker (default: models.reranker)")
+    parser.add_argument("--model", help="exported QGMem model (folder or Hub repo id): answer with it; its config replaces --config/--reranker")
     return parser
 
 
@@ -46,6 +47,15 @@ def main(argv: list[str]) -> int:
 
         if utterance_date(args.time) is None:
             raise InputError("--time", f"not an ISO date: {args.time!r}")
+
+    if args.model is not None:
+        from qgmem_train.memory.store import MemoryStore
+        from qgmem_train.predictor import ask_with_model
+
+        with MemoryStore.open(args.store) as store:
+            namespace = pick_namespace(store.namespaces(), args.namespace, args.store)
+        print(ask_with_model(args.model, args.store, namespace, args.question, args.time).render())
+        return 0
 
     from qgmem_train.config import load_pipeline_config
     from qgmem_train.llm.factory import build_embedder, build_llm

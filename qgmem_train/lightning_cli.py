@@ -17,6 +17,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from qgmem_train.config import PipelineConfig
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
+from qgmem_train.model.prediction_writer import JsonlPredictionWriter
 
 PIPELINE_LINKS = {
     "pipeline.models.llm": "model.llm",
@@ -40,6 +41,7 @@ class QGMemCLI(LightningCLI):
                 parser.link_arguments(source, target)
         parser.link_arguments("data.feature_dim", "model.feature_dim", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(JsonlPredictionWriter, "predictions")
         parser.set_defaults(
             {
                 "checkpoint.save_last": True,
