@@ -9,6 +9,8 @@ used), a per-question JSONL and figures into ``--out``, every file atomically:
 - ``answers``: answer quality on LoCoMo, BEAM, LongMemEval-S or FactConsolidation: activate, answer
   (configured LLM on the text path, or an exported model), judge R times with the benchmark's judge
   prompts → judge_accuracy ± judge_std, per-type scores, per-question tokens and seconds, report.md and figures.
+- ``conversations``: a benchmark's dialogue histories as plain JSONL, for ``build --dataset jsonl``
+  (LongMemEval-S and FactConsolidation have no build loader of their own).
 - ``ablations``: the same questions under pipeline variants (no reranker, no attribute channel, no
   traces, no graph token, turn units vs LLM units), one table side by side.
 """
@@ -317,6 +319,29 @@ def run_answers(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_conversations_parser(tasks: argparse._SubParsersAction) -> None:
+    """Options of ``eval conversations``."""
+    from qgmem_train.eval.benchmarks import BENCHMARKS
+
+    parser = tasks.add_parser("conversations", help="write a benchmark's dialogue histories as plain JSONL (build --dataset jsonl)")
+    parser.add_argument("--benchmark", required=True, choices=BENCHMARKS, help="benchmark format of --input")
+    parser.add_argument("--input", required=True, type=Path, help="benchmark file (BEAM: a chat folder or a folder of chats)")
+    parser.add_argument("--out", required=True, type=Path, help="JSONL file to write (one conversation per line)")
+    parser.set_defaults(run=run_conversations)
+
+
+def run_conversations(args: argparse.Namespace) -> int:
+    """Write every conversation of the benchmark, one per line, atomically."""
+    from qgmem_train.eval.benchmarks import load_benchmark, plain_conversation
+
+    benchmark = load_benchmark(args.benchmark, args.input)
+    with atomic_output(args.out) as handle:
+        for conversation in benchmark.conversations:
+            handle.write(json.dumps(plain_conversation(conversation), ensure_ascii=False) + "\n")
+    print(f"wrote {len(benchmark.conversations)} conversation(s) and {len(benchmark.questions)} question(s) of {args.benchmark} to {args.out}")
+    return 0
+
+
 def ablation_variants(args: argparse.Namespace, cfg: Any) -> list[tuple[Any, str, str | None]]:
     """(variant, description, what is missing or None) for the full pipeline and each ablation."""
     from qgmem_train.eval.answers import AnswerVariant
@@ -383,5 +408,6 @@ def main(argv: list[str]) -> int:
     add_retrieval_parser(tasks)
     add_answers_parser(tasks)
     add_ablations_parser(tasks)
+    add_conversations_parser(tasks)
     args = parser.parse_args(argv)
     return args.run(args)

@@ -90,3 +90,12 @@ def test_bad_beam_probing_questions_and_missing_input(tmp_path: Path) -> None:
     (tmp_path / "broken.json").write_text("[{")
     with pytest.raises(InputError, match="not valid JSON"):
         load_benchmark("factconsolidation", tmp_path / "broken.json")
+
+
+def test_conversations_export_round_trips_through_the_plain_loader(tmp_path: Path) -> None:
+    from qgmem_train.__main__ import main
+    from qgmem_train.memory.loaders import load_conversations
+
+    out = tmp_path / "lme.jsonl"
+    assert main(["eval", "conversations", "--benchmark", "longmemeval", "--input", str(LME), "--out", str(out)]) == 0
+    assert load_conversations("jsonl", out) == load_benchmark("longmemeval", LME).conversations

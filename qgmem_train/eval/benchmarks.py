@@ -288,6 +288,15 @@ LOADERS = {
 }
 
 
+def plain_conversation(conversation: Conversation) -> dict[str, Any]:
+    """A conversation in the plain format of ``docs/conversations.md`` (what ``build --dataset jsonl`` reads)."""
+    return {
+        "id": conversation.id,
+        "sessions": [{"id": s.id, "time": s.time, "turns": [{"id": t.id, "speaker": t.speaker, "text": t.text} for t in s.turns]}
+                     for s in conversation.sessions],
+    }  # fmt: skip
+
+
 def load_benchmark(name: str, path: str | Path) -> Benchmark:
     """Load benchmark ``name`` from ``path`` (a file, or BEAM's folder of chats)."""
     if name not in LOADERS:
