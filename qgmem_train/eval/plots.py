@@ -46,9 +46,11 @@ def cost_per_question_figure(seconds: Sequence[float], tokens: Mapping[str, Sequ
     """Per-question latency (left) and token counts (right, one box per kind: context, online)."""
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 4), dpi=120)
     left.boxplot([list(seconds)], tick_labels=["seconds"], showmeans=True)
+    left.set_ylim(bottom=0)
     left.set_ylabel("seconds per question")
     left.grid(axis="y", alpha=0.3)
     right.boxplot([list(v) for v in tokens.values()], tick_labels=list(tokens), showmeans=True)
+    right.set_ylim(bottom=0)
     right.set_ylabel("tokens per question")
     right.grid(axis="y", alpha=0.3)
     figure.suptitle(title)
