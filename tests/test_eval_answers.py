@@ -158,3 +158,10 @@ def test_eval_answers_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureF
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and not (tmp_path / "o").exists()
+
+
+def test_missing_answer_scores_zero_without_a_judge_call() -> None:
+    answered = [_answered("temporal", prediction="  "), _answered("single-hop")]
+    llm = ScriptedLLM(['{"judgment": "correct", "reason": "same"}'])
+    judge_answers("locomo", llm, answered, repeats=1)
+    assert [a.scores for a in answered] == [[0.0], [1.0]] and len(llm.calls) == 1 and "no answer" in answered[0].reasons[0]

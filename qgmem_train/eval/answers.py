@@ -113,9 +113,18 @@ def judge_yes_no(
 def judge_answers(
     benchmark: str, llm: ChatLLM, answered: Sequence[AnsweredQuestion], *, repeats: int, stats: ParseStats | None = None
 ) -> None:
-    """Fill ``scores`` (one per repeat, in [0, 1]) and ``reasons`` of every answered question."""
+    """Fill ``scores`` (one per repeat, in [0, 1]) and ``reasons`` of every answered question.
+
+    A question without an answer (the answering output was dropped) scores 0 without a judge call.
+    """
     if repeats < 1:
         raise InputError("--repeats", "must be at least 1")
+    for a in answered:
+        if not a.prediction.strip():
+            a.scores, a.reasons = [0.0] * repeats, ["no answer (answering output dropped)"]
+    answered = [a for a in answered if a.prediction.strip()]
+    if not answered:
+        return
     if benchmark == "longmemeval":
         items = [(longmemeval_prompt(a.question.qtype), JudgeItem(a.question.question, a.question.reference, a.prediction)) for a in answered]
         for a, (scores, reasons) in zip(answered, judge_yes_no(llm, items, repeats=repeats, stats=stats)):
