@@ -19,10 +19,11 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
 import argparse  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 from datetime import date, timedelta  # noqa: E402
-from pathlib import Path  # noqa: E402
+from pathlib import Path
+
+from machine import cpu_model  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -48,17 +49,6 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def unit_vectors(rng: np.random.Generator, n: int) -> np.ndarray:

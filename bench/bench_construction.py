@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import machine_info
 
 import numpy as np
 
@@ -33,16 +33,6 @@ from qgmem_train.memory.windows import session_windows
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
 SAMPLE = ROOT / "samples" / "locomo_sample.json"
-
-
-def machine() -> dict[str, object]:
-    """Cores and CPU model of this machine."""
-    model = platform.processor()
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cores": os.cpu_count(), "cpu": model, "python": sys.version.split()[0]}
 
 
 def bench_extraction(data: Path, n_windows: int, max_new_tokens: int, cfg: PipelineConfig) -> dict[str, object]:
@@ -177,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-llm", action="store_true", help="skip the LLM throughput measurement")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results folder")
     args = p.parse_args(argv)
-    results: dict[str, object] = {"machine": machine(), "data": str(args.data)}
+    results: dict[str, object] = {"machine": machine_info(), "data": str(args.data)}
     workdir = Path(tempfile.mkdtemp(prefix="qgmem-bench-"))
     try:
         if not args.skip_llm:

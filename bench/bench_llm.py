@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
+from machine import machine_info
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
 
 from qgmem_train.config import BUNDLED_LLM  # noqa: E402
 from qgmem_train.llm.http import OpenAICompatibleLLM  # noqa: E402
@@ -43,16 +43,6 @@ QUESTIONS = [
     "What is adoption?",
     "Suggest a name for a dog.",
 ]
-
-
-def machine() -> dict:
-    """Cores, CPU model and torch threads of the machine the figures come from."""
-    model = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
-        model = names[0] if names else model
-    return {"cores": os.cpu_count(), "cpu": model, "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def timed_generate(llm, chats, **kwargs) -> tuple[list[str], float]:
@@ -104,7 +94,7 @@ def main() -> None:
         "constrained_over_unconstrained": rows["constrained"]["tokens_per_s"] / rows["unconstrained"]["tokens_per_s"],
         f"http_concurrency_{args.concurrency}_over_1": rows[f"http_concurrency_{args.concurrency}"]["tokens_per_s"] / rows["http_concurrency_1"]["tokens_per_s"],
     }
-    result = {"machine": machine(), "model": BUNDLED_LLM, "prompts": args.prompts, "max_new_tokens": n, "rows": rows, "ratios": ratios}
+    result = {"machine": machine_info(), "model": BUNDLED_LLM, "prompts": args.prompts, "max_new_tokens": n, "rows": rows, "ratios": ratios}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     lines = [

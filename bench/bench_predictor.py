@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from machine import cpu_model
 
 from qgmem_train.memory.loaders import load_conversations
 from qgmem_train.predictor import QGMemPredictor, verify_checksums
@@ -37,17 +38,6 @@ def cpu_seconds() -> float:
     """User + system CPU seconds of this process so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def questions_in_sessions(path: Path, sample: int, sessions: int, limit: int) -> list[dict]:

@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from machine import cpu_model
 
 import lightning as L
 import torch
@@ -39,17 +40,6 @@ from qgmem_train.model.fusion import per_example_loss
 from qgmem_train.model.module import GraphAugmentedLM
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux), else the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def build(args: argparse.Namespace, data: TrajectoryDataModule, graph_tokens: int) -> GraphAugmentedLM:
