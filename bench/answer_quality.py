@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
+
+from machine import machine_info
 
 from qgmem_train.__main__ import main as cli
 
@@ -66,21 +66,21 @@ def main() -> None:
     config = args.work / "turns.yaml"
     config.write_text(f"pipeline:\n  construction:\n    units: turns\n    traces: false\n  retrieval:\n    k: {args.k}\n"
                       f"  generation:\n    max_new_tokens: {args.max_new_tokens}\n")  # fmt: skip
+    machine = machine_info()
     started = time.perf_counter()
     rows = {}
     for name in DEFAULT_INPUTS:
         metrics = run_benchmark(name, getattr(args, name), args.work, config, args.limit, args.repeats, args.intent)
         rows[name] = {key: metrics[key] for key in KEYS} | {"input": metrics["input"], "per_type": {k: v for k, v in metrics.items() if k.startswith("judge_accuracy/")}}
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor())
     report = {
-        "machine": {"cpu": cpu, "cores": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2)},
+        "machine": machine,
         "settings": {"limit": args.limit, "repeats": args.repeats, "k": args.k, "max_new_tokens": args.max_new_tokens, "intent": args.intent,
                      "units": "turns", "reranker": "none", "llm_and_judge": metrics["models"]["llm"]},
         "benchmarks": rows, "seconds": round(time.perf_counter() - started, 1),
     }  # fmt: skip
     lines = [
         "# Answer quality (eval answers), turns-mode stores",
-        f"Machine: {cpu}, {os.cpu_count()} cores (load average {report['machine']['load_average_1m']} at the end: shared machine). "
+        f"Machine: {machine['cpu']}, {machine['cores']} cores (load average {machine.get('load_average_1m')} at the start: shared machine). "
         f"LLM and judge: {report['settings']['llm_and_judge']}; k={args.k}, max_new_tokens={args.max_new_tokens}, intent={args.intent}, no reranker.",
         "",
         "| benchmark | questions | judge accuracy (mean ± std, R=%d) | context tokens/q | online tokens/q | seconds/q |" % args.repeats,

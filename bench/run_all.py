@@ -12,12 +12,12 @@ skipped with what it needs; a script added to bench/ without quick arguments run
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from machine import machine_info
 
 from qgmem_train.fileio import atomic_output
 
@@ -47,15 +47,6 @@ def full_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list[
     }
 
 
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor() or "unknown")
-
-
 def written_markdown(out: Path, since: float) -> list[Path]:
     """Markdown results written under ``out`` since ``since`` (what one script produced)."""
     return sorted(p for p in out.rglob("*.md") if p.name != "REPORT.md" and p.stat().st_mtime >= since)
@@ -81,6 +72,7 @@ def main() -> int:
     if unknown:
         print(f"error: --only {unknown[0]}: no bench/{unknown[0]}.py", file=sys.stderr)
         return 2
+    machine = machine_info()
     rows, sections = [], []
     for name in args.only or scripts:
         arguments = plan.get(name, [])
@@ -105,7 +97,7 @@ def main() -> int:
     header = [
         "# Benchmark report",
         "",
-        f"Machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end. "
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, load average {machine.get('load_average_1m')} at the start. "
         f"Mode: {'full' if args.full else 'quick'} (`python bench/run_all.py{' --full' if args.full else ''}`); results in `{out}`.",
         "",
         "| script | status | seconds | note |",

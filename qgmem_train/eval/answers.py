@@ -203,8 +203,10 @@ def answer_text_path(
     (re-serialized) outputs; seconds = its activation plus its share of the batched intent and answer calls.
     """
     from qgmem_train.llm.factory import build_embedder
-    from qgmem_train.llm.prompts import FINAL_ANSWER, QUERY_INTENT
+    from qgmem_train.graph.local_graph import LocalGraph
+    from qgmem_train.llm.prompts import QUERY_INTENT
     from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.model.prompt import final_answer_chat
     from qgmem_train.retrieval.activation import ActivationIndex, activate, query_texts
     from qgmem_train.retrieval.answer import answer_questions
     from qgmem_train.retrieval.intent import INTENT_MAX_NEW_TOKENS, parse_intent_rules, parse_intents
@@ -263,7 +265,7 @@ def answer_text_path(
                 for i in range(start, start + len(batch)):
                     seconds[i] += share
             for i, (q, context, output) in enumerate(zip(items, contexts, outputs)):
-                prompt = FINAL_ANSWER.render(query=q.question, question_time=q.question_time or "unknown", serialized_graph=context.text)
+                prompt = final_answer_chat(q.question, q.question_time, context.text, LocalGraph(), text_path=False)
                 generated = llm.count_tokens(output.model_dump_json()) if output is not None else 0
                 answered.append(AnsweredQuestion(
                     q, output.answer if output else "", output.reasoning_path if output else "", units[i], context.n_tokens,
