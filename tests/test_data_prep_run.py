@@ -77,10 +77,13 @@ def test_one_run_writes_a_dataset_the_data_module_loads(reference: tuple[Path, P
         assert question["context"].strip() and question["prompt_tokens"] > question["context_tokens"] > 0
         assert len(question["graph"]["edge_src"]) == len(question["units"])
         assert len(question["judgments"]) == (1 if question["answer"] is not None else 0)
-    module = TrajectoryDataModule(str(out / "dataset"), batch_size=1, validation_fraction=0.5, test_fraction=0.0)
-    module.setup("fit")
-    batch = next(iter(module.train_dataloader() if module.train_data else module.val_dataloader()))
+    module = TrajectoryDataModule(str(out / "dataset"), batch_size=1)
+    module.setup("validate")
+    split = next(name for name, part in module.splits.items() if part)
+    loaders = {"train": module.train_dataloader, "validation": module.val_dataloader, "test": module.test_dataloader}
+    batch = next(iter(loaders[split]()))
     assert batch["graph"].num_graphs == 1
+    assert batch["examples"][0].answer in {q["gold_answer"] for r in records for q in r["questions"]}
 
 
 def test_kill_and_resume_equals_one_run(reference: tuple[Path, Path]) -> None:
