@@ -71,8 +71,8 @@ def test_generation_is_real_and_batching_does_not_change_greedy_output(smollm2) 
 
 def test_yes_no_scores_are_probabilities_and_batch_invariant(smollm2) -> None:
     chats = [
-        [{"role": "user", "content": "Is Paris the capital of France? Answer yes or no."}],
-        [{"role": "user", "content": "Is the moon made of cheese? Answer yes or no."}],
+        [{"role": "user", "content": "Reply with the single word yes."}],
+        [{"role": "user", "content": "Reply with the single word no."}],
     ]
     scores = smollm2.score_yes_no(chats)
     assert all(0.0 < s < 1.0 for s in scores)
