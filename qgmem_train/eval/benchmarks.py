@@ -7,7 +7,6 @@ and the time they are asked. A malformed record raises :class:`InputError` namin
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import InputError
-from qgmem_train.memory.loaders import load_beam, load_conversations
+from qgmem_train.memory.loaders import load_beam, load_conversations, read_json, require_field
 from qgmem_train.memory.types import Conversation, Session, Turn
 
 BENCHMARKS = ("locomo", "beam", "longmemeval", "factconsolidation")
@@ -70,30 +69,6 @@ class Benchmark:
     questions: list[BenchmarkQuestion]
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(str(path), "file not found") from None
-    except IsADirectoryError:
-        raise InputError(str(path), "expected a file, got a folder") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(str(path), f"not valid JSON: {exc}") from None
-
-
-def _get(record: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    """``record[key]`` checked for presence and type; the error names ``where.key``."""
-    if not isinstance(record, dict):
-        raise InputError(where, f"expected an object, got {type(record).__name__}")
-    if key not in record:
-        raise InputError(f"{where}.{key}", "missing field")
-    value = record[key]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise InputError(f"{where}.{key}", f"expected {names}, got {type(value).__name__}")
-    return value
-
-
 def last_session_time(conversation: Conversation) -> str | None:
     """The latest session time of a conversation: when its questions are taken to be asked."""
     times = [s.time for s in conversation.sessions if s.time and s.turns]
@@ -111,7 +86,7 @@ def load_locomo_questions(path: Path, conversation_ids: Sequence[str] | None = N
 
 def _locomo_items(path: Path, conversation_ids: Sequence[str] | None) -> list[tuple[str, int, dict[str, Any], int, list[str]]]:
     """Checked LoCoMo ``qa`` items: (sample id, index, item, category, evidence turn ids)."""
-    data = _read_json(path)
+    data = read_json(path)
     if not isinstance(data, list):
         raise InputError(str(path), "expected a JSON list of samples")
     items = []
@@ -126,8 +101,8 @@ def _locomo_items(path: Path, conversation_ids: Sequence[str] | None) -> list[tu
             raise InputError(f"{path}: sample {sample_id}.qa", "missing or not a list")
         for j, item in enumerate(qa):
             where = f"{path}: sample {sample_id}.qa[{j}]"
-            _get(item, "question", str, where)
-            category = _get(item, "category", int, where)
+            require_field(item, "question", str, where)
+            category = require_field(item, "category", int, where)
             evidence = item.get("evidence", [])
             if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
                 raise InputError(f"{where}.evidence", "expected a list of turn ids")
@@ -144,7 +119,7 @@ def load_locomo_benchmark(path: Path) -> Benchmark:
     for sample_id, j, item, category, turns in _locomo_items(path, None):
         if category not in RETRIEVAL_CATEGORIES:
             continue
-        answer = _get(item, "answer", (str, int, float), f"{path}: sample {sample_id}.qa[{j}]")
+        answer = require_field(item, "answer", (str, int, float), f"{path}: sample {sample_id}.qa[{j}]")
         questions.append(BenchmarkQuestion(f"{sample_id}/{j}", sample_id, item["question"], LOCOMO_CATEGORY_NAMES[category],
                                            str(answer), asked.get(sample_id), turns))
     return Benchmark("locomo", conversations, questions)
@@ -161,7 +136,7 @@ def load_beam_benchmark(path: Path) -> Benchmark:
         probe_file = chat_file.parent / "probing_questions" / "probing_questions.json"
         if not probe_file.exists():
             continue
-        data = _read_json(probe_file)
+        data = read_json(probe_file)
         if not isinstance(data, dict):
             raise InputError(str(probe_file), "expected an object {ability: [questions]}")
         asked = last_session_time(by_id[conversation_id])
@@ -172,8 +147,8 @@ def load_beam_benchmark(path: Path) -> Benchmark:
                 raise InputError(f"{probe_file}: {ability}", "expected a list of questions")
             for j, item in enumerate(items):
                 where = f"{probe_file}: {ability}[{j}]"
-                question = _get(item, "question", str, where)
-                rubric = _get(item, "rubric", list, where)
+                question = require_field(item, "question", str, where)
+                rubric = require_field(item, "rubric", list, where)
                 if not rubric or not all(isinstance(n, str) and n.strip() for n in rubric):
                     raise InputError(f"{where}.rubric", "expected a non-empty list of nugget strings")
                 reference = next((item[k] for k in BEAM_REFERENCE_FIELDS if isinstance(item.get(k), str)), None)
@@ -203,20 +178,20 @@ def load_longmemeval_benchmark(path: Path) -> Benchmark:
     Turn ids are ``<session id>:<k>``; turns marked ``has_answer`` are the gold evidence. A question id
     ending in ``_abs`` is an abstention question (judged with the abstention prompt).
     """
-    data = _read_json(path)
+    data = read_json(path)
     if not isinstance(data, list):
         raise InputError(str(path), "expected a JSON list of questions")
     conversations, questions = [], []
     for i, record in enumerate(data):
-        qid = _get(record, "question_id", str, f"{path}: record {i}")
+        qid = require_field(record, "question_id", str, f"{path}: record {i}")
         where = f"{path}: record {qid}"
-        qtype = _get(record, "question_type", str, where)
-        question = _get(record, "question", str, where)
-        answer = _get(record, "answer", (str, int, float), where)
+        qtype = require_field(record, "question_type", str, where)
+        question = require_field(record, "question", str, where)
+        answer = require_field(record, "answer", (str, int, float), where)
         asked = longmemeval_time(record.get("question_date"), f"{where}.question_date")
-        ids = _get(record, "haystack_session_ids", list, where)
-        dates = _get(record, "haystack_dates", list, where)
-        raw_sessions = _get(record, "haystack_sessions", list, where)
+        ids = require_field(record, "haystack_session_ids", list, where)
+        dates = require_field(record, "haystack_dates", list, where)
+        raw_sessions = require_field(record, "haystack_sessions", list, where)
         if not len(ids) == len(dates) == len(raw_sessions):
             raise InputError(f"{where}.haystack_sessions", f"{len(raw_sessions)} sessions, {len(ids)} ids and {len(dates)} dates differ")
         sessions, evidence = [], []
@@ -226,7 +201,7 @@ def load_longmemeval_benchmark(path: Path) -> Benchmark:
                 raise InputError(swhere, "expected a list of turns")
             turns = []
             for k, raw in enumerate(turns_raw):
-                turn = Turn(f"{session_id}:{k}", _get(raw, "role", str, f"{swhere}[{k}]"), _get(raw, "content", str, f"{swhere}[{k}]"))
+                turn = Turn(f"{session_id}:{k}", require_field(raw, "role", str, f"{swhere}[{k}]"), require_field(raw, "content", str, f"{swhere}[{k}]"))
                 turns.append(turn)
                 if raw.get("has_answer") is True:
                     evidence.append(turn.id)
@@ -252,7 +227,7 @@ def load_factconsolidation_benchmark(path: Path) -> Benchmark:
     serial order is the update order: a later fact overrides an earlier one); ``answers[i]`` lists the
     accepted answers of ``questions[i]``. The hop type comes from ``metadata.source`` (``..._sh_..``/``..._mh_..``).
     """
-    data = _read_json(path)
+    data = read_json(path)
     if not isinstance(data, list):
         raise InputError(str(path), "expected a JSON list of records")
     conversations, questions = [], []
@@ -261,12 +236,12 @@ def load_factconsolidation_benchmark(path: Path) -> Benchmark:
         metadata = record.get("metadata") if isinstance(record, dict) else None
         source = metadata.get("source", "") if isinstance(metadata, dict) else ""
         record_id = f"fact-{i}"
-        turns = fact_turns(_get(record, "context", str, where), record_id, where)
+        turns = fact_turns(require_field(record, "context", str, where), record_id, where)
         sessions = [Session(f"chunk_{n // FACT_SESSION_SIZE + 1}", None, turns[n : n + FACT_SESSION_SIZE])
                     for n in range(0, len(turns), FACT_SESSION_SIZE)]
         conversations.append(Conversation(record_id, sessions))
-        asked = _get(record, "questions", list, where)
-        answers = _get(record, "answers", list, where)
+        asked = require_field(record, "questions", list, where)
+        answers = require_field(record, "answers", list, where)
         if len(asked) != len(answers):
             raise InputError(f"{where}.answers", f"{len(answers)} answers for {len(asked)} questions")
         hop = "multi-hop" if "_mh" in source else "single-hop" if "_sh" in source else "unknown-hop"

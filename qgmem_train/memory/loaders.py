@@ -20,16 +20,19 @@ from qgmem_train.memory.types import Conversation, Session, Turn
 DATASETS = ("locomo", "beam", "convomem", "jsonl")
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; a missing, folder-valued or malformed file is an :class:`InputError`."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(str(path), "file not found") from None
+    except IsADirectoryError:
+        raise InputError(str(path), "expected a file, got a folder") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"not valid JSON: {exc}") from None
 
 
-def _field(record: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+def require_field(record: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     """``record[key]`` checked for presence and type; the error names ``where.key``."""
     if not isinstance(record, dict):
         raise InputError(where, f"expected an object, got {type(record).__name__}")
@@ -58,30 +61,30 @@ def load_locomo(path: Path) -> list[Conversation]:
     A turn that shares an image keeps its caption in the text (``[shares a photo: <blip_caption>]``):
     answers often rest on what the photo shows.
     """
-    data = _read_json(path)
+    data = read_json(path)
     if not isinstance(data, list):
         raise InputError(str(path), "expected a JSON list of samples")
     conversations = []
     for i, sample in enumerate(data):
         where = f"{path}: sample {i}"
-        sample_id = _field(sample, "sample_id", str, where)
+        sample_id = require_field(sample, "sample_id", str, where)
         where = f"{path}: sample {sample_id}"
-        body = _field(sample, "conversation", dict, where)
+        body = require_field(sample, "conversation", dict, where)
         numbers = sorted(int(m[1]) for key in body if (m := re.fullmatch(r"session_(\d+)", key)))
         if not numbers:
             raise InputError(f"{where}.conversation", "no session_N lists")
         sessions = []
         for n in numbers:
             key = f"session_{n}"
-            turns_raw = _field(body, key, list, f"{where}.conversation")
+            turns_raw = require_field(body, key, list, f"{where}.conversation")
             time = _session_time(body.get(f"{key}_date_time"), f"{where}.conversation.{key}_date_time")
             turns = []
             for j, raw in enumerate(turns_raw):
                 twhere = f"{where}.conversation.{key}[{j}]"
-                text = _field(raw, "text", str, twhere)
+                text = require_field(raw, "text", str, twhere)
                 if isinstance(raw.get("blip_caption"), str) and raw["blip_caption"].strip():
                     text = f"{text} [shares a photo: {raw['blip_caption'].strip()}]"
-                turns.append(Turn(_field(raw, "dia_id", str, twhere), _field(raw, "speaker", str, twhere), text))
+                turns.append(Turn(require_field(raw, "dia_id", str, twhere), require_field(raw, "speaker", str, twhere), text))
             sessions.append(Session(key, time, turns))
         conversations.append(Conversation(sample_id, sessions))
     return conversations
@@ -98,22 +101,22 @@ def load_beam(path: Path) -> list[Conversation]:
         raise InputError(str(path), "no chat.json below this folder")
     conversations = []
     for file in files:
-        data = _read_json(file)
+        data = read_json(file)
         if not isinstance(data, list):
             raise InputError(str(file), "expected a JSON list of batches")
         sessions = []
         for i, batch in enumerate(data):
             where = f"{file}: batch {i}"
-            groups = _field(batch, "turns", list, where)
+            groups = require_field(batch, "turns", list, where)
             time, turns = None, []
             for g, group in enumerate(groups):
                 if not isinstance(group, list):
                     raise InputError(f"{where}.turns[{g}]", f"expected a list of messages, got {type(group).__name__}")
                 for k, message in enumerate(group):
                     mwhere = f"{where}.turns[{g}][{k}]"
-                    msg_id = _field(message, "id", (int, str), mwhere)
-                    role = _field(message, "role", str, mwhere)
-                    content = _field(message, "content", str, mwhere)
+                    msg_id = require_field(message, "id", (int, str), mwhere)
+                    role = require_field(message, "role", str, mwhere)
+                    content = require_field(message, "content", str, mwhere)
                     if time is None and message.get("time_anchor"):
                         time = _session_time(message["time_anchor"], f"{mwhere}.time_anchor")
                     turns.append(Turn(str(msg_id), role, content))
@@ -129,15 +132,15 @@ def convomem_sessions(raw_conversations: list[Any], where: str) -> list[Session]
     seen: set[str] = set()
     for i, conv in enumerate(raw_conversations):
         cwhere = f"{where}[{i}]"
-        conv_id = str(_field(conv, "id", (str, int), cwhere))
+        conv_id = str(require_field(conv, "id", (str, int), cwhere))
         if conv_id in seen:
             continue
         seen.add(conv_id)
-        messages = _field(conv, "messages", list, cwhere)
+        messages = require_field(conv, "messages", list, cwhere)
         turns = []
         for k, message in enumerate(messages):
             mwhere = f"{cwhere}.messages[{k}]"
-            turns.append(Turn(f"{conv_id}:{k + 1}", _field(message, "speaker", str, mwhere), _field(message, "text", str, mwhere)))
+            turns.append(Turn(f"{conv_id}:{k + 1}", require_field(message, "speaker", str, mwhere), require_field(message, "text", str, mwhere)))
         sessions.append(Session(conv_id, None, turns))
     return sessions
 
@@ -156,36 +159,36 @@ def load_convomem(path: Path) -> list[Conversation]:
         raise InputError(str(path), "no *.json test cases below this folder")
     conversations = []
     for file in files:
-        case = _read_json(file)
+        case = read_json(file)
         name = "-".join(file.relative_to(root).with_suffix("").parts)
         where = f"{file}"
         if not isinstance(case, dict):
             raise InputError(where, "expected a test-case object")
         if "conversations" in case:
-            raw = _field(case, "conversations", list, where)
+            raw = require_field(case, "conversations", list, where)
             conversations.append(Conversation(name, convomem_sessions(raw, f"{where}: conversations")))
             continue
         key = "evidence_items" if "evidence_items" in case else "evidenceItems"
-        items = _field(case, key, list, where)
+        items = require_field(case, key, list, where)
         for i, item in enumerate(items):
             iwhere = f"{where}: {key}[{i}]"
-            raw = _field(item, "conversations", list, iwhere)
+            raw = require_field(item, "conversations", list, iwhere)
             conversations.append(Conversation(f"{name}-{i}", convomem_sessions(raw, f"{iwhere}.conversations")))
     return conversations
 
 
 def _plain_conversation(record: Any, where: str) -> Conversation:
-    conv_id = str(_field(record, "id", (str, int), where))
+    conv_id = str(require_field(record, "id", (str, int), where))
     where = f"{where} ({conv_id})"
     sessions = []
-    for i, raw in enumerate(_field(record, "sessions", list, where)):
+    for i, raw in enumerate(require_field(record, "sessions", list, where)):
         swhere = f"{where}.sessions[{i}]"
         session_id = str(raw.get("id", f"session_{i + 1}")) if isinstance(raw, dict) else ""
         time = _session_time(raw.get("time") if isinstance(raw, dict) else None, f"{swhere}.time")
         turns = []
-        for k, turn in enumerate(_field(raw, "turns", list, swhere)):
+        for k, turn in enumerate(require_field(raw, "turns", list, swhere)):
             twhere = f"{swhere}.turns[{k}]"
-            turns.append(Turn(str(_field(turn, "id", (str, int), twhere)), _field(turn, "speaker", str, twhere), _field(turn, "text", str, twhere)))
+            turns.append(Turn(str(require_field(turn, "id", (str, int), twhere)), require_field(turn, "speaker", str, twhere), require_field(turn, "text", str, twhere)))
         sessions.append(Session(session_id, time, turns))
     return Conversation(conv_id, sessions)
 
@@ -207,7 +210,7 @@ def load_plain(path: Path) -> list[Conversation]:
                 raise InputError(f"{path}: line {n}", f"not valid JSON: {exc}") from None
             conversations.append(_plain_conversation(record, f"{path}: line {n}"))
         return conversations
-    data = _read_json(path)
+    data = read_json(path)
     records = data if isinstance(data, list) else [data]
     return [_plain_conversation(record, f"{path}: record {i}") for i, record in enumerate(records)]
 
