@@ -18,11 +18,11 @@ $PY -m qgmem_train doctor --config $CONFIG
 step "2/9 build: LoCoMo sample, one unit per turn (no LLM)"
 $PY -m qgmem_train build --dataset locomo --input samples/locomo_sample.json --store "$OUT/locomo" --units turns --config $CONFIG
 
-step "3/9 build: a user's own chat with the paper's two-stage LLM extraction and traces"
-$PY -m qgmem_train build --dataset jsonl --input samples/plain_chat.jsonl --store "$OUT/alex" --units llm --config $CONFIG
+step "3/9 build: a user's own chat (first session) with the paper's two-stage LLM extraction"
+$PY -m qgmem_train build --dataset jsonl --input samples/plain_chat.jsonl --store "$OUT/alex" --units llm --limit-sessions 1 --config $CONFIG
 
 step "4/9 activate + answer: working memory over the LLM-built store"
-$PY -m qgmem_train ask --store "$OUT/alex" --config $CONFIG --reranker none --time 2024-05-01 "Where does Alex walk Biscuit now?"
+$PY -m qgmem_train ask --store "$OUT/alex" --config $CONFIG --reranker none --time 2024-05-01 "Where does Alex walk Biscuit?"
 
 step "5/9 retrieval evaluation on the LoCoMo sample (rule intent, RRF order)"
 $PY -m qgmem_train eval retrieval --dataset locomo --input samples/locomo_sample.json --store "$OUT/locomo" \
@@ -39,6 +39,6 @@ step "8/9 export: adapter, config, prompts, model card, checksums"
 $PY -m export --checkpoint checkpoints/demo-cpu/ckpt/last.ckpt --config $CONFIG --out "$OUT/export" --dry-run
 
 step "9/9 ask through the exported model (graph token path)"
-$PY -m qgmem_train ask --model "$OUT/export" --store "$OUT/alex" --time 2024-05-01 "Where does Alex walk Biscuit now?"
+$PY -m qgmem_train ask --model "$OUT/export" --store "$OUT/alex" --time 2024-05-01 "Where does Alex walk Biscuit?"
 
 printf '\ndemo finished in %ss; outputs in %s\n' "$((SECONDS - started))" "$OUT"
