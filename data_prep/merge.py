@@ -36,6 +36,7 @@ def _shard_states(out: Path, fingerprint: str) -> list[tuple[Path, dict]]:
     if len(counts) != 1:
         raise InputError(str(out / "shards"), f"shards of different splits {sorted(counts)}; keep one shard count per output folder")
     (num_shards,) = counts
+    checked = []
     for shard in range(num_shards):
         folder = shard_dir(out, shard, num_shards)
         state_file = folder / "shard.json"
@@ -46,7 +47,8 @@ def _shard_states(out: Path, fingerprint: str) -> list[tuple[Path, dict]]:
             raise InputError(str(state_file), "was made with another config than this merge")
         if not state.get("done"):
             raise InputError(str(state_file), f"shard {shard}/{num_shards} has not finished; rerun it")
-    return [(shard_dir(out, s, num_shards), json.loads((shard_dir(out, s, num_shards) / "shard.json").read_text())) for s in range(num_shards)]
+        checked.append((folder, state))
+    return checked
 
 
 def _example(record: dict, question: dict, target: str) -> TrajectoryExample | None:
