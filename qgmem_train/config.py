@@ -81,6 +81,8 @@ class ConstructionConfig:
     """Memory units per stage-2 retrieval-index request."""
     embed_batch_size: int = 64
     """Texts per embedder call."""
+    sentence_vectors: bool = True
+    """Also embed each sentence of a multi-sentence fact; the dense channel scores a unit by its best vector."""
 
 
 @dataclass
@@ -101,6 +103,8 @@ class RetrievalConfig:
     """Documents per reranker call."""
     approximate: bool = False
     """Use an approximate dense index (faiss HNSW) instead of exact search; for millions of units."""
+    lexical_context_turns: int = 1
+    """Turns before a unit's first source turn (same session) added to its BM25 document: the question a reply answers."""
 
 
 @dataclass

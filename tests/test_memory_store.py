@@ -16,6 +16,7 @@ from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.memory.construct import build_conversation, conversation_windows
 from qgmem_train.memory.loaders import load_conversations
+from qgmem_train.memory.sentences import fact_sentences
 from qgmem_train.memory.store import MemoryStore, NamespaceMemory
 from tests.fakes import ScriptedLLM
 
@@ -39,6 +40,9 @@ def _assert_same_memory(a: NamespaceMemory, b: NamespaceMemory, *, trajectories:
     strip = (lambda t: t) if trajectories else (lambda t: (t.id, t.relation_text, t.member_ids, t.current_id))
     assert [strip(t) for t in a.traces] == [strip(t) for t in b.traces]
     assert a.trace_of == b.trace_of and a.turns == b.turns and a.turn_time == b.turn_time
+    assert a.previous_turn == b.previous_turn
+    np.testing.assert_array_equal(a.sentence_unit, b.sentence_unit)
+    np.testing.assert_allclose(a.sentence_embeddings, b.sentence_embeddings, atol=1e-5)
 
 
 def test_turns_build_fills_the_retrieval_contract(tmp_path: Path, minilm) -> None:
@@ -64,6 +68,27 @@ def test_turns_build_fills_the_retrieval_contract(tmp_path: Path, minilm) -> Non
     assert all(t.current_id == t.member_ids[-1] for t in memory.traces)
     with MemoryStore.open(tmp_path / "store") as again, pytest.raises(InputError, match="namespace nope: not in this store"):
         again.load_namespace("nope")
+
+
+def test_turns_build_stores_sentence_vectors_and_turn_order(tmp_path: Path, minilm) -> None:
+    (conv,) = load_conversations("locomo", SAMPLE)
+    with MemoryStore.open(tmp_path / "store", create=True) as store:
+        build_conversation(store, conv, _turns_cfg(), minilm)
+        memory = store.load_namespace(conv.id)
+    multi = {i for i, u in enumerate(memory.units) if len(fact_sentences(u.fact_text)) > 1}
+    assert multi and set(memory.sentence_unit.tolist()) == multi
+    assert memory.sentence_unit.tolist() == sorted(memory.sentence_unit.tolist())
+    row = min(multi)
+    expected = minilm.encode(fact_sentences(memory.units[row].fact_text))
+    np.testing.assert_allclose(memory.sentence_embeddings[memory.sentence_unit == row], expected, atol=1e-5)
+    first, second = conv.sessions[0].turns[:2]
+    assert memory.previous_turn[second.id] == first.id and first.id not in memory.previous_turn
+    assert conv.sessions[1].turns[0].id not in memory.previous_turn
+    cfg = _turns_cfg()
+    cfg.construction.sentence_vectors = False
+    with MemoryStore.open(tmp_path / "plain", create=True) as store:
+        build_conversation(store, conv, cfg, minilm, limit_sessions=1)
+        assert len(store.load_namespace(conv.id).sentence_unit) == 0
 
 
 def test_opening_a_missing_store_or_another_file_is_an_input_error(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -70,6 +72,18 @@ def test_activation_without_reranker_finds_the_evidence(memory, minilm) -> None:
     dense_only = activate("Who went hiking in the mountains?", None, memory, cfg=RetrievalConfig(n=5, k=2, channels=["dense"]),
                           llm=None, embedder=minilm, reranker=None)
     assert list(dense_only.channels) == ["dense"] and dense_only.units[0].id == "u3"
+
+
+def test_bm25_document_carries_the_preceding_turn_of_the_same_session(memory, minilm) -> None:
+    ordered = replace(memory, previous_turn={"D1:2": "D1:1", "D2:2": "D2:1", "D3:2": "D3:1"})
+    question = "Who talked about the support group?"
+
+    def bm25_ids(context_turns: int, namespace: NamespaceMemory) -> list[str]:
+        cfg = RetrievalConfig(channels=["bm25"], lexical_context_turns=context_turns)
+        return activate(question, None, namespace, cfg=cfg, llm=None, embedder=minilm, reranker=None).channels["bm25"]
+
+    assert bm25_ids(1, ordered) == ["u0", "u1"]
+    assert bm25_ids(0, ordered) == bm25_ids(1, memory) == ["u0"]
 
 
 def test_rerank_document_holds_every_field(memory) -> None:

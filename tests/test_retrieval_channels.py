@@ -1,4 +1,4 @@
-"""Dense search, S_ELT on crafted units, RRF order, top-n ties, rule-based and LLM-output query intents."""
+"""Dense search (with sentence vectors), S_ELT on crafted units, RRF order, top-n ties, rule-based and LLM-output query intents."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from qgmem_train.llm.schemas import IntentOutput, IntentTime
+from qgmem_train.memory.sentences import fact_sentences
 from qgmem_train.memory.store import AttributeIndex
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.retrieval.attributes import AttributeScorer
@@ -42,6 +43,36 @@ def test_dense_exact_equals_brute_force_and_hnsw_finds_the_same() -> None:
     np.testing.assert_allclose(scores, (emb @ query)[brute], rtol=1e-6)
     approx_rows, _ = DenseIndex(emb, approximate=True).search(query, 50)
     assert len(set(approx_rows.tolist()) & set(brute.tolist())) >= 45
+
+
+def test_dense_scores_a_unit_by_its_best_sentence_exactly_and_through_hnsw() -> None:
+    rng = np.random.default_rng(1)
+    emb = rng.normal(size=(500, 16)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    owners = np.array([3, 3, 7, 40, 40, 40])
+    sentences = rng.normal(size=(len(owners), 16)).astype(np.float32)
+    sentences /= np.linalg.norm(sentences, axis=1, keepdims=True)
+    query = sentences[4]
+    best = emb @ query
+    for owner, vector in zip(owners, sentences):
+        best[owner] = max(best[owner], vector @ query)
+    index = DenseIndex(emb, sentences, owners)
+    np.testing.assert_allclose(index.similarities(query), best, rtol=1e-6)
+    np.testing.assert_allclose(index.similarities(query, np.array([40, 2])), best[[40, 2]], rtol=1e-6)
+    rows, scores = index.search(query, 20)
+    assert rows[0] == 40 and scores[0] == pytest.approx(1.0, abs=1e-5)
+    assert rows.tolist() == np.argsort(-best, kind="stable")[:20].tolist()
+    approx_rows, approx_scores = DenseIndex(emb, sentences, owners, approximate=True).search(query, 20)
+    assert approx_rows[0] == 40 and len(set(approx_rows.tolist())) == len(approx_rows) == 20
+    assert len(set(approx_rows.tolist()) & set(rows.tolist())) >= 18
+
+
+def test_fact_sentences_keep_the_speaker_label_and_skip_single_sentences() -> None:
+    assert fact_sentences("Caroline: I went to a support group. It was so powerful!") == [
+        "Caroline: I went to a support group.", "Caroline: It was so powerful!"]
+    assert fact_sentences("Melanie painted a sunrise. She shared it with Caroline.") == [
+        "Melanie painted a sunrise.", "She shared it with Caroline."]
+    assert fact_sentences("Caroline: Hey Mel!") == [] and fact_sentences("One fact only.") == []
 
 
 def test_top_n_orders_ties_by_tiebreak_and_keeps_positive_only() -> None:

@@ -18,6 +18,7 @@ from qgmem_train.config import PipelineConfig
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.structured import ParseStats
 from qgmem_train.memory.extraction import extract_windows
+from qgmem_train.memory.sentences import fact_sentences
 from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
 from qgmem_train.memory.traces import consolidate_traces
 from qgmem_train.memory.turn_units import window_turn_units
@@ -63,18 +64,23 @@ def conversation_windows(conversation: Conversation, cfg: PipelineConfig, limit_
     return [w for s in sessions for w in session_windows(s, cc.window, cc.overlap)]
 
 
-def embed_units(units: Sequence[MemoryUnit], embedder: TextEmbedder, batch_size: int) -> list[EmbeddedUnit]:
-    """Fact, relation and attribute embeddings of ``units``, each distinct text encoded once."""
+def embed_units(units: Sequence[MemoryUnit], embedder: TextEmbedder, batch_size: int, *, sentences: bool = True) -> list[EmbeddedUnit]:
+    """Fact, relation and attribute embeddings of ``units`` (and, with ``sentences``, of each sentence of
+    a multi-sentence fact), each distinct text encoded once."""
+    pieces = {u.id: fact_sentences(u.fact_text) if sentences else [] for u in units}
     texts: list[str] = []
     for u in units:
-        texts += [u.fact_text, u.relation_text, *u.entities, *u.locations]
+        texts += [u.fact_text, u.relation_text, *u.entities, *u.locations, *pieces[u.id]]
     distinct = list(dict.fromkeys(texts))
     vectors = embedder.encode(distinct, batch_size=batch_size)
     row = {text: i for i, text in enumerate(distinct)}
     out = []
     for u in units:
         attrs = [row[t] for t in [*u.entities, *u.locations]]
-        out.append(EmbeddedUnit(u, vectors[row[u.fact_text]], vectors[row[u.relation_text]], vectors[attrs].reshape(len(attrs), embedder.dim)))
+        out.append(EmbeddedUnit(
+            u, vectors[row[u.fact_text]], vectors[row[u.relation_text]], vectors[attrs].reshape(len(attrs), embedder.dim),
+            vectors[[row[t] for t in pieces[u.id]]].reshape(len(pieces[u.id]), embedder.dim),
+        ))
     return out
 
 
@@ -114,7 +120,7 @@ def build_conversation(
             extracted = extract_windows(llm, batch, positions, cfg, stats)
         else:
             extracted = [(window_turn_units(w, positions), 0) for w in batch]
-        flat = embed_units([u for units, _ in extracted for u in units], embedder, cc.embed_batch_size)
+        flat = embed_units([u for units, _ in extracted for u in units], embedder, cc.embed_batch_size, sentences=cc.sentence_vectors)
         results, at = [], 0
         for window, (units, dropped) in zip(batch, extracted):
             results.append(WindowResult(window.session.id, window.index, flat[at:at + len(units)], dropped))

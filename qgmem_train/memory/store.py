@@ -3,7 +3,8 @@
 Every build step commits in one transaction together with its progress record, so a build killed at any
 moment leaves a store that opens, and the next build resumes at the first window not yet committed.
 Embeddings are float32 blobs, one per unit (fact, relation) plus one stacked blob of its attributes, so a
-namespace loads with one query (:meth:`MemoryStore.load_namespace`).
+namespace loads with one query (:meth:`MemoryStore.load_namespace`); the sentences of multi-sentence
+facts have their own rows in ``sentences``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,9 @@ CREATE TABLE IF NOT EXISTS units (
   fact_emb BLOB NOT NULL, relation_emb BLOB NOT NULL, attr_emb BLOB NOT NULL,
   PRIMARY KEY (namespace, id));
 CREATE INDEX IF NOT EXISTS units_order ON units (namespace, serial, sub, id);
+CREATE TABLE IF NOT EXISTS sentences (
+  namespace TEXT NOT NULL, unit_id TEXT NOT NULL, idx INTEGER NOT NULL, emb BLOB NOT NULL,
+  PRIMARY KEY (namespace, unit_id, idx));
 CREATE TABLE IF NOT EXISTS traces (
   namespace TEXT NOT NULL, id TEXT NOT NULL, relation_text TEXT NOT NULL, member_ids TEXT NOT NULL,
   trajectory TEXT NOT NULL, current_id TEXT NOT NULL, PRIMARY KEY (namespace, id));
@@ -71,6 +75,12 @@ class NamespaceMemory:
     turns: dict[str, Turn]
     turn_time: dict[str, str | None]
     embedder_id: str
+    sentence_embeddings: np.ndarray | None = None
+    """(S, d) embeddings of the sentences of multi-sentence facts, grouped by unit in unit order."""
+    sentence_unit: np.ndarray | None = None
+    """(S,) row in ``units`` of each sentence embedding."""
+    previous_turn: dict[str, str] = field(default_factory=dict)
+    """Id of the turn before each turn in the same session (first turns have none)."""
 
 
 @dataclass
@@ -81,6 +91,8 @@ class EmbeddedUnit:
     fact_embedding: np.ndarray
     relation_embedding: np.ndarray
     attribute_embeddings: np.ndarray
+    sentence_embeddings: np.ndarray | None = None
+    """One row per sentence of a multi-sentence fact (see :func:`~qgmem_train.memory.sentences.fact_sentences`)."""
 
 
 @dataclass
@@ -216,10 +228,12 @@ class MemoryStore:
 
     def add_windows(self, namespace: str, results: Sequence[WindowResult]) -> None:
         """Commit the units of finished windows together with their progress rows."""
-        rows = []
+        rows, sentence_rows = [], []
         for result in results:
             for sub, item in enumerate(result.units):
                 u = item.unit
+                if item.sentence_embeddings is not None:
+                    sentence_rows += [(namespace, u.id, i, _blob(v)) for i, v in enumerate(item.sentence_embeddings)]
                 rows.append((
                     namespace, u.id, u.serial, sub, u.session_id, u.fact_text, u.subject, u.predicate, u.object,
                     json.dumps(u.source_turn_ids), u.source_text, u.utterance_time,
@@ -228,6 +242,8 @@ class MemoryStore:
                 ))
         with self.transaction() as db:
             db.executemany("INSERT OR REPLACE INTO units VALUES (" + ", ".join("?" * 18) + ")", rows)
+            db.executemany("DELETE FROM sentences WHERE namespace = ? AND unit_id = ?", [(namespace, r[1]) for r in rows])
+            db.executemany("INSERT INTO sentences VALUES (?, ?, ?, ?)", sentence_rows)
             db.executemany(
                 "INSERT OR REPLACE INTO windows VALUES (?, ?, ?, ?, ?)",
                 [(namespace, r.session_id, r.index, len(r.units), r.dropped) for r in results],
@@ -303,10 +319,15 @@ class MemoryStore:
         facts = np.frombuffer(b"".join(fact_blobs), dtype=np.float32).reshape(len(units), dim)
         attrs = np.frombuffer(b"".join(attr_blobs), dtype=np.float32).reshape(len(texts), dim)
         traces = self.load_traces(namespace)
-        turns, turn_time = {}, {}
-        for r in self._db.execute("SELECT id, speaker, text, time FROM turns WHERE namespace = ? ORDER BY position", (namespace,)):
+        turns, turn_time, previous_turn = {}, {}, {}
+        last: tuple[str, str] | None = None
+        for r in self._db.execute("SELECT id, speaker, text, time, session_id FROM turns WHERE namespace = ? ORDER BY position", (namespace,)):
             turns[r[0]] = Turn(r[0], r[1], r[2])
             turn_time[r[0]] = r[3]
+            if last is not None and last[1] == r[4]:
+                previous_turn[r[0]] = last[0]
+            last = (r[0], r[4])
+        sentence_embeddings, sentence_unit = self._load_sentences(namespace, {u.id: i for i, u in enumerate(units)}, dim)
         return NamespaceMemory(
             namespace=namespace,
             units=units,
@@ -317,4 +338,15 @@ class MemoryStore:
             turns=turns,
             turn_time=turn_time,
             embedder_id=self.embedder_id or "",
+            sentence_embeddings=sentence_embeddings,
+            sentence_unit=sentence_unit,
+            previous_turn=previous_turn,
         )
+
+    def _load_sentences(self, namespace: str, row_of: dict[str, int], dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sentence embeddings of ``namespace`` and the unit row of each, grouped by unit in unit order."""
+        rows = self._db.execute("SELECT unit_id, emb FROM sentences WHERE namespace = ? ORDER BY unit_id, idx", (namespace,)).fetchall()
+        owners = np.asarray([row_of[r[0]] for r in rows], np.int64)
+        vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+        order = np.argsort(owners, kind="stable")
+        return vectors[order], owners[order]

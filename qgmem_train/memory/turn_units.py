@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 
+from qgmem_train.memory.sentences import split_sentences
 from qgmem_train.memory.timeparse import resolve_time_expressions
 from qgmem_train.memory.types import MemoryUnit
 from qgmem_train.memory.windows import Window
@@ -40,7 +41,6 @@ _VENUES = set(
     "university college campus studio theater theatre cinema stadium zoo lake mountain mountains forest garden "
     "airport station hotel center centre clinic farm camp".split()
 )
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _CLAUSE = re.compile(r",\s+(?:and|but|so|because)\s+|;\s+|\s+-\s+|\s+and\s+(?=(?:it|I|we|he|she|they)\b)")
 _FIRST_PERSON = re.compile(
     r"\b(?:I|we)(?:'m|'ve|'ll|'d| am| have| had| will| was| were| just| really| also| finally| recently| always| still"
@@ -55,7 +55,7 @@ _PLACE_PREP = re.compile(r"\b(?:in|at|to|from|near)\s+([A-Z][\w'-]*(?:\s+[A-Z][\
 
 def gist(text: str) -> str:
     """The turn's first substantive clause, at most :data:`GIST_WORDS` words."""
-    sentences = [s.strip() for s in _SENTENCE.split(text.strip()) if s.strip()] or [text.strip()]
+    sentences = split_sentences(text) or [text.strip()]
     sentence = next((s for s in sentences if len(s.split()) >= 4), sentences[0])
     clause = _CLAUSE.split(sentence)[0].strip()
     words = clause.split()

@@ -33,11 +33,24 @@ if TYPE_CHECKING:
 CHANNELS = ("bm25", "dense", "attr")
 
 
-def lexical_text(unit: MemoryUnit) -> str:
-    """What BM25 indexes for a unit: its fact, and its source dialogue when that differs."""
+def lexical_text(unit: MemoryUnit, context: str = "") -> str:
+    """What BM25 indexes for a unit: its fact, its source dialogue when that differs, and ``context``."""
+    parts = [unit.fact_text]
     if unit.source_text.strip() and unit.source_text.strip() != unit.fact_text.strip():
-        return f"{unit.fact_text} {unit.source_text}"
-    return unit.fact_text
+        parts.append(unit.source_text)
+    if context:
+        parts.append(context)
+    return " ".join(parts)
+
+
+def preceding_turns(memory: NamespaceMemory, unit: MemoryUnit, count: int) -> str:
+    """Up to ``count`` turns before the unit's first source turn in the same session, as ``Speaker: text`` lines."""
+    lines: list[str] = []
+    turn_id = unit.source_turn_ids[0] if unit.source_turn_ids else None
+    while len(lines) < count and (turn_id := memory.previous_turn.get(turn_id)) is not None:
+        turn = memory.turns[turn_id]
+        lines.insert(0, f"{turn.speaker}: {turn.text}")
+    return "\n".join(lines)
 
 
 def with_subject_entities(attributes: AttributeIndex, units: Sequence[MemoryUnit], embedder: Embedder) -> AttributeIndex:
@@ -78,8 +91,10 @@ class ActivationIndex:
         self.memory = memory
         self.channels = check_channels(cfg.channels)
         units = memory.units
-        self.bm25 = BM25Index([tokenize(lexical_text(u)) for u in units]) if "bm25" in self.channels else None
-        self.dense = DenseIndex(memory.fact_embeddings, approximate=cfg.approximate)
+        self.bm25 = None
+        if "bm25" in self.channels:
+            self.bm25 = BM25Index([tokenize(lexical_text(u, preceding_turns(memory, u, cfg.lexical_context_turns))) for u in units])
+        self.dense = DenseIndex(memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit, approximate=cfg.approximate)
         self.attributes = None
         if "attr" in self.channels:
             attributes = with_subject_entities(memory.attributes, units, embedder) if embedder is not None and units else memory.attributes

@@ -1,7 +1,9 @@
 """Dense channel: cosine similarity between the query and the units' normalised fact embeddings.
 
-Exact search is one matrix-vector product and a partial sort. For millions of units, ``approximate``
-builds a faiss HNSW graph over inner products instead (faiss-cpu is the optional ``ann`` extra).
+A unit whose fact has several sentences also has one vector per sentence; its score is the best
+cosine over all its vectors. Exact search is one matrix-vector product and a partial sort. For
+millions of units, ``approximate`` builds a faiss HNSW graph over inner products instead (faiss-cpu
+is the optional ``ann`` extra).
 """
 
 from __future__ import annotations
@@ -18,11 +20,30 @@ HNSW_EF_SEARCH = 256
 
 
 class DenseIndex:
-    """Nearest units by inner product of L2-normalised embeddings (= cosine)."""
+    """Nearest units by inner product of L2-normalised embeddings (= cosine), best over a unit's vectors.
 
-    def __init__(self, embeddings: np.ndarray, *, approximate: bool = False):
+    ``sentence_embeddings`` are extra vectors of some units, grouped by unit; ``sentence_unit`` gives
+    the unit row of each (non-decreasing).
+    """
+
+    def __init__(
+        self,
+        embeddings: np.ndarray,
+        sentence_embeddings: np.ndarray | None = None,
+        sentence_unit: np.ndarray | None = None,
+        *,
+        approximate: bool = False,
+    ):
         self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
-        self._hnsw = _build_hnsw(self.embeddings) if approximate and len(self.embeddings) else None
+        has_sentences = sentence_embeddings is not None and len(sentence_embeddings) > 0
+        self.sentences = np.ascontiguousarray(sentence_embeddings, dtype=np.float32) if has_sentences else None
+        owners = np.asarray(sentence_unit, np.int64) if has_sentences else np.zeros(0, np.int64)
+        self._group_start = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]]) if has_sentences else owners
+        self._group_unit = owners[self._group_start]
+        self._vector_unit = np.concatenate([np.arange(len(self.embeddings), dtype=np.int64), owners])
+        self._hnsw = None
+        if approximate and len(self.embeddings):
+            self._hnsw = _build_hnsw(self.embeddings if self.sentences is None else np.concatenate([self.embeddings, self.sentences]))
 
     @property
     def approximate(self) -> bool:
@@ -30,18 +51,28 @@ class DenseIndex:
         return self._hnsw is not None
 
     def similarities(self, query: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """Exact cosine of the query with every unit, or with the units at ``rows``."""
-        matrix = self.embeddings if rows is None else self.embeddings[rows]
-        return matrix @ np.asarray(query, dtype=np.float32)
+        """Exact best cosine of the query with every unit, or with the units at ``rows``."""
+        query = np.asarray(query, dtype=np.float32)
+        if rows is not None and self.sentences is None:
+            return self.embeddings[rows] @ query
+        scores = self.embeddings @ query
+        if self.sentences is not None:
+            best = np.maximum.reduceat(self.sentences @ query, self._group_start)
+            scores[self._group_unit] = np.maximum(scores[self._group_unit], best)
+        return scores if rows is None else scores[rows]
 
     def search(self, query: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows and cosines of the ``n`` nearest units, best first."""
         if self._hnsw is None:
             return top_n(self.similarities(query), n)
         n = min(n, len(self.embeddings))
-        scores, rows = self._hnsw.search(np.asarray(query, dtype=np.float32)[None, :], n)
-        keep = rows[0] >= 0
-        return rows[0][keep].astype(np.int64), scores[0][keep]
+        vectors = self._hnsw.ntotal
+        wanted = n if self.sentences is None else min(vectors, 2 * n)
+        scores, hits = self._hnsw.search(np.asarray(query, dtype=np.float32)[None, :], wanted)
+        keep = hits[0] >= 0
+        units = self._vector_unit[hits[0][keep]]
+        first = np.sort(np.unique(units, return_index=True)[1])[:n]
+        return units[first], scores[0][keep][first]
 
 
 def _build_hnsw(embeddings: np.ndarray):
