@@ -9,7 +9,7 @@ import pytest
 
 from qgmem_train.__main__ import main
 from qgmem_train.eval.answers import AnsweredQuestion, judge_answers, judge_yes_no, longmemeval_prompt, parse_yes_no, score_summary
-from qgmem_train.eval.beam_scoring import event_ordering_score, kendall_tau_b, ordering_positions
+from qgmem_train.eval.beam_scoring import event_ordering_score, kendall_tau_b, nugget_scores, ordering_positions
 from qgmem_train.eval.benchmarks import BenchmarkQuestion
 from qgmem_train.eval.judge import JudgeItem
 from qgmem_train.eval.report import answers_markdown, markdown_table, write_answer_figures
@@ -62,17 +62,37 @@ def test_kendall_tau_b_and_event_ordering() -> None:
 def test_beam_nuggets_judged_one_by_one_and_macro_average() -> None:
     def reply(chat: list[dict[str, str]]) -> str:
         text = chat[-1]["content"]
-        return json.dumps({"judgment": "correct" if "Reference answer: 250ms" in text else "incorrect", "reason": "r"})
+        score = 1 if "Nugget: 250ms" in text else 0.5 if "Nugget: caching" in text else 0
+        return json.dumps({"score": score, "reason": "r"})
 
     answered = [_answered("knowledge_update", "about 250ms", ["250ms", "caching"]), _answered("event_ordering", "1) core functionality 2) transaction error handling 3) security and deployment", ORDER),
                 _answered("abstention", "no idea", ["no information"])]  # fmt: skip
     llm = ScriptedLLM(reply)
     judge_answers("beam", llm, answered, repeats=2)
-    assert [a.scores for a in answered] == [[0.5, 0.5], [1.0, 1.0], [0.0, 0.0]]
+    assert [a.scores for a in answered] == [[0.75, 0.75], [1.0, 1.0], [0.0, 0.0]]
+    assert answered[0].reasons == ["250ms: 1 r", "caching: 0.5 r"]
     assert len(llm.calls) == 2 * 3
     summary = score_summary("beam", answered)
-    assert summary["judge_accuracy"] == pytest.approx((0.5 + 1.0 + 0.0) / 3, abs=1e-4) and summary["judge_std"] == 0.0
-    assert summary["beam_event_ordering_tau_b"] == 1.0 and summary["beam_nugget_score"] == 0.25
+    assert summary["judge_accuracy"] == pytest.approx((0.75 + 1.0 + 0.0) / 3, abs=1e-4) and summary["judge_std"] == 0.0
+    assert summary["beam_event_ordering_tau_b"] == 1.0 and summary["beam_nugget_score"] == 0.375
+
+
+def test_beam_nugget_judge_retries_a_score_outside_0_half_1_then_drops_it_as_0() -> None:
+    llm = ScriptedLLM(['{"score": 0.7, "reason": "r"}', '{"score": 1, "reason": "ok"}'])
+    scores, reasons = nugget_scores(llm, "q?", ["a"], "answer", repeats=1)
+    assert scores == [1.0] and reasons == ["a: 1 ok"]
+    assert "Nugget: a" in llm.calls[0][-1]["content"] and "Model answer: answer" in llm.calls[0][-1]["content"]
+    stats = ParseStats()
+    scores, reasons = nugget_scores(ScriptedLLM(["not json", '{"score": 2, "reason": "r"}']), "q?", ["a"], "answer", repeats=1, stats=stats)
+    assert scores == [0.0] and reasons == ["a: judge output dropped"] and stats.dropped == 1
+
+
+@pytest.mark.slow
+def test_beam_nugget_judge_runs_constrained_with_smollm2(smollm2) -> None:
+    stats = ParseStats()
+    scores, reasons = nugget_scores(smollm2, "Which database did I choose?", ["PostgreSQL"], "You chose PostgreSQL.", repeats=1, stats=stats)
+    assert stats.valid == 1 and stats.dropped == 0
+    assert scores[0] in (0.0, 0.5, 1.0) and reasons[0].startswith("PostgreSQL: ")
 
 
 def test_locomo_judge_drops_bad_json_as_incorrect_and_summary_std() -> None:

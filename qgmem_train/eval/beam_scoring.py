@@ -1,7 +1,8 @@
 """BEAM scoring: rubric nuggets judged one by one, and event ordering by normalised Kendall tau_b.
 
-The nine nugget abilities score the fraction of rubric nuggets the judge finds in the answer (each
-nugget judged with the LoCoMo judge prompt, the nugget as the reference). Event ordering locates each
+The nine nugget abilities score the mean over a question's rubric nuggets of the judge's 0 / 0.5 / 1
+(:data:`~qgmem_train.llm.prompts.BEAM_NUGGET_JUDGE`, one call per nugget; a dropped judge output scores
+0). Event ordering locates each
 reference item in the answer and compares the order found with the reference order by Kendall tau_b,
 mapped to [0, 1] as (tau_b + 1) / 2; an answer that names none of the items scores 0.
 """
@@ -14,11 +15,13 @@ from collections.abc import Sequence
 
 from scipy.stats import kendalltau
 
-from qgmem_train.eval.judge import JudgeItem, judge
 from qgmem_train.llm.base import ChatLLM
-from qgmem_train.llm.structured import ParseStats
+from qgmem_train.llm.prompts import BEAM_NUGGET_JUDGE
+from qgmem_train.llm.schemas import NuggetJudgeOutput
+from qgmem_train.llm.structured import ParseStats, generate_structured
 
 EVENT_ORDERING = "event_ordering"
+NUGGET_MAX_NEW_TOKENS = 128
 _WORD = re.compile(r"[a-z0-9]+")
 _SEGMENT = re.compile(r"(?:\n+|(?<=[.;])\s+|\s+(?=\d+[.)]\s))")
 _ORDINAL_PREFIX = re.compile(r"^\s*\d+(?:st|nd|rd|th)?\s*[:.)]\s*", re.I)
@@ -66,7 +69,13 @@ def event_ordering_score(items: Sequence[str], prediction: str) -> float:
 def nugget_scores(
     llm: ChatLLM, question: str, nuggets: Sequence[str], prediction: str, *, repeats: int, stats: ParseStats | None = None
 ) -> tuple[list[float], list[str]]:
-    """Fraction of rubric nuggets judged present in ``prediction``, once per repeat, and the judge's reasons."""
-    verdicts = judge(llm, [JudgeItem(question, nugget, prediction) for nugget in nuggets], repeats=repeats, stats=stats)
-    per_repeat = [sum(v.judgments[r] for v in verdicts) / len(verdicts) for r in range(repeats)]
-    return per_repeat, [f"{nugget}: {v.reasons[0]}" for nugget, v in zip(nuggets, verdicts)]
+    """Mean nugget score (0 / 0.5 / 1 each) of ``prediction``, once per repeat, and the first repeat's reasons."""
+    chats = [BEAM_NUGGET_JUDGE.render(question=question, nugget=nugget, answer=prediction) for nugget in nuggets]
+    per_repeat: list[float] = []
+    reasons: list[str] = []
+    for r in range(repeats):
+        outputs = generate_structured(llm, chats, NuggetJudgeOutput, max_new_tokens=NUGGET_MAX_NEW_TOKENS, stats=stats)
+        per_repeat.append(sum(float(o.score) if o is not None else 0.0 for o in outputs) / len(chats))
+        if r == 0:
+            reasons = [f"{nugget}: {o.score} {o.reason}" if o is not None else f"{nugget}: judge output dropped" for nugget, o in zip(nuggets, outputs)]
+    return per_repeat, reasons

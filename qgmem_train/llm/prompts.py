@@ -269,3 +269,18 @@ JSON_RETRY = PromptTemplate(
     user="""Your previous reply could not be used: {error}
 Reply again with only the JSON object, following the output format given above exactly.""",
 )
+
+# Not one of the paper's prompts, and not BEAM's own wording: the paper's appendix has no nugget judge,
+# so BEAM's protocol (each rubric nugget scored 0, 0.5 or 1 against the answer, the question's score the
+# mean over its nuggets) is written here in this project's words. Kept apart from ALL_PROMPTS.
+BEAM_NUGGET_JUDGE = PromptTemplate(
+    name="beam_nugget_judge",
+    system="",
+    user="""You grade one rubric item of a long-term memory benchmark. Given a question, one rubric nugget (a fact or property a complete answer must contain), and a model answer, score how well the answer satisfies the nugget.
+Score 1 if the answer fully states the nugget (paraphrases are fine). Score 0.5 if the answer states it only in part, vaguely, or with a minor error. Score 0 if the answer omits it, contradicts it, or only claims not to know.
+Question: {question}
+Nugget: {nugget}
+Model answer: {answer}
+Return only a JSON object with two fields: {"score": 0, 0.5 or 1, "reason": "brief explanation"}""",
+)
+

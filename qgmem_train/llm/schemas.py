@@ -94,3 +94,10 @@ class JudgeOutput(_Strict):
 
     judgment: Literal["correct", "incorrect"]
     reason: str
+
+
+class NuggetJudgeOutput(_Strict):
+    """BEAM rubric-nugget judge: 1 fully satisfied, 0.5 partly, 0 not."""
+
+    score: Literal[0, 0.5, 1]
+    reason: str
