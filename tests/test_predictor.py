@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from qgmem_train.__main__ import main
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.llm.local import TransformersLLM
@@ -175,6 +176,21 @@ def test_ask_with_model_answers_from_an_export_folder_with_metrics_in_its_card(l
         memory.add_session(SESSION)
     result = ask_with_model(out, tmp_path / "store", "alice", "What did Melanie paint?", intent="rules")
     assert result.path == "graph" and [u.id for u in result.units] == ["S1:2", "S1:1"]
+
+    locomo = tmp_path / "locomo.json"
+    turns = [{"speaker": t["speaker"], "dia_id": f"D1:{i}", "text": t["text"]} for i, t in enumerate(SESSION, start=1)]
+    locomo.write_text(json.dumps([{"sample_id": "conv-x", "conversation": {
+        "speaker_a": "Caroline", "speaker_b": "Melanie", "session_1_date_time": "1:56 pm on 8 May, 2023", "session_1": turns},
+        "qa": [{"question": "What did Melanie paint?", "answer": "a sunrise", "evidence": ["D1:2"], "category": 4},
+               {"question": "Where did Caroline go?", "answer": "a support group", "evidence": ["D1:1"], "category": 4}]}]))  # fmt: skip
+    assert main(["build", "--dataset", "locomo", "--input", str(locomo), "--store", str(tmp_path / "eval_store"), "--config", str(config)]) == 0
+    report = tmp_path / "eval"
+    assert main(["eval", "answers", "--benchmark", "locomo", "--input", str(locomo), "--store", str(tmp_path / "eval_store"), "--out", str(report),
+                 "--model", str(out), "--judge-config", str(config), "--intent", "rules"]) == 0  # fmt: skip
+    metrics = json.loads((report / "metrics.json").read_text())
+    assert metrics["n_questions"] == 2 and metrics["models"]["answer_model"] == str(out)
+    records = [json.loads(line) for line in (report / "questions.jsonl").read_text().splitlines()]
+    assert [r["path"] for r in records] == ["graph", "graph"] and all(r["online_tokens"] > r["context_tokens"] > 0 for r in records)
 
 
 def test_a_missing_folder_or_an_unreachable_hub_repo_is_one_clear_error(tmp_path) -> None:
