@@ -7,6 +7,10 @@ measured side by side). Query parsing, embedding and reranking are model calls a
 
     python bench/bench_activation.py                 # 10k, 100k, 1M (about 3 minutes, ~8 GB RAM)
     python bench/bench_activation.py --sizes 10000   # quick
+    python bench/bench_activation.py --sentences-per-unit 0 3 --sizes 10000 100000   # turns-mode-like stores too
+
+Facts from LLM extraction are one sentence each and have no sentence vectors; turns-mode units (whole
+turns) average about three (LoCoMo), which the dense channel searches as well.
 """
 
 from __future__ import annotations
@@ -61,8 +65,9 @@ def unit_vectors(rng: np.random.Generator, n: int) -> np.ndarray:
     return out
 
 
-def synthetic_memory(n: int, seed: int = 0) -> tuple[NamespaceMemory, list[str], np.ndarray, np.ndarray]:
-    """A namespace of ``n`` units: Zipf-distributed words, one entity each, a location and a fact time for some."""
+def synthetic_memory(n: int, sentences_per_unit: int = 0, seed: int = 0) -> tuple[NamespaceMemory, list[str], np.ndarray, np.ndarray]:
+    """A namespace of ``n`` units: Zipf-distributed words, one entity each, a location and a fact time for some,
+    and ``sentences_per_unit`` extra dense vectors per unit."""
     rng = np.random.default_rng(seed)
     words = np.array([f"word{i}" for i in range(VOCAB)])
     zipf = 1.0 / np.arange(1, VOCAB + 1) ** 1.1
@@ -95,6 +100,7 @@ def synthetic_memory(n: int, seed: int = 0) -> tuple[NamespaceMemory, list[str],
     memory = NamespaceMemory(
         namespace="bench", units=units, fact_embeddings=unit_vectors(rng, n), attributes=attributes, traces=[],
         trace_of={}, turns={}, turn_time={}, embedder_id="synthetic",
+        sentence_embeddings=unit_vectors(rng, n * sentences_per_unit), sentence_unit=np.repeat(np.arange(n, dtype=np.int64), sentences_per_unit),
     )
     query_words = [" ".join(words[rng.choice(2000, size=rng.integers(3, 8))]) for _ in range(1000)]
     return memory, query_words, entity_vectors, location_vectors
@@ -117,11 +123,11 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2)}
 
 
-def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bool) -> dict:
+def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bool, sentences_per_unit: int = 0) -> dict:
     """Latencies of every channel and the fusion on a namespace of ``n`` units."""
     base = rss_mb()
     started = time.perf_counter()
-    memory, query_words, entity_vectors, location_vectors = synthetic_memory(n)
+    memory, query_words, entity_vectors, location_vectors = synthetic_memory(n, sentences_per_unit)
     generated = time.perf_counter()
     with_data = rss_mb()
     index = ActivationIndex(memory, cfg, LookupEmbedder(entity_vectors))
@@ -153,6 +159,7 @@ def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bo
         timings["channels+fusion"].append(end - start)
     result = {
         "units": n,
+        "sentences_per_unit": sentences_per_unit,
         "queries": queries,
         "latency": {name: percentiles(values) for name, values in timings.items()},
         "memory_mb": {
@@ -199,15 +206,16 @@ def compare_bm25(memory: NamespaceMemory, index: ActivationIndex, query_words: l
 def markdown(report: dict) -> str:
     """The results as a Markdown table."""
     lines = [
-        f"# Activation latency (one thread; {report['machine']['cpu']}, {report['machine']['cores']} cores)",
+        f"# Activation latency (one thread; {report['machine']['cpu']}, {report['machine']['cores']} cores; "
+        f"dense search {'faiss HNSW' if report['settings']['approximate'] else 'exact'})",
         "",
-        "| units | bm25 p50/p95 | dense p50/p95 | attr p50/p95 | fusion p50/p95 | 3 channels + fusion p50/p95 | index MB |",
-        "|---|---|---|---|---|---|---|",
+        "| units | sentence vectors a unit | bm25 p50/p95 | dense p50/p95 | attr p50/p95 | fusion p50/p95 | 3 channels + fusion p50/p95 | index MB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         cell = lambda name: f"{r['latency'][name]['p50_ms']} / {r['latency'][name]['p95_ms']} ms"  # noqa: E731
         lines.append(
-            f"| {r['units']:,} | {cell('bm25')} | {cell('dense')} | {cell('attr')} | {cell('fusion')} | "
+            f"| {r['units']:,} | {r.get('sentences_per_unit', 0)} | {cell('bm25')} | {cell('dense')} | {cell('attr')} | {cell('fusion')} | "
             f"{cell('channels+fusion')} | {r['memory_mb']['search_structures']} (+{r['memory_mb']['units_and_embeddings']} data) |"
         )
     for r in report["results"]:
@@ -225,15 +233,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000], help="namespace sizes in units")
     parser.add_argument("--queries", type=int, default=200, help="queries per size (1M runs a quarter as many)")
+    parser.add_argument("--sentences-per-unit", type=int, nargs="+", default=[0], help="extra dense vectors per unit (turns mode: about 3)")
+    parser.add_argument("--approximate", action="store_true", help="search the dense channel through faiss HNSW")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     args = parser.parse_args()
-    cfg = RetrievalConfig()
+    cfg = RetrievalConfig(approximate=args.approximate)
     results = []
-    for n in args.sizes:
-        queries = args.queries if n < 1_000_000 else max(20, args.queries // 4)
-        print(f"{n:,} units ...", flush=True)
-        results.append(bench_size(n, queries, cfg, compare_rank_bm25=(n == 100_000)))
-        print(json.dumps(results[-1], indent=1), flush=True)
+    for spu in args.sentences_per_unit:
+        for n in args.sizes:
+            queries = args.queries if n < 1_000_000 else max(20, args.queries // 4)
+            print(f"{n:,} units, {spu} sentence vectors each ...", flush=True)
+            results.append(bench_size(n, queries, cfg, compare_rank_bm25=(n == 100_000 and spu == 0), sentences_per_unit=spu))
+            print(json.dumps(results[-1], indent=1), flush=True)
     report = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads_used": 1, "numpy": np.__version__},
         "settings": {"n": cfg.n, "kappa": cfg.kappa, "sem_threshold": cfg.sem_threshold, "dim": DIM, "approximate": cfg.approximate},
