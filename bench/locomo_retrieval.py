@@ -1,9 +1,11 @@
 """Retrieval quality on LoCoMo in turns mode: every channel alone, the fusion, fusion + reranker, and a baseline.
 
 The baseline is a plain RRF of BM25 (lowercased words, no stopwords or stemming) and the dense
-channel over raw turns. The no-LLM rows use the rule-based intent parser for the attribute channel.
-The LLM reranker (yes/no scoring with the configured LLM, SmolLM2 by default) is slow on CPU, so it
-runs on an evenly spaced subset of questions (``--rerank-limit``), reported with its own baseline.
+channel over raw turns. The no-LLM rows use the rule-based intent parser for the attribute channel;
+two ablation rows drop the attribute channel and the preceding turn in BM25 documents. The LLM
+reranker (yes/no scoring with the configured LLM, SmolLM2 by default) is slow on CPU, so it runs on
+an evenly spaced subset of questions (``--rerank-limit``), reported with its own baseline, once per
+``retrieval.rerank_mode`` (the reranker's order, and its RRF with the fused order).
 
     python bench/locomo_retrieval.py --store /tmp/locomo_turns   # builds the store when missing
 Default input: ../shared/data/locomo/locomo_dev.json when present; pass --input for another copy.
@@ -18,6 +20,8 @@ import re
 from pathlib import Path
 
 import numpy as np
+
+from machine import cpu_model
 
 from qgmem_train.__main__ import main as cli
 from qgmem_train.eval.retrieval_metrics import question_metrics
@@ -58,12 +62,17 @@ def baseline(input_path: Path, store_path: Path, limit: int | None) -> dict[str,
     return {key: round(float(np.mean(values)), 4) for key, values in totals.items()} | {"n_questions": len(questions)}
 
 
-def run_eval(input_path: Path, store: Path, out: Path, reranker: str, limit: int | None) -> dict:
-    """``eval retrieval`` with rule-based intents; returns its metrics.json."""
+def run_eval(input_path: Path, store: Path, out: Path, reranker: str, limit: int | None, retrieval: dict | None = None) -> dict:
+    """``eval retrieval`` with rule-based intents and optional ``retrieval`` settings; returns its metrics.json."""
     args = ["eval", "retrieval", "--dataset", "locomo", "--input", str(input_path), "--store", str(store), "--out", str(out),
             "--reranker", reranker, "--intent", "rules"]
     if limit:
         args += ["--limit", str(limit)]
+    if retrieval:
+        out.mkdir(parents=True, exist_ok=True)
+        config = out / "retrieval.yaml"
+        config.write_text(json.dumps({"pipeline": {"retrieval": retrieval}}))
+        args += ["--config", str(config)]
     if cli(args) != 0:
         raise SystemExit(f"eval retrieval failed for reranker {reranker}")
     return json.loads((out / "metrics.json").read_text())
@@ -87,7 +96,7 @@ def main() -> None:
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT, help="LoCoMo file (default: ../shared/data/locomo/locomo_dev.json)")
     parser.add_argument("--store", type=Path, required=True, help="turns-mode store of the same conversations (built when missing)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/locomo_retrieval"), help="folder for the evaluations' own reports")
-    parser.add_argument("--rerank-limit", type=int, default=10, help="questions for the LLM-reranker rows (0 skips them)")
+    parser.add_argument("--rerank-limit", type=int, default=20, help="questions for the LLM-reranker rows (0 skips them)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     args = parser.parse_args()
     if not args.input.exists():
@@ -99,21 +108,28 @@ def main() -> None:
         cli(["build", "--dataset", "locomo", "--input", str(args.input), "--store", str(args.store), "--units", "turns", "--config", str(config)])
 
     full = run_eval(args.input, args.store, args.work / "none", "none", None)
+    ablations = {
+        "fused without attr": run_eval(args.input, args.store, args.work / "no_attr", "none", None, {"channels": ["bm25", "dense"]}),
+        "fused without preceding turn in BM25": run_eval(args.input, args.store, args.work / "no_context", "none", None, {"lexical_context_turns": 0}),
+    }
     report = {
         "input": str(args.input), "store": str(args.store), "units": "turns", "intent_parser": "rules",
         "models": full["models"], "retrieval": full["settings"]["retrieval"], "commit": full["commit"],
         "all_questions": {"n_questions": full["n_questions"], "baseline_bm25_dense_rrf": baseline(args.input, args.store, None),
-                          "rankings": rows_of(full)},
+                          "rankings": rows_of(full) | {name: rows_of(m)["fused"] for name, m in ablations.items()}},
     }
     if args.rerank_limit:
-        reranked = run_eval(args.input, args.store, args.work / "llm", "llm", args.rerank_limit)
-        report["rerank_subset"] = {"n_questions": reranked["n_questions"], "reranker_model": reranked["models"]["reranker_model"],
+        replaced = run_eval(args.input, args.store, args.work / "llm", "llm", args.rerank_limit)
+        fused = run_eval(args.input, args.store, args.work / "llm_rrf", "llm", args.rerank_limit, {"rerank_mode": "rrf"})
+        report["rerank_subset"] = {"n_questions": replaced["n_questions"], "reranker_model": replaced["models"]["reranker_model"],
                                    "baseline_bm25_dense_rrf": baseline(args.input, args.store, args.rerank_limit),
-                                   "rankings": rows_of(reranked), "seconds": reranked["seconds"]}
+                                   "rankings": rows_of(replaced) | {"reranked, rerank_mode rrf": rows_of(fused)["reranked"]},
+                                   "seconds": round(replaced["seconds"] + fused["seconds"], 1)}
     lines = [f"# LoCoMo retrieval, turns mode ({args.input.name}; embedder {full['models']['embedder']})", "",
-             "Rule-based intent parser for the attribute channel. `fused` = RRF of the channels (the working memory without "
-             "a reranker); `reranked` = fused pool reordered by the LLM reranker. Baseline: plain RRF of plain-token BM25 and "
-             "MiniLM over raw turns, same questions.", ""]
+             f"Machine: {cpu_model()}, {os.cpu_count()} cores. Rule-based intent parser for the attribute channel. `fused` = RRF "
+             "of the channels (the working memory without a reranker); `reranked` = fused pool reordered by the LLM reranker "
+             "(`rerank_mode rrf`: RRF of that order with the fused order). Baseline: plain RRF of plain-token BM25 and MiniLM "
+             "over raw turns, same questions.", ""]
     part = report["all_questions"]
     lines += table(f"All {part['n_questions']} questions (categories 1-4 with evidence)", {"baseline bm25+dense RRF": part["baseline_bm25_dense_rrf"], **part["rankings"]})
     if "rerank_subset" in report:

@@ -103,6 +103,8 @@ class RetrievalConfig:
     """Documents per reranker call."""
     approximate: bool = False
     """Use an approximate dense index (faiss HNSW) instead of exact search; for millions of units."""
+    rerank_mode: Literal["replace", "rrf"] = "replace"
+    """``replace``: the reranker's order is the working memory (paper); ``rrf``: RRF of the fused and reranked ranks (for weak rerankers)."""
     lexical_context_turns: int = 1
     """Turns before a unit's first source turn (same session) added to its BM25 document: the question a reply answers."""
 

@@ -86,6 +86,28 @@ def test_bm25_document_carries_the_preceding_turn_of_the_same_session(memory, mi
     assert bm25_ids(0, ordered) == bm25_ids(1, memory) == ["u0"]
 
 
+class _ReverseReranker:
+    """Scores the pool in reverse of its given order: a reranker that disagrees with the fusion everywhere."""
+
+    name, model_id = "reverse", "reverse"
+
+    def score(self, query: str, documents: list[str]) -> np.ndarray:
+        return np.arange(len(documents), dtype=np.float32)
+
+
+def test_rerank_mode_replace_takes_the_reranker_order_and_rrf_fuses_it_with_the_pool(memory, minilm) -> None:
+    def run(mode: str):
+        cfg = RetrievalConfig(n=6, k=6, rerank_mode=mode)
+        return activate("What did Melanie paint?", None, memory, cfg=cfg, llm=None, embedder=minilm, reranker=_ReverseReranker())
+
+    replaced, fused = run("replace"), run("rrf")
+    assert replaced.fused == fused.fused and len(replaced.fused) == 6
+    assert replaced.reranked == replaced.fused[::-1]
+    expected = {uid: 1 / (60 + i + 1) + 1 / (60 + len(fused.fused) - i) for i, uid in enumerate(fused.fused)}
+    assert fused.scores == pytest.approx(sorted(expected.values(), reverse=True))
+    assert fused.reranked[0] in (fused.fused[0], fused.fused[-1]) and set(fused.reranked) == set(fused.fused)
+
+
 def test_rerank_document_holds_every_field(memory) -> None:
     index = ActivationIndex(memory, RetrievalConfig())
     doc = rerank_document(memory.units[4], index.trajectory_of(memory.units[4]))

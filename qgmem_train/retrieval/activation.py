@@ -116,13 +116,13 @@ class WorkingMemory:
     intent: QueryIntent
     units: list[MemoryUnit]
     scores: list[float]
-    """Reranker score of each unit, or its RRF score without a reranker."""
+    """Reranker score of each unit, or its RRF score (without a reranker, or with ``rerank_mode: rrf``)."""
     channels: dict[str, list[str]]
     """Unit ids of each channel's top n, best first."""
     fused: list[str]
     """The candidate pool in RRF order."""
     reranked: list[str]
-    """The candidate pool in reranker order (the RRF order without a reranker)."""
+    """The candidate pool in final order: the reranker's (or, with ``rerank_mode: rrf``, its fusion with the RRF order; the RRF order without a reranker)."""
     reranker: str
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per step: intent, embed, each channel, fusion, rerank."""
@@ -177,6 +177,8 @@ def activate(
         rerank_scores = reranker.score(question, documents)
         order_in_pool = np.argsort(-rerank_scores, kind="stable")
         order, scores = pool[order_in_pool], rerank_scores[order_in_pool]
+        if cfg.rerank_mode == "rrf":
+            order, scores = reciprocal_rank_fusion({"fused": pool, "reranked": order}, kappa=cfg.kappa, n=cfg.n)
     timings["rerank"] = time.perf_counter() - start
 
     ids = lambda rows: [units[r].id for r in rows]  # noqa: E731
