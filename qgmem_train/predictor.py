@@ -363,18 +363,13 @@ class PredictorMemory:
         ``time`` is the session's date (ISO or a recognised date format).
         """
         from qgmem_train.memory.construct import build_conversation
-        from qgmem_train.memory.timeparse import parse_session_time
+        from qgmem_train.memory.loaders import session_time
 
         session_id = session_id or f"S{self._session_count() + 1}"
         where = f"namespace {self.namespace}, session {session_id}"
         if not turns:
             raise InputError(where, "no turns")
-        resolved_time = None
-        if time not in (None, ""):
-            resolved_time = parse_session_time(str(time))
-            if resolved_time is None:
-                raise InputError(f"{where}: time", f"unrecognised date {time!r}")
-        session = Session(session_id, resolved_time, [_turn(t, session_id, n, where) for n, t in enumerate(turns, start=1)])
+        session = Session(session_id, session_time(time, f"{where}: time"), [_turn(t, session_id, n, where) for n, t in enumerate(turns, start=1)])
         predictor = self.predictor
         cfg = predictor.pipeline
         llm = predictor.llm if cfg.construction.units == "llm" or cfg.construction.traces else None

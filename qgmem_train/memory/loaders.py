@@ -45,7 +45,7 @@ def require_field(record: Any, key: str, kind: type | tuple[type, ...], where: s
     return value
 
 
-def _session_time(value: Any, where: str) -> str | None:
+def session_time(value: Any, where: str) -> str | None:
     """Parse a session time; an unparsable non-empty value is an error naming ``where``."""
     if value in (None, ""):
         return None
@@ -77,7 +77,7 @@ def load_locomo(path: Path) -> list[Conversation]:
         for n in numbers:
             key = f"session_{n}"
             turns_raw = require_field(body, key, list, f"{where}.conversation")
-            time = _session_time(body.get(f"{key}_date_time"), f"{where}.conversation.{key}_date_time")
+            time = session_time(body.get(f"{key}_date_time"), f"{where}.conversation.{key}_date_time")
             turns = []
             for j, raw in enumerate(turns_raw):
                 twhere = f"{where}.conversation.{key}[{j}]"
@@ -118,7 +118,7 @@ def load_beam(path: Path) -> list[Conversation]:
                     role = require_field(message, "role", str, mwhere)
                     content = require_field(message, "content", str, mwhere)
                     if time is None and message.get("time_anchor"):
-                        time = _session_time(message["time_anchor"], f"{mwhere}.time_anchor")
+                        time = session_time(message["time_anchor"], f"{mwhere}.time_anchor")
                     turns.append(Turn(str(msg_id), role, content))
             batch_no = batch.get("batch_number", i + 1)
             sessions.append(Session(f"batch_{batch_no}", time, turns))
@@ -184,7 +184,7 @@ def _plain_conversation(record: Any, where: str) -> Conversation:
     for i, raw in enumerate(require_field(record, "sessions", list, where)):
         swhere = f"{where}.sessions[{i}]"
         session_id = str(raw.get("id", f"session_{i + 1}")) if isinstance(raw, dict) else ""
-        time = _session_time(raw.get("time") if isinstance(raw, dict) else None, f"{swhere}.time")
+        time = session_time(raw.get("time") if isinstance(raw, dict) else None, f"{swhere}.time")
         turns = []
         for k, turn in enumerate(require_field(raw, "turns", list, swhere)):
             twhere = f"{swhere}.turns[{k}]"
