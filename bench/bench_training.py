@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from machine import cpu_model
 
@@ -115,12 +116,30 @@ def train_and_validate(args: argparse.Namespace, data: TrajectoryDataModule, gra
     return {"val_loss_before": before, "val_loss_after": after}
 
 
-def write(result: dict[str, object], path: Path) -> None:
-    """Write the results so far (each phase adds to them), atomically."""
+def markdown(result: dict[str, Any]) -> str:
+    """The results as Markdown: step-time ratios and sizes, then validation loss per variant."""
+    t, m = result["timing"], result["machine"]
+    lines = [
+        f"# Graph token: training cost and validation loss ({m['cpu']}, {m['cores']} cores, torch {m['torch']})", "",
+        f"Data {result['settings']['data']} ({result['data']}); batch {result['settings']['batch_size']}, "
+        f"{t['sequence_tokens']} tokens a sequence on average.", "",
+        "| measure | with graph token | without | ratio |", "|---|---|---|---|",
+        f"| forward (s, median) | {t['forward_graph_s']:.3f} | {t['forward_plain_s']:.3f} | {t['forward_ratio']:.3f} |",
+        f"| training step (s, median) | {t['step_graph_s']:.3f} | {t['step_plain_s']:.3f} | {t['step_ratio']:.3f} |", "",
+        f"Trainable parameters {t['trainable_params']:,}; adapter file {t['adapter_bytes']:,} bytes (safetensors, fp32).", "",
+        "| variant | val loss before | val loss after |", "|---|---|---|",
+    ]  # fmt: skip
+    lines += [f"| {name} | {v['val_loss_before']:.4f} | {v['val_loss_after']:.4f} |" for name, v in result["validation"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def write(result: dict[str, Any], path: Path) -> None:
+    """Write the results so far (each phase adds to them) as JSON and Markdown, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(staging, path)
+    for target, text in ((path, json.dumps(result, indent=2) + "\n"), (path.with_suffix(".md"), markdown(result))):
+        staging = target.with_suffix(target.suffix + ".tmp")
+        staging.write_text(text)
+        os.replace(staging, target)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     data = TrajectoryDataModule(str(args.data), embedder=args.embedder, batch_size=args.batch_size, eval_batch_size=args.batch_size)
     data.setup("fit")
-    result: dict[str, object] = {
+    result: dict[str, Any] = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
         "settings": {k: str(v) for k, v in vars(args).items()},
         "data": {name: len(part) for name, part in data.splits.items()},
