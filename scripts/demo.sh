@@ -22,11 +22,11 @@ step "3/9 build: a user's own chat (first session) with the paper's two-stage LL
 $PY -m qgmem_train build --dataset jsonl --input samples/plain_chat.jsonl --store "$OUT/alex" --units llm --limit-sessions 1 --config $CONFIG
 
 step "4/9 activate + answer: working memory over the LLM-built store"
-$PY -m qgmem_train ask --store "$OUT/alex" --config $CONFIG --reranker none --time 2024-05-01 "Where does Alex walk Biscuit?"
+$PY -m qgmem_train ask --store "$OUT/alex" --config $CONFIG --time 2024-05-01 "Where does Alex walk Biscuit?"
 
 step "5/9 retrieval evaluation on the LoCoMo sample (rule intent, RRF order)"
 $PY -m qgmem_train eval retrieval --dataset locomo --input samples/locomo_sample.json --store "$OUT/locomo" \
-  --out "$OUT/eval" --config $CONFIG --reranker none --intent rules
+  --out "$OUT/eval" --config $CONFIG --intent rules
 cat "$OUT/eval/metrics.json"
 
 step "6/9 data prep: ConvoMem-format cases through the frozen pipeline"
