@@ -186,3 +186,21 @@ def test_missing_answer_scores_zero_without_a_judge_call() -> None:
     llm = ScriptedLLM(['{"judgment": "correct", "reason": "same"}'])
     judge_answers("locomo", llm, answered, repeats=1)
     assert [a.scores for a in answered] == [[0.0], [1.0]] and len(llm.calls) == 1 and "no answer" in answered[0].reasons[0]
+
+
+def test_model_path_answers_with_the_variant_reranker_over_the_exported_one(monkeypatch, tmp_path) -> None:
+    from qgmem_train import predictor
+    from qgmem_train.eval.answers import AnswerVariant, answer_model_path
+
+    calls = []
+
+    def from_pretrained(folder, **kwargs):
+        calls.append(kwargs)
+        raise RuntimeError("stop after loading")
+
+    monkeypatch.setattr(predictor.QGMemPredictor, "from_pretrained", staticmethod(from_pretrained))
+    for reranker in ("llm", None):
+        with pytest.raises(RuntimeError, match="stop after loading"):
+            answer_model_path([], tmp_path, AnswerVariant(reranker=reranker, model=tmp_path), intent_mode="rules")
+    assert calls == [{"intent": "rules", "models": {"reranker": "llm"}}, {"intent": "rules", "models": None}]
+

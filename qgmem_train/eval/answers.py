@@ -277,10 +277,13 @@ def answer_text_path(
 
 
 def answer_model_path(questions: Sequence[BenchmarkQuestion], store_dir: Path, variant: AnswerVariant, *, intent_mode: str) -> list[AnsweredQuestion]:
-    """Answer through an exported model (``qgmem_train.predictor``): graph-token path, its own token and time accounting."""
+    """Answer through an exported model (``qgmem_train.predictor``): graph-token path, its own token and time accounting.
+
+    The variant's reranker, when set, replaces the exported pipeline's.
+    """
     from qgmem_train.predictor import QGMemPredictor
 
-    predictor = QGMemPredictor.from_pretrained(variant.model, intent=intent_mode)
+    predictor = QGMemPredictor.from_pretrained(variant.model, intent=intent_mode, models={"reranker": variant.reranker} if variant.reranker else None)
     answered = []
     by_conversation: dict[str, list[BenchmarkQuestion]] = {}
     for q in questions:
