@@ -80,7 +80,7 @@ def main() -> None:
     }  # fmt: skip
     lines = [
         "# Answer quality (eval answers), turns-mode stores",
-        f"Machine: {machine['cpu']}, {machine['cores']} cores (load average {machine.get('load_average_1m')} at the start: shared machine). "
+        f"Machine: {machine['cpu']}, {machine['cores']} cores (load average {machine.get('load_average_1m')} at the start). "
         f"LLM and judge: {report['settings']['llm_and_judge']}; k={args.k}, max_new_tokens={args.max_new_tokens}, intent={args.intent}, no reranker.",
         "",
         "| benchmark | questions | judge accuracy (mean ± std, R=%d) | context tokens/q | online tokens/q | seconds/q |" % args.repeats,

@@ -23,6 +23,8 @@ from qgmem_train.fileio import atomic_output
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+HELPERS = {"run_all", "machine"}
+"""Modules of bench/ that are not benchmarks."""
 
 
 def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list[str] | str]:
@@ -47,6 +49,12 @@ def full_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list[
     }
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (so a committed report holds no machine paths)."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def written_markdown(out: Path, since: float) -> list[Path]:
     """Markdown results written under ``out`` since ``since`` (what one script produced)."""
     return sorted(p for p in out.rglob("*.md") if p.name != "REPORT.md" and p.stat().st_mtime >= since)
@@ -67,7 +75,7 @@ def main() -> int:
     out = args.out or (BENCH / "results" if args.full else BENCH / "results" / "quick")
     out.mkdir(parents=True, exist_ok=True)
     plan = (full_arguments if args.full else quick_arguments)(out, args.work, args.model)
-    scripts = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "run_all")
+    scripts = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in HELPERS)
     unknown = sorted(set(args.only or []) - set(scripts))
     if unknown:
         print(f"error: --only {unknown[0]}: no bench/{unknown[0]}.py", file=sys.stderr)
@@ -98,7 +106,7 @@ def main() -> int:
         "# Benchmark report",
         "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores, load average {machine.get('load_average_1m')} at the start. "
-        f"Mode: {'full' if args.full else 'quick'} (`python bench/run_all.py{' --full' if args.full else ''}`); results in `{out}`.",
+        f"Mode: {'full' if args.full else 'quick'} (`python bench/run_all.py{' --full' if args.full else ''}`); results in `{shown(out)}`.",
         "",
         "| script | status | seconds | note |",
         "|---|---|---|---|",
