@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -137,11 +138,62 @@ class PipelineConfig:
         return dataclasses.asdict(self)
 
 
+_AT_LEAST: dict[str, int] = {
+    "max_concurrency": 1, "max_retries": 0, "window": 1, "overlap": 0, "neighbours": 1, "min_cluster_size": 1,
+    "window_batch_size": 1, "index_batch_size": 1, "embed_batch_size": 1, "n": 1, "kappa": 0, "k": 1,
+    "rerank_batch_size": 1, "lexical_context_turns": 0, "max_new_tokens": 1, "batch_size": 1,
+}  # fmt: skip
+"""Smallest allowed value of each count setting (any group)."""
+_UNIT_INTERVAL = frozenset({"relation_threshold", "sem_threshold"})
+"""Settings that are cosine thresholds in [0, 1]."""
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` (from YAML) fits the type annotation ``hint`` of a config field."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return value in args
+    if origin in (Union, UnionType):
+        return any(_matches(value, a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    """A short human reading of a type annotation, for error messages."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, args))
+    if origin in (Union, UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is list:
+        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    return "null" if hint is type(None) else {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+def _check_value(key: str, value: Any, hint: Any, where: str) -> None:
+    """Refuse a value of the wrong type or outside its range, naming the setting."""
+    if not _matches(value, hint):
+        raise InputError(where, f"expected {_describe(hint)}, got {value!r}")
+    if key in _AT_LEAST and value < _AT_LEAST[key]:
+        raise InputError(where, f"must be at least {_AT_LEAST[key]}, got {value}")
+    if key in _UNIT_INTERVAL and not 0.0 <= value <= 1.0:
+        raise InputError(where, f"must lie in [0, 1], got {value}")
+
+
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:
     """Instantiate dataclass ``cls`` from ``values``, naming the offending key on error."""
     if not isinstance(values, dict):
         raise InputError(where, f"expected a mapping, got {type(values).__name__}")
     known = {f.name: f for f in dataclasses.fields(cls)}
+    hints = get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in known:
@@ -149,6 +201,7 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
         if cls is PipelineConfig:
             kwargs[key] = _build(_GROUPS[key], value, f"{where}.{key}")
         else:
+            _check_value(key, value, hints[key], f"{where}.{key}")
             kwargs[key] = value
     return cls(**kwargs)
 

@@ -1,13 +1,16 @@
-"""Typed configuration: the paper's values are the defaults, and bad keys are one clear error."""
+"""Typed configuration: the paper's values are the defaults, and bad keys or values are one clear error."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import yaml
 
-from qgmem_train.config import PipelineConfig, load_pipeline_config
+from qgmem_train.config import PipelineConfig, load_pipeline_config, pipeline_from_dict
 from qgmem_train.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_are_the_papers_values() -> None:
@@ -41,3 +44,28 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("retrieval: [1, 2\n")
     with pytest.raises(InputError, match="not valid YAML"):
         load_pipeline_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"retrieval": {"rerank_mode": "bogus"}}, "retrieval.rerank_mode: expected one of replace, rrf, got 'bogus'"),
+        ({"retrieval": {"k": "10"}}, "retrieval.k: expected an integer, got '10'"),
+        ({"retrieval": {"lexical_context_turns": -1}}, "retrieval.lexical_context_turns: must be at least 0, got -1"),
+        ({"retrieval": {"sem_threshold": 1.5}}, r"retrieval.sem_threshold: must lie in \[0, 1\], got 1.5"),
+        ({"retrieval": {"channels": "bm25"}}, "retrieval.channels: expected a list of strings, got 'bm25'"),
+        ({"construction": {"traces": "yes"}}, "construction.traces: expected true or false, got 'yes'"),
+        ({"models": {"llm_revision": 3}}, "models.llm_revision: expected a string or null, got 3"),
+    ],
+)
+def test_a_wrong_type_or_range_names_the_setting(tmp_path: Path, section: dict, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"pipeline": section}))
+    with pytest.raises(InputError, match=message):
+        load_pipeline_config(path)
+
+
+def test_every_default_passes_its_own_checks() -> None:
+    assert pipeline_from_dict(PipelineConfig().to_dict()) == PipelineConfig()
+    assert load_pipeline_config(ROOT / "configs" / "qwen3-8b.yaml").retrieval.kappa == 60
+
