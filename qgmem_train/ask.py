@@ -70,11 +70,9 @@ def main(argv: list[str]) -> int:
     cfg = load_pipeline_config(args.config)
     with MemoryStore.open(args.store) as store:
         namespace = pick_namespace(store.namespaces(), args.namespace, args.store)
-        memory = store.load_namespace(namespace)
+        embedder = build_embedder(cfg)
+        memory = store.load_namespace(namespace, embedder_id=embedder.model_id)
     llm = build_llm(cfg)
-    embedder = build_embedder(cfg)
-    if memory.embedder_id != embedder.model_id:
-        raise InputError(f"{args.store}: namespace {namespace}", f"built with embedder {memory.embedder_id!r}, configured {embedder.model_id!r}")
     kind = args.reranker or cfg.models.reranker
     reranker = build_reranker(cfg, kind, llm=llm if kind == "llm" and not cfg.models.reranker_model else None)
 

@@ -26,11 +26,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from qgmem_train.errors import InputError
-from qgmem_train.eval.benchmarks import EvalQuestion, last_session_time, load_locomo_questions
+from qgmem_train.eval.benchmarks import group_by_conversation, last_session_time, load_locomo_questions
 from qgmem_train.fileio import atomic_output
 
 RECALL_CURVE_KS = tuple(range(1, 21))
@@ -86,7 +85,7 @@ def run_retrieval(args: argparse.Namespace) -> int:
     from qgmem_train.llm.structured import ParseStats
     from qgmem_train.memory.loaders import load_conversations
     from qgmem_train.memory.store import MemoryStore
-    from qgmem_train.retrieval.activation import ActivationIndex, activate, query_texts
+    from qgmem_train.retrieval.activation import ActivationIndex, activate, encode_queries
     from qgmem_train.retrieval.intent import parse_intent_rules, parse_intents
     from qgmem_train.retrieval.rerank import build_reranker
 
@@ -106,27 +105,21 @@ def run_retrieval(args: argparse.Namespace) -> int:
         raise InputError(str(args.input), "no questions of categories 1-4 with gold evidence")
     question_time = {cid: last_session_time(c) for cid, c in conversations.items()}
 
-    by_conversation: dict[str, list[EvalQuestion]] = {}
-    for q in questions:
-        by_conversation.setdefault(q.conversation_id, []).append(q)
+    by_conversation = group_by_conversation(questions)
 
     started = time.perf_counter()
     records: list[dict[str, Any]] = []
     curves: dict[str, list[list[float]]] = {}
     stats = ParseStats()
     with MemoryStore.open(args.store) as store:
-        missing = sorted(set(by_conversation) - set(store.namespaces()))
-        if missing:
-            raise InputError(f"{args.store}: namespace {missing[0]}", "not in the store (build it from the same input first)")
+        store.require_namespaces(by_conversation)
         needs_llm = args.intent == "llm" or (reranker_kind == "llm" and not cfg.models.reranker_model)
         llm = build_llm(cfg) if needs_llm else None
         embedder = build_embedder(cfg)
         reranker = build_reranker(cfg, reranker_kind, llm=llm if reranker_kind == "llm" and not cfg.models.reranker_model else None)
         progress = tqdm(total=len(questions), desc="eval retrieval", unit="q")
         for cid, items in by_conversation.items():
-            memory = store.load_namespace(cid)
-            if memory.embedder_id != embedder.model_id:
-                raise InputError(f"{args.store}: namespace {cid}", f"built with embedder {memory.embedder_id!r}, configured {embedder.model_id!r}")
+            memory = store.load_namespace(cid, embedder_id=embedder.model_id)
             index = ActivationIndex(memory, cfg.retrieval, embedder)
             sources = {u.id: u.source_turn_ids for u in memory.units}
             pairs = [(q.question, question_time.get(cid)) for q in items]
@@ -135,12 +128,10 @@ def run_retrieval(args: argparse.Namespace) -> int:
                 if args.intent == "llm"
                 else [parse_intent_rules(*p) for p in pairs]
             )
-            texts = [query_texts(q.question, intent) for q, intent in zip(items, intents)]
-            vectors = embedder.encode([t for group in texts for t in group])
-            offsets = np.cumsum([0] + [len(group) for group in texts])
-            for i, (q, intent) in enumerate(zip(items, intents)):
+            vectors = encode_queries(embedder, [q.question for q in items], intents)
+            for q, intent, query_vectors in zip(items, intents, vectors):
                 wm = activate(q.question, question_time.get(cid), memory, cfg=cfg.retrieval, llm=llm, embedder=embedder,
-                              reranker=reranker, index=index, intent=intent, query_vectors=vectors[offsets[i] : offsets[i + 1]])
+                              reranker=reranker, index=index, intent=intent, query_vectors=query_vectors)
                 gold = set(q.evidence)
                 n_relevant = sum(1 for s in sources.values() if gold.intersection(s))
                 rankings = {**wm.channels, "fused": wm.fused}

@@ -384,9 +384,7 @@ class PredictorMemory:
 
         version = (self.store.count_units(self.namespace), self.store.count_traces(self.namespace))
         if self._loaded is None or self._loaded[0] != version:
-            memory = self.store.load_namespace(self.namespace)
-            if memory.embedder_id != self.predictor.embedder.model_id:
-                raise InputError(f"{self.store.path}: namespace {self.namespace}", f"built with embedder {memory.embedder_id!r}, the model uses {self.predictor.embedder.model_id!r}")
+            memory = self.store.load_namespace(self.namespace, embedder_id=self.predictor.embedder.model_id)
             self._loaded = (version, memory, ActivationIndex(memory, self.predictor.pipeline.retrieval))
         return self._loaded[1], self._loaded[2]
 

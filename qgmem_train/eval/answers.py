@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.eval.beam_scoring import EVENT_ORDERING, event_ordering_score, nugget_scores
-from qgmem_train.eval.benchmarks import BenchmarkQuestion
+from qgmem_train.eval.benchmarks import BenchmarkQuestion, group_by_conversation
 from qgmem_train.eval.judge import JudgeItem, judge
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import (
@@ -207,7 +206,7 @@ def answer_text_path(
     from qgmem_train.llm.prompts import QUERY_INTENT
     from qgmem_train.memory.store import MemoryStore
     from qgmem_train.model.prompt import final_answer_chat
-    from qgmem_train.retrieval.activation import ActivationIndex, activate, query_texts
+    from qgmem_train.retrieval.activation import ActivationIndex, activate, encode_queries
     from qgmem_train.retrieval.answer import answer_questions
     from qgmem_train.retrieval.intent import INTENT_MAX_NEW_TOKENS, parse_intent_rules, parse_intents
     from qgmem_train.retrieval.rerank import build_reranker
@@ -217,19 +216,13 @@ def answer_text_path(
     kind = variant.reranker or cfg.models.reranker
     embedder = build_embedder(cfg)
     reranker = build_reranker(cfg, kind, llm=llm if kind == "llm" and not cfg.models.reranker_model else None)
-    by_conversation: dict[str, list[BenchmarkQuestion]] = {}
-    for q in questions:
-        by_conversation.setdefault(q.conversation_id, []).append(q)
+    by_conversation = group_by_conversation(questions)
     answered: list[AnsweredQuestion] = []
     progress = tqdm(total=len(questions), desc=f"answer ({variant.name})", unit="q")
     with MemoryStore.open(store_dir) as store:
-        missing = sorted(set(by_conversation) - set(store.namespaces()))
-        if missing:
-            raise InputError(f"{store_dir}: namespace {missing[0]}", "not in the store (build it from the same input first)")
+        store.require_namespaces(by_conversation)
         for cid, items in by_conversation.items():
-            memory = store.load_namespace(cid)
-            if memory.embedder_id != embedder.model_id:
-                raise InputError(f"{store_dir}: namespace {cid}", f"built with embedder {memory.embedder_id!r}, configured {embedder.model_id!r}")
+            memory = store.load_namespace(cid, embedder_id=embedder.model_id)
             if not variant.traces:
                 memory = without_traces(memory)
             index = ActivationIndex(memory, retrieval, embedder)
@@ -244,14 +237,12 @@ def answer_text_path(
                 intents = [parse_intent_rules(*p) for p in pairs]
                 intent_tokens = [0] * len(items)
             intent_share = (time.perf_counter() - started) / len(items)
-            texts = [query_texts(q.question, intent) for q, intent in zip(items, intents)]
-            vectors = embedder.encode([t for group in texts for t in group])
-            offsets = np.cumsum([0] + [len(group) for group in texts])
+            vectors = encode_queries(embedder, [q.question for q in items], intents)
             contexts, units, seconds = [], [], []
-            for i, (q, intent) in enumerate(zip(items, intents)):
+            for q, intent, query_vectors in zip(items, intents, vectors):
                 started = time.perf_counter()
                 wm = activate(q.question, q.question_time, memory, cfg=retrieval, llm=llm, embedder=embedder, reranker=reranker,
-                              index=index, intent=intent, query_vectors=vectors[offsets[i] : offsets[i + 1]])
+                              index=index, intent=intent, query_vectors=query_vectors)
                 contexts.append(serialize_working_memory(wm.units, memory, llm))
                 units.append([u.id for u in wm.units])
                 seconds.append(time.perf_counter() - started + intent_share)
@@ -285,9 +276,7 @@ def answer_model_path(questions: Sequence[BenchmarkQuestion], store_dir: Path, v
 
     predictor = QGMemPredictor.from_pretrained(variant.model, intent=intent_mode, models={"reranker": variant.reranker} if variant.reranker else None)
     answered = []
-    by_conversation: dict[str, list[BenchmarkQuestion]] = {}
-    for q in questions:
-        by_conversation.setdefault(q.conversation_id, []).append(q)
+    by_conversation = group_by_conversation(questions)
     progress = tqdm(total=len(questions), desc=f"answer ({variant.name})", unit="q")
     for cid, items in by_conversation.items():
         with predictor.memory(cid, store_dir) as memory:

@@ -8,10 +8,10 @@ and the time they are asked. A malformed record raises :class:`InputError` namin
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from qgmem_train.errors import InputError
 from qgmem_train.memory.loaders import load_beam, load_conversations, read_json, require_field
@@ -67,6 +67,21 @@ class Benchmark:
     name: str
     conversations: list[Conversation]
     questions: list[BenchmarkQuestion]
+
+
+class _InConversation(Protocol):
+    conversation_id: str
+
+
+Q = TypeVar("Q", bound=_InConversation)
+
+
+def group_by_conversation(questions: Iterable[Q]) -> dict[str, list[Q]]:
+    """Questions grouped by conversation id, in order of first appearance (one namespace load per group)."""
+    groups: dict[str, list[Q]] = {}
+    for q in questions:
+        groups.setdefault(q.conversation_id, []).append(q)
+    return groups
 
 
 def last_session_time(conversation: Conversation) -> str | None:

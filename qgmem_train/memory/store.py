@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -292,10 +292,22 @@ class MemoryStore:
         rows = self._db.execute("SELECT id, relation_text, member_ids, trajectory, current_id FROM traces WHERE namespace = ? ORDER BY id", (namespace,))
         return [Trace(r[0], r[1], json.loads(r[2]), r[3], r[4]) for r in rows]
 
-    def load_namespace(self, namespace: str) -> NamespaceMemory:
-        """All units, embeddings, attributes, traces and turns of ``namespace``."""
+    def require_namespaces(self, namespaces: Iterable[str]) -> None:
+        """Refuse, before any model loads, a run over namespaces this store does not hold."""
+        missing = sorted(set(namespaces) - set(self.namespaces()))
+        if missing:
+            raise InputError(f"{self.path}: namespace {missing[0]}", "not in the store (build it from the same input first)")
+
+    def load_namespace(self, namespace: str, *, embedder_id: str | None = None) -> NamespaceMemory:
+        """All units, embeddings, attributes, traces and turns of ``namespace``.
+
+        With ``embedder_id``, a namespace built with another embedder is refused (its vectors would not
+        compare with the queries').
+        """
         if self._db.execute("SELECT 1 FROM namespaces WHERE name = ?", (namespace,)).fetchone() is None:
             raise InputError(f"{self.path}: namespace {namespace}", f"not in this store (namespaces: {', '.join(self.namespaces()) or 'none'})")
+        if embedder_id is not None and self.embedder_id != embedder_id:
+            raise InputError(f"{self.path}: namespace {namespace}", f"built with embedder {self.embedder_id!r}, configured {embedder_id!r}")
         dim = self.dim or 0
         rows = self._db.execute(
             "SELECT id, session_id, fact_text, subject, predicate, object, source_turn_ids, source_text, utterance_time, "

@@ -17,9 +17,9 @@ import numpy as np
 from qgmem_train.config import RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.llm.base import ChatLLM
-from qgmem_train.memory.store import AttributeIndex, NamespaceMemory
+from qgmem_train.memory.store import ENTITY, AttributeIndex, NamespaceMemory
 from qgmem_train.memory.types import MemoryUnit
-from qgmem_train.retrieval.attributes import ENTITY, AttributeScorer
+from qgmem_train.retrieval.attributes import AttributeScorer
 from qgmem_train.retrieval.dense import DenseIndex
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.intent import QueryIntent, parse_intent_rules, parse_intents
@@ -70,6 +70,13 @@ def with_subject_entities(attributes: AttributeIndex, units: Sequence[MemoryUnit
 def query_texts(question: str, intent: QueryIntent) -> list[str]:
     """What a query embeds: the question, then its entities, then its locations."""
     return [question, *intent.entities, *intent.locations]
+
+
+def encode_queries(embedder: Embedder, questions: Sequence[str], intents: Sequence[QueryIntent]) -> list[np.ndarray]:
+    """The :func:`query_texts` embeddings of every question, encoded in one batch and split per question."""
+    texts = [query_texts(q, intent) for q, intent in zip(questions, intents)]
+    vectors = embedder.encode([t for group in texts for t in group])
+    return np.split(vectors, np.cumsum([len(group) for group in texts])[:-1])
 
 
 def check_channels(channels: Sequence[str]) -> list[str]:
