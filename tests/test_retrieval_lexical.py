@@ -7,6 +7,7 @@ import pytest
 from rank_bm25 import BM25Okapi
 
 from qgmem_train.retrieval.lexical import BM25Index, light_stem, okapi_idf, tokenize
+from qgmem_train.retrieval.ranking import top_positive
 
 
 def _corpus(seed: int = 0) -> list[list[str]]:
@@ -44,10 +45,10 @@ def test_negative_idf_floor_matches_rank_bm25() -> None:
 
 def test_search_keeps_only_matches_best_first() -> None:
     docs = [["red", "apple"], ["green", "apple", "apple"], ["blue", "sky"], ["red", "red", "car"], ["sea"], ["tree"], ["moon"]]
-    rows, scores = BM25Index(docs).search(["red", "apple"], n=10)
+    rows, scores = top_positive(BM25Index(docs).scores(["red", "apple"]), 10)
     assert set(rows.tolist()) == {0, 1, 3}
     assert rows[0] == 0 and np.all(np.diff(scores) <= 0)
-    assert BM25Index(docs).search(["nothing"], n=10)[0].size == 0
+    assert top_positive(BM25Index(docs).scores(["nothing"]), 10)[0].size == 0
 
 
 def test_empty_corpus_scores_nothing() -> None:

@@ -2,9 +2,9 @@
 
 The nine nugget abilities score the mean over a question's rubric nuggets of the judge's 0 / 0.5 / 1
 (:data:`~qgmem_train.llm.prompts.BEAM_NUGGET_JUDGE`, one call per nugget; a dropped judge output scores
-0). Event ordering locates each
-reference item in the answer and compares the order found with the reference order by Kendall tau_b,
-mapped to [0, 1] as (tau_b + 1) / 2; an answer that names none of the items scores 0.
+0). Event ordering locates each reference item in the answer and compares the order found with the
+reference order by Kendall tau_b, mapped to [0, 1] as (tau_b + 1) / 2; an answer that names none of
+the items scores 0.
 """
 
 from __future__ import annotations

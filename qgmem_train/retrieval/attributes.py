@@ -15,17 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import date
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qgmem_train.memory.store import ENTITY, LOCATION, AttributeIndex
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.retrieval.intent import QueryIntent
 
-if TYPE_CHECKING:
-    from qgmem_train.memory.store import AttributeIndex
-
-ENTITY, LOCATION = 0, 1
 NO_DAY = np.iinfo(np.int32).min
 
 

@@ -40,10 +40,11 @@ class DenseIndex:
         owners = np.asarray(sentence_unit, np.int64) if has_sentences else np.zeros(0, np.int64)
         self._group_start = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]]) if has_sentences else owners
         self._group_unit = owners[self._group_start]
-        self._vector_unit = np.concatenate([np.arange(len(self.embeddings), dtype=np.int64), owners])
-        self._hnsw = None
+        self._hnsw = self._vector_unit = None
         if approximate and len(self.embeddings):
             self._hnsw = _build_hnsw(self.embeddings if self.sentences is None else np.concatenate([self.embeddings, self.sentences]))
+            # Unit row of each vector in the HNSW index: the facts, then the sentences.
+            self._vector_unit = np.concatenate([np.arange(len(self.embeddings), dtype=np.int64), owners])
 
     @property
     def approximate(self) -> bool:

@@ -16,7 +16,6 @@ from functools import lru_cache
 import bm25s
 import numpy as np
 
-from qgmem_train.retrieval.ranking import top_positive
 
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before being below
@@ -94,7 +93,3 @@ class BM25Index:
         rows = np.concatenate([self._indices[s:e] for s, e in zip(starts, ends)])
         weights = np.concatenate([self._data[s:e] for s, e in zip(starts, ends)])
         return np.bincount(rows, weights=weights, minlength=self.n_docs).astype(np.float32)
-
-    def search(self, query_tokens: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows and scores of the top ``n`` documents with a positive score, best first."""
-        return top_positive(self.scores(query_tokens), n)
