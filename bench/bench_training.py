@@ -34,6 +34,7 @@ import lightning as L
 import torch
 
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM
+from qgmem_train.fileio import atomic_output, write_json_atomic
 from qgmem_train.graph.local_graph import LocalGraph
 from qgmem_train.model.checkpoint import save_adapter, trainable_state_dict
 from qgmem_train.model.datamodule import TrajectoryDataModule
@@ -135,11 +136,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 def write(result: dict[str, Any], path: Path) -> None:
     """Write the results so far (each phase adds to them) as JSON and Markdown, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for target, text in ((path, json.dumps(result, indent=2) + "\n"), (path.with_suffix(".md"), markdown(result))):
-        staging = target.with_suffix(target.suffix + ".tmp")
-        staging.write_text(text)
-        os.replace(staging, target)
+    write_json_atomic(path, result)
+    with atomic_output(path.with_suffix(".md")) as handle:
+        handle.write(markdown(result))
 
 
 def main(argv: list[str] | None = None) -> int:
