@@ -57,7 +57,7 @@ def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg
     seconds["construction"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    index = ActivationIndex(memory, pipeline.retrieval)
+    index = ActivationIndex(memory, pipeline.retrieval, models.embedder)
     intent_llm = models.llm if cfg.intent == "llm" else None
     working = [
         activate(q.question, None, memory, cfg=pipeline.retrieval, llm=intent_llm, embedder=models.embedder, reranker=models.reranker, index=index)

@@ -385,7 +385,7 @@ class PredictorMemory:
         version = (self.store.count_units(self.namespace), self.store.count_traces(self.namespace))
         if self._loaded is None or self._loaded[0] != version:
             memory = self.store.load_namespace(self.namespace, embedder_id=self.predictor.embedder.model_id)
-            self._loaded = (version, memory, ActivationIndex(memory, self.predictor.pipeline.retrieval))
+            self._loaded = (version, memory, ActivationIndex(memory, self.predictor.pipeline.retrieval, self.predictor.embedder))
         return self._loaded[1], self._loaded[2]
 
     def ask(self, question: str, question_time: str | None = None) -> AskResult:

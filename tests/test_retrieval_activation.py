@@ -108,8 +108,8 @@ def test_rerank_mode_replace_takes_the_reranker_order_and_rrf_fuses_it_with_the_
     assert fused.reranked[0] in (fused.fused[0], fused.fused[-1]) and set(fused.reranked) == set(fused.fused)
 
 
-def test_rerank_document_holds_every_field(memory) -> None:
-    index = ActivationIndex(memory, RetrievalConfig())
+def test_rerank_document_holds_every_field(memory, minilm) -> None:
+    index = ActivationIndex(memory, RetrievalConfig(), minilm)
     doc = rerank_document(memory.units[4], index.trajectory_of(memory.units[4]))
     for part in ("Fact: Caroline now plans", "Source dialogue: Caroline:", "Entities: adoption", "Locations: none",
                  "Fact time: unknown", "Utterance time: 2023-07-08", "Trajectory: Caroline first planned"):

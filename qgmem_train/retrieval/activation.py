@@ -90,11 +90,11 @@ def check_channels(channels: Sequence[str]) -> list[str]:
 class ActivationIndex:
     """The search structures of one namespace: BM25, dense, attributes, and trajectories by trace id.
 
-    With an ``embedder``, each unit's triple subject joins its entities for SemMatch (extraction
+    Each unit's triple subject joins its entities for SemMatch, embedded with ``embedder`` (extraction
     often leaves the subject, e.g. the speaker, out of the entity list).
     """
 
-    def __init__(self, memory: NamespaceMemory, cfg: RetrievalConfig, embedder: Embedder | None = None):
+    def __init__(self, memory: NamespaceMemory, cfg: RetrievalConfig, embedder: Embedder):
         self.memory = memory
         self.channels = check_channels(cfg.channels)
         units = memory.units
@@ -104,7 +104,7 @@ class ActivationIndex:
         self.dense = DenseIndex(memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit, approximate=cfg.approximate)
         self.attributes = None
         if "attr" in self.channels:
-            attributes = with_subject_entities(memory.attributes, units, embedder) if embedder is not None and units else memory.attributes
+            attributes = with_subject_entities(memory.attributes, units, embedder) if units else memory.attributes
             self.attributes = AttributeScorer(units, attributes, sem_threshold=cfg.sem_threshold)
         self.trajectory = {t.id: t.trajectory for t in memory.traces}
 
