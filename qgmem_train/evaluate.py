@@ -8,7 +8,9 @@ used), a per-question JSONL and figures into ``--out``, every file atomically:
   and the reranked working memory; a Recall@k plot for k = 1..20).
 - ``answers``: answer quality on LoCoMo, BEAM, LongMemEval-S or FactConsolidation: activate, answer
   (configured LLM on the text path, or an exported model), judge R times with the benchmark's judge
-  prompts → judge_accuracy ± judge_std, per-type scores, per-question tokens and seconds, report.md and figures.
+  prompts → judge_accuracy ± judge_std, per-type scores, per-question tokens and seconds, report.md and figures;
+  beside the judge, token F1, BLEU-1 and exact match (``f1``, ``bleu1``, ``exact_match``, and per type as
+  ``f1/<type>`` ...) per question and overall, a missing answer counting 0.
 - ``conversations``: a benchmark's dialogue histories as plain JSONL, for ``build --dataset jsonl``
   (LongMemEval-S and FactConsolidation have no build loader of their own).
 - ``ablations``: the same questions under pipeline variants (no reranker, no attribute channel, no
@@ -305,7 +307,8 @@ def run_answers(args: argparse.Namespace) -> int:
     with atomic_output(out / "report.md") as handle:
         handle.write(answers_markdown(metrics))
     write_json_atomic(out / "metrics.json", metrics)
-    print(json.dumps({k: metrics[k] for k in ("n_questions", "judge_accuracy", "judge_std", "mean_context_tokens", "mean_online_tokens", "mean_seconds")}, indent=2))
+    shown = ("n_questions", "judge_accuracy", "judge_std", "f1", "bleu1", "exact_match", "mean_context_tokens", "mean_online_tokens", "mean_seconds")
+    print(json.dumps({k: metrics[k] for k in shown}, indent=2))
     print(f"wrote {out / 'metrics.json'}, {out / 'questions.jsonl'}, {out / 'report.md'} and figures")
     return 0
 

@@ -107,6 +107,22 @@ def test_locomo_judge_drops_bad_json_as_incorrect_and_summary_std() -> None:
     assert summary["judge_accuracy/single-hop"] == 0.5 and summary["n_questions/temporal"] == 1 and summary["mean_online_tokens"] == 30
 
 
+def test_answer_metrics_per_question_and_type_and_a_missing_answer_counts_0() -> None:
+    from qgmem_train.eval.answers import question_record
+
+    # reference "ref" everywhere: "Ref." matches exactly; "the ref ref" -> [ref, ref] vs [ref]: F1 2*(1/2*1)/(3/2) = 2/3,
+    # BLEU-1 clipped 1/2 with no brevity penalty (2 > 1); "" is a dropped answer: 0 everywhere.
+    answered = [_answered("temporal", "Ref.", scores=[1.0]), _answered("temporal", "the ref ref", scores=[0.0]), _answered("single-hop", "", scores=[0.0])]
+    summary = score_summary("locomo", answered)
+    assert summary["f1"] == pytest.approx((1 + 2 / 3 + 0) / 3, abs=1e-4) and summary["bleu1"] == pytest.approx(0.5, abs=1e-4)
+    assert summary["exact_match"] == pytest.approx(1 / 3, abs=1e-4)
+    assert summary["f1/temporal"] == pytest.approx(5 / 6, abs=1e-4) and summary["bleu1/temporal"] == 0.75 and summary["exact_match/temporal"] == 0.5
+    assert summary["f1/single-hop"] == 0.0 and summary["bleu1/single-hop"] == 0.0 and summary["exact_match/single-hop"] == 0.0
+    record = question_record(answered[1])
+    assert record["f1"] == pytest.approx(2 / 3) and record["bleu1"] == 0.5 and record["exact_match"] == 0.0
+    assert question_record(answered[2])["f1"] == 0.0
+
+
 def test_report_markdown_and_figures(tmp_path: Path) -> None:
     metrics = {"benchmark": "locomo", "input": "x.json", "judge_accuracy": 0.5, "judge_std": 0.1, "n_questions": 2, "repeats": 3,
                "mean_context_tokens": 10.0, "mean_online_tokens": 20.0, "mean_seconds": 1.5, "judge_accuracy/temporal": 1.0,
@@ -149,6 +165,38 @@ def test_eval_answers_end_to_end_with_smollm2(turns_store: tuple[Path, Path], tm
     assert "judge accuracy" in (out / "report.md").read_text()
     assert (out / "accuracy_by_type.png").read_bytes()[:4] == b"\x89PNG" and (out / "cost_per_question.png").exists()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_eval_answers_reports_f1_bleu1_and_exact_match_with_scripted_llm(turns_store: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import qgmem_train.llm.factory as factory
+
+    def reply(chat: list[dict[str, str]]) -> str:
+        text = chat[-1]["content"]
+        if "Reference answer" in text:
+            return '{"judgment": "correct", "reason": "r"}'
+        answer = "Self-care is important!" if "charity race" in text else "On 7 May, 2023."
+        return json.dumps({"reasoning_path": "F1", "answer": answer})
+
+    monkeypatch.setattr(factory, "build_llm", lambda cfg: ScriptedLLM(reply))
+    store, config = turns_store
+    out = tmp_path / "report"
+    code = main(["eval", "answers", "--benchmark", "locomo", "--input", str(SAMPLE), "--store", str(store), "--out", str(out),
+                 "--config", str(config), "--limit", "2", "--intent", "rules", "--reranker", "none"])  # fmt: skip
+    assert code == 0
+    records = {r["reference"]: r for r in map(json.loads, (out / "questions.jsonl").read_text().splitlines())}
+    # "On 7 May, 2023." vs "7 May 2023": [on, 7, may, 2023] vs [7, may, 2023] -> P 3/4, R 1, F1 6/7; BLEU-1 3/4 (no BP, 4 > 3).
+    temporal = records["7 May 2023"]
+    assert temporal["type"] == "temporal" and temporal["f1"] == pytest.approx(6 / 7) and temporal["bleu1"] == 0.75 and temporal["exact_match"] == 0.0
+    # "Self-care is important!" vs "self-care is important": both "selfcare is important": 1 everywhere.
+    single = records["self-care is important"]
+    assert single["type"] == "single-hop" and (single["f1"], single["bleu1"], single["exact_match"]) == (1.0, 1.0, 1.0)
+    metrics = json.loads((out / "metrics.json").read_text())
+    # means over both: F1 (6/7 + 1)/2 = 13/14 = 0.9286, BLEU-1 (3/4 + 1)/2 = 0.875, EM 1/2.
+    assert metrics["f1"] == 0.9286 and metrics["bleu1"] == 0.875 and metrics["exact_match"] == 0.5
+    assert metrics["f1/temporal"] == 0.8571 and metrics["bleu1/temporal"] == 0.75 and metrics["exact_match/temporal"] == 0.0
+    assert metrics["f1/single-hop"] == 1.0 and metrics["exact_match/single-hop"] == 1.0 and metrics["judge_accuracy"] == 1.0
+    report = (out / "report.md").read_text()
+    assert "| token F1 | 0.9286 |" in report and "| temporal | 1.0000 | 0.8571 | 0.7500 | 0.0000 | 1 |" in report
 
 
 def test_eval_ablations_table_with_scripted_llm(turns_store: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

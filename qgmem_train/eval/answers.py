@@ -4,6 +4,11 @@ LoCoMo and FactConsolidation use the LoCoMo judge; LongMemEval picks its tempora
 preference or abstention prompt by question type; BEAM scores rubric nuggets and event ordering
 (:mod:`qgmem_train.eval.beam_scoring`) and macro-averages its ten abilities. Each repeat gives one
 accuracy over all questions; the report is their mean and (population) std, as in the paper.
+
+Beside the judge, every answer gets the deterministic metrics LoCoMo and Mem0 report (token F1, BLEU-1,
+exact match against the reference, :func:`qgmem_train.model.answers.answer_scores`), per question, per
+type and overall. A question without an answer (its output was dropped) scores 0 on all three, as in
+LoCoMo, and stays in every mean.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from qgmem_train.llm.prompts import (
     PromptTemplate,
 )
 from qgmem_train.llm.structured import ParseStats
+from qgmem_train.model.answers import answer_scores
 
 YES_NO_MAX_NEW_TOKENS = 8
+ANSWER_METRICS = ("f1", "bleu1", "exact_match")
 _YES_NO = re.compile(r"\b(yes|no)\b", re.I)
 LONGMEMEVAL_PROMPTS: dict[str, PromptTemplate] = {
     "temporal-reasoning": LONGMEMEVAL_TEMPORAL_JUDGE,
@@ -77,6 +84,13 @@ class AnsweredQuestion:
     path: str = "text"
     scores: list[float] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+
+
+def text_scores(a: AnsweredQuestion) -> dict[str, float]:
+    """Token F1, BLEU-1 and exact match of an answer against its reference; all 0 when no answer was produced."""
+    if not a.prediction.strip():
+        return dict.fromkeys(ANSWER_METRICS, 0.0)
+    return answer_scores(a.prediction, a.question.reference)
 
 
 def parse_yes_no(text: str) -> bool | None:
@@ -143,9 +157,13 @@ def judge_answers(
 
 
 def score_summary(benchmark: str, answered: Sequence[AnsweredQuestion]) -> dict[str, Any]:
-    """judge_accuracy / judge_std over repeats (BEAM: macro over abilities), and the mean score per question type."""
+    """judge_accuracy / judge_std over repeats (BEAM: macro over abilities), and the mean score per question type.
+
+    Also ``f1``, ``bleu1``, ``exact_match`` (means over every question, a missing answer counting 0) and the
+    same per type as ``<metric>/<type>``, beside ``judge_accuracy/<type>``.
+    """
     if not answered:
-        return {"judge_accuracy": 0.0, "judge_std": 0.0, "n_questions": 0}
+        return {"judge_accuracy": 0.0, "judge_std": 0.0, "n_questions": 0, **dict.fromkeys(ANSWER_METRICS, 0.0)}
     repeats = len(answered[0].scores)
     by_type: dict[str, list[AnsweredQuestion]] = {}
     for a in answered:
@@ -165,8 +183,13 @@ def score_summary(benchmark: str, answered: Sequence[AnsweredQuestion]) -> dict[
         "repeats": repeats,
         "judge_accuracy_per_repeat": [round(v, 4) for v in per_repeat],
     }
+    text = {id(a): text_scores(a) for a in answered}
+    for key in ANSWER_METRICS:
+        out[key] = round(statistics.fmean(text[id(a)][key] for a in answered), 4)
     for qtype, group in sorted(by_type.items()):
         out[f"judge_accuracy/{qtype}"] = round(statistics.fmean(statistics.fmean(a.scores) for a in group), 4)
+        for key in ANSWER_METRICS:
+            out[f"{key}/{qtype}"] = round(statistics.fmean(text[id(a)][key] for a in group), 4)
         out[f"n_questions/{qtype}"] = len(group)
     if benchmark == "beam":
         nugget = [out[f"judge_accuracy/{t}"] for t in by_type if t != EVENT_ORDERING]
@@ -298,6 +321,7 @@ def question_record(a: AnsweredQuestion) -> dict[str, Any]:
         "id": q.id, "conversation": q.conversation_id, "type": q.qtype, "question": q.question, "question_time": q.question_time,
         "reference": q.reference, "prediction": a.prediction, "reasoning_path": a.reasoning_path, "path": a.path,
         "scores": a.scores, "score": statistics.fmean(a.scores) if a.scores else None, "judge_reasons": a.reasons,
+        **text_scores(a),
         "working_memory": a.working_memory, "evidence": q.evidence,
         "context_tokens": a.context_tokens, "online_tokens": a.online_tokens, "seconds": a.seconds,
     }  # fmt: skip

@@ -30,9 +30,14 @@ def per_type_scores(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def answers_markdown(metrics: Mapping[str, Any]) -> str:
-    """Summary of one ``eval answers`` run: overall score, per type/ability, cost per question, models and settings."""
+    """Summary of one ``eval answers`` run: overall score, per type/ability, cost per question, models and settings.
+
+    Token F1, BLEU-1 and exact match appear where the metrics have them (runs before they existed do not).
+    """
+    text_metrics = [("token F1", "f1"), ("BLEU-1", "bleu1"), ("exact match", "exact_match")]
     overall = [
         ("judge accuracy (mean ± std over repeats)", f"{metrics['judge_accuracy']:.4f} ± {metrics['judge_std']:.4f}"),
+        *[(label, metrics[key]) for label, key in text_metrics if key in metrics],
         ("questions", metrics["n_questions"]),
         ("repeats", metrics["repeats"]),
         ("mean retrieved-context tokens", metrics["mean_context_tokens"]),
@@ -43,11 +48,13 @@ def answers_markdown(metrics: Mapping[str, Any]) -> str:
         overall.insert(1, ("BEAM nugget score (nine abilities)", metrics["beam_nugget_score"]))
         overall.insert(2, ("BEAM event ordering (normalised tau_b)", metrics.get("beam_event_ordering_tau_b")))
     types = per_type_scores(metrics)
+    shown = [(label, key) for label, key in text_metrics if key in metrics]
+    per_type = [(t, v, *[metrics.get(f"{key}/{t}") for _, key in shown], metrics.get(f"n_questions/{t}")) for t, v in types.items()]
     parts = [
         f"# Answer evaluation: {metrics['benchmark']} ({metrics['input']})",
         markdown_table(["metric", "value"], overall),
         "## Per question type / ability",
-        markdown_table(["type", "judge accuracy", "questions"], [(t, v, metrics.get(f"n_questions/{t}")) for t, v in types.items()]),
+        markdown_table(["type", "judge accuracy", *[label for label, _ in shown], "questions"], per_type),
         "## Models and settings",
         markdown_table(["setting", "value"], [(k, v) for k, v in {**metrics["models"], **metrics["settings"]}.items() if not isinstance(v, dict)]),
         "Figures: `accuracy_by_type.png`, `cost_per_question.png`.",
@@ -80,10 +87,10 @@ def ablations_markdown(benchmark: str, rows: Sequence[Mapping[str, Any]]) -> str
     table = []
     for r in rows:
         if r.get("judge_accuracy") is None:
-            table.append((r["variant"], r["description"], "", "", "", "", r.get("skipped", "")))
+            table.append((r["variant"], r["description"], "", "", "", "", "", r.get("skipped", "")))
             continue
         delta = r["judge_accuracy"] - full["judge_accuracy"] if full else None
         table.append((r["variant"], r["description"], f"{r['judge_accuracy']:.4f} ± {r['judge_std']:.4f}",
-                      None if delta is None else round(delta, 4), r["mean_context_tokens"], r["mean_seconds"], ""))
-    header = ["variant", "change", "judge accuracy", "Δ vs full", "context tokens", "seconds/q", "skipped"]
+                      None if delta is None else round(delta, 4), r.get("f1"), r["mean_context_tokens"], r["mean_seconds"], ""))
+    header = ["variant", "change", "judge accuracy", "Δ vs full", "token F1", "context tokens", "seconds/q", "skipped"]
     return f"# Ablations on {benchmark}\n\n" + markdown_table(header, table) + "\n"
