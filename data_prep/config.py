@@ -45,7 +45,8 @@ class DataPrepConfig:
     """Judge calls per answer; the majority decides (greedy decoding repeats itself, so 1 unless sampling)."""
     target: Literal["judge_correct", "gold"] = "judge_correct"
     """``judge_correct``: the paper's setting, keep answers the judge accepts as targets; ``gold``: for weak
-    local models, target the dataset's answer with a reasoning path over the evidence units' labels."""
+    local models, target the dataset's answer with a reasoning path over the evidence units' labels, and
+    skip answering and judging (they decide nothing then), so a run is construction and activation only."""
     validation_fraction: float = 0.1
     """Share of cases in the validation split."""
     test_fraction: float = 0.1

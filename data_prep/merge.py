@@ -2,7 +2,12 @@
 
 Merge refuses when a shard is missing, unfinished, or was made with another config. Targets follow
 ``data_prep.target``: the paper keeps judge-correct answers as they were generated; ``gold`` targets the
-dataset's answer with a reasoning path over the evidence units' labels.
+dataset's answer with a reasoning path over the evidence units' labels, for every question whose gold
+answer is not empty (such runs answer and judge nothing; their questions count as ``not_judged``).
+
+The manifest records throughput: ``cases_per_hour`` and ``questions_per_hour`` over the summed per-case
+wall time (``seconds.total`` of every case, all stages, model loading excluded), i.e. the rate of one
+process; shards run side by side multiply it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.config import DataPrepConfig
-from data_prep.pipeline import case_namespace
+from data_prep.pipeline import case_namespace, stages_of
 from data_prep.run import shard_dir
 from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError
@@ -59,6 +64,8 @@ def _example(record: dict, question: dict, target: str) -> TrajectoryExample | N
         answer, reasoning = question["answer"], question["reasoning_path"]
     else:
         answer, reasoning = question["gold_answer"], question["gold_reasoning_path"]
+        if not str(answer).strip():
+            return None
     return TrajectoryExample(
         case_id=record["case_id"],
         question_id=question["question_id"],
@@ -100,8 +107,11 @@ def merge(cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:
         seconds.update(record["seconds"])
         for question in record["questions"]:
             counts["questions"] += 1
-            counts["judge_correct"] += question["correct"]
-            counts["answer_dropped"] += question["answer"] is None
+            if question["correct"] is None:
+                counts["not_judged"] += 1
+            else:
+                counts["judge_correct"] += question["correct"]
+                counts["answer_dropped"] += question["answer"] is None
             example = _example(record, question, cfg.target)
             if example is None:
                 counts["dropped"] += 1
@@ -110,6 +120,8 @@ def merge(cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:
             splits[split].append(example)
     dataset_dir = write_trajectory_dataset(splits, out / "dataset")
     n_cases = max(1, len(records))
+    n_questions = sum(len(r["questions"]) for r in records)
+    hours = seconds["total"] / 3600
     manifest = {
         "fingerprint": fingerprint,
         "target": cfg.target,
@@ -123,7 +135,10 @@ def merge(cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:
         "counts": {"per_category": {c: dict(v) for c, v in sorted(per_category.items())},
                    "per_split": {name: len(rows) for name, rows in splits.items()}},
         "json_outputs": dict(parse),
+        "stages": stages_of(cfg),
         "seconds_per_case": {k: round(v / n_cases, 3) for k, v in seconds.items()},
+        "cases_per_hour": round(len(records) / hours, 2) if hours > 0 else None,
+        "questions_per_hour": round(n_questions / hours, 2) if hours > 0 else None,
         "models": {"llm": pipeline.models.llm, "llm_revision": pipeline.models.llm_revision,
                    "embedder": pipeline.models.embedder, "reranker": pipeline.models.reranker,
                    "reranker_model": pipeline.models.reranker_model},

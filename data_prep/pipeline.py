@@ -3,6 +3,11 @@
 Everything a trajectory needs is recorded per question (activated units with their source turns, the
 serialized context, the local graph, the answer, verdicts, token counts), plus seconds per stage, so
 that merge can pick targets without rerunning anything.
+
+With ``target: gold`` the answer and judge stages are skipped: they decide nothing there (the target is
+the gold answer with a reasoning path over the evidence units' labels). The record says so: ``stages``
+lists the stages run, ``seconds`` has no answer/judge entry, and every question has ``answer`` and
+``reasoning_path`` None, ``correct`` None (not judged) and no judgments.
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ from qgmem_train.retrieval.activation import ActivationIndex, activate
 from qgmem_train.retrieval.rerank import Reranker
 from qgmem_train.retrieval.serialization import serialize_working_memory
 
+BUILD_STAGES = ("construction", "activation")
+"""Stages every run goes through; the judge target adds ``answer`` and ``judge``."""
+
+
+def stages_of(cfg: DataPrepConfig) -> list[str]:
+    """The stages a run with ``cfg`` goes through (answer and judge only for the judge_correct target)."""
+    return [*BUILD_STAGES, "answer", "judge"] if cfg.target == "judge_correct" else list(BUILD_STAGES)
+
 
 @dataclass
 class PipelineModels:
@@ -46,8 +59,9 @@ def case_namespace(case_id: str) -> str:
 
 
 def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:
-    """Run every question of ``case`` and return its JSON-ready record."""
+    """Run every question of ``case`` and return its JSON-ready record (answered and judged for the judge target only)."""
     seconds: dict[str, float] = {}
+    stages = stages_of(cfg)
     stats = ParseStats()
     namespace = case_namespace(case.ref.case_id)
 
@@ -67,21 +81,23 @@ def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg
     graphs = [local_graph_from_units(wm.units, max_edges=pipeline.retrieval.k) for wm in working]
     seconds["activation"] = time.perf_counter() - start
 
-    start = time.perf_counter()
     chats = [final_answer_chat(q.question, None, s.text, g, text_path=True) for q, s, g in zip(case.questions, serialized, graphs)]
-    answers: list[AnswerOutput | None] = generate_structured(
-        models.llm, chats, AnswerOutput, max_new_tokens=pipeline.generation.max_new_tokens, stats=stats
-    )
-    seconds["answer"] = time.perf_counter() - start
+    answers: list[AnswerOutput | None] = [None] * len(chats)
+    verdicts: list[Any] = [None] * len(chats)
+    if "answer" in stages:
+        start = time.perf_counter()
+        answers = generate_structured(models.llm, chats, AnswerOutput, max_new_tokens=pipeline.generation.max_new_tokens, stats=stats)
+        seconds["answer"] = time.perf_counter() - start
 
-    start = time.perf_counter()
-    judged = [(q, a) for q, a in zip(case.questions, answers) if a is not None]
-    verdicts = iter(judge(models.llm, [JudgeItem(q.question, q.answer, a.answer) for q, a in judged], repeats=cfg.judge_repeats, stats=stats))
-    seconds["judge"] = time.perf_counter() - start
+        start = time.perf_counter()
+        judged = [i for i, a in enumerate(answers) if a is not None]
+        items = [JudgeItem(case.questions[i].question, case.questions[i].answer, answers[i].answer) for i in judged]
+        for i, verdict in zip(judged, judge(models.llm, items, repeats=cfg.judge_repeats, stats=stats)):
+            verdicts[i] = verdict
+        seconds["judge"] = time.perf_counter() - start
 
     questions = []
-    for number, (q, wm, ser, graph, chat, ans) in enumerate(zip(case.questions, working, serialized, graphs, chats, answers)):
-        verdict = next(verdicts) if ans is not None else None
+    for number, (q, wm, ser, graph, chat, ans, verdict) in enumerate(zip(case.questions, working, serialized, graphs, chats, answers, verdicts)):
         evidence_units = {u.id for u in wm.units if cites(u.source_text, q.evidence_texts)}
         questions.append(
             {
@@ -103,13 +119,14 @@ def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg
                 "gold_reasoning_path": gold_reasoning_path(ser.labels, evidence_units),
                 "judgments": verdict.judgments if verdict else [],
                 "judge_reasons": verdict.reasons if verdict else [],
-                "correct": bool(verdict and verdict.correct),
+                "correct": bool(verdict and verdict.correct) if "judge" in stages else None,
             }
         )
     return {
         "case_id": case.ref.case_id,
         "category": case.ref.category,
         "namespace": namespace,
+        "stages": stages,
         "build": {"units": report.units, "traces": report.traces, "dropped": report.dropped},
         "parse": stats.merge(ParseStats(**report.parse)).as_dict() if report.parse else stats.as_dict(),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},

@@ -69,15 +69,15 @@ def run_shard(cfg: DataPrepConfig, pipeline: PipelineConfig, shard: int = 0, num
         models = PipelineModels(llm, build_embedder(pipeline), build_reranker(pipeline, llm=llm))
         with MemoryStore.open(folder / "store", create=True) as store:
             bar = tqdm(pending, desc=f"data prep shard {shard}/{num_shards}", unit="case")
-            kept = 0
+            kept, label = 0, "judge_correct" if cfg.target == "judge_correct" else "questions"
             for ref in bar:
                 started = time.perf_counter()
                 case = load_case(root, ref, max_questions=cfg.max_questions_per_case, max_sessions=cfg.max_sessions_per_case)
                 record = run_case(case, store, models, cfg, pipeline)
                 record["seconds"]["total"] = round(time.perf_counter() - started, 3)
                 write_json_atomic(cases_dir / f"{record['namespace']}.json", record)
-                kept += sum(q["correct"] for q in record["questions"])
-                bar.set_postfix(judge_correct=kept)
+                kept += sum(bool(q["correct"]) if label == "judge_correct" else 1 for q in record["questions"])
+                bar.set_postfix({label: kept})
     state["done"] = True
     write_json_atomic(state_file, state)
     return folder

@@ -1,7 +1,8 @@
 """Data prep end to end with the real CPU models: one run, kill and resume, two shards merged.
 
-Every stage runs for real (turns-mode construction, activation, SmolLM2 answers and judgments); the
-demo config targets gold answers, so the dataset does not depend on what the small judge decides.
+Every stage runs for real (turns-mode construction, activation); the demo config targets gold answers,
+so no answer is generated or judged and the dataset does not depend on what a small judge decides. The
+judge path (and the gold path's skipping of it) is checked in process with a scripted LLM.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def test_one_run_writes_a_dataset_the_data_module_loads(reference: tuple[Path, P
     assert manifest["target"] == "gold"
     assert len(manifest["cases"]) == 2
     assert sum(manifest["counts"]["per_split"].values()) == 2
-    assert set(manifest["seconds_per_case"]) >= {"construction", "activation", "answer", "judge"}
+    assert set(manifest["seconds_per_case"]) >= {"construction", "activation", "total"}
+    assert not {"answer", "judge"} & set(manifest["seconds_per_case"]) and manifest["stages"] == ["construction", "activation"]
+    assert manifest["cases_per_hour"] > 0 and manifest["questions_per_hour"] > 0
     per_category = manifest["counts"]["per_category"]
     assert {c: v["questions"] for c, v in per_category.items()} == {"category_2_temporal": 1, "category_4_multi_session": 1}
     records = [json.loads(p.read_text()) for p in (out / "shards" / "0-of-1" / "cases").glob("*.json")]
@@ -76,7 +79,8 @@ def test_one_run_writes_a_dataset_the_data_module_loads(reference: tuple[Path, P
         assert question["units"] and all(u["source_turn_ids"] for u in question["units"])
         assert question["context"].strip() and question["prompt_tokens"] > question["context_tokens"] > 0
         assert len(question["graph"]["edge_src"]) == len(question["units"])
-        assert len(question["judgments"]) == (1 if question["answer"] is not None else 0)
+        assert question["answer"] is None and question["correct"] is None and question["judgments"] == []
+        assert record["stages"] == ["construction", "activation"] and not {"answer", "judge"} & set(record["seconds"])
     module = TrajectoryDataModule(str(out / "dataset"), batch_size=1)
     module.setup("validate")
     split = next(name for name, part in module.splits.items() if part)
@@ -129,3 +133,64 @@ def test_merge_refuses_shards_of_another_config(reference: tuple[Path, Path]) ->
     assert result.returncode == 2
     assert "made with another config" in result.stderr
     assert result.stderr.strip().count("\n") == 0
+
+
+def _scripted_reply(chat: list[dict[str, str]]) -> str:
+    """A valid answer to every final-answer prompt; the judge accepts answers to temporal questions only."""
+    text = chat[-1]["content"]
+    if "Reference answer" in text:
+        verdict = "correct" if "When" in text or "when" in text else "incorrect"
+        return json.dumps({"judgment": verdict, "reason": "scripted"})
+    return json.dumps({"reasoning_path": "F1", "answer": "scripted answer"})
+
+
+def _in_process_run(tmp: Path, name: str, target: str, monkeypatch: pytest.MonkeyPatch):
+    """Run and merge the two-case config in this process with a scripted LLM; returns (llm, out, manifest).
+
+    Traces are off: their trajectories are memory, written by the LLM in every target mode.
+    """
+    import data_prep.run as run_module
+    from data_prep.config import load_data_prep_config
+    from data_prep.merge import merge
+    from tests.fakes import ScriptedLLM
+
+    raw = yaml.safe_load(make_config(tmp, name).read_text())
+    raw["data_prep"].update(target=target, max_questions_per_case=2)
+    raw["pipeline"]["construction"]["traces"] = False
+    config = tmp / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    llm = ScriptedLLM(_scripted_reply)
+    monkeypatch.setattr(run_module, "build_llm", lambda pipeline: llm)
+    cfg, pipeline = load_data_prep_config(config)
+    run_module.run_shard(cfg, pipeline)
+    return llm, tmp / name, merge(cfg, pipeline)
+
+
+def test_gold_run_generates_nothing_and_merge_keeps_every_question(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    llm, out, manifest = _in_process_run(tmp_path, "gold", "gold", monkeypatch)
+    assert llm.calls == []
+    records = [json.loads(p.read_text()) for p in (out / "shards" / "0-of-1" / "cases").glob("*.json")]
+    questions = [q for r in records for q in r["questions"]]
+    assert len(questions) == 4 and all(q["answer"] is None and q["correct"] is None and q["judgments"] == [] for q in questions)
+    assert all(r["stages"] == ["construction", "activation"] and set(r["seconds"]) == {"construction", "activation", "total"} for r in records)
+    assert manifest["stages"] == ["construction", "activation"] and manifest["cases_per_hour"] > 0 and manifest["questions_per_hour"] > 0
+    assert manifest["questions_per_hour"] == pytest.approx(2 * manifest["cases_per_hour"], rel=1e-3)
+    per_category = manifest["counts"]["per_category"].values()
+    assert sum(c["questions"] for c in per_category) == 4 and sum(c.get("dropped", 0) for c in per_category) == 0
+    assert all(c["not_judged"] == c["questions"] and c.get("judge_correct", 0) == 0 for c in per_category)
+    kept = [row for split in rows(out).values() for row in split]
+    assert sorted(r["answer"] for r in kept) == sorted(q["gold_answer"] for q in questions)
+    assert all(r["reasoning_path"] and r["context"] for r in kept)
+
+
+def test_judge_run_answers_judges_and_merge_keeps_only_judge_correct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    llm, out, manifest = _in_process_run(tmp_path, "judged", "judge_correct", monkeypatch)
+    records = [json.loads(p.read_text()) for p in (out / "shards" / "0-of-1" / "cases").glob("*.json")]
+    questions = [q for r in records for q in r["questions"]]
+    assert len(llm.calls) == 2 * len(questions)  # one answer and one judgment each
+    assert all(q["answer"] == "scripted answer" and isinstance(q["correct"], bool) for q in questions)
+    assert all(r["stages"] == ["construction", "activation", "answer", "judge"] and {"answer", "judge"} <= set(r["seconds"]) for r in records)
+    correct = [q for q in questions if q["correct"]]
+    assert 0 < len(correct) < len(questions)
+    assert sum(manifest["counts"]["per_split"].values()) == len(correct) and manifest["cases_per_hour"] > 0
+    assert all(r["answer"] == "scripted answer" for split in rows(out).values() for r in split)
