@@ -9,6 +9,7 @@ and the export job waits on the training job (afterok) as it would on a cluster.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -62,6 +63,14 @@ BAD_SUBMISSIONS = {
     "GPUs differ from tasks": (
         ["slurm/train.sbatch"], {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "4"}, "4 GPUs per node but",
     ),
+    "--gpus-per-task": (
+        ["slurm/train.sbatch"], {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "2", "SLURM_GPUS_PER_TASK": "1"},
+        "--gpus-per-task gives each task one GPU",
+    ),
+    "--gpu-bind": (
+        ["slurm/train.sbatch"], {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "2", "SLURM_GPU_BIND": "single:1"},
+        "--gpu-bind=single:1 (SLURM_GPU_BIND) changes",
+    ),
     "missing training config": (["slurm/train.sbatch", "nope.yaml"], {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2"}, "nope.yaml"),
     "missing resume checkpoint": (
         ["slurm/train.sbatch", "configs/demo-cpu.yaml"], {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "RESUME": "nope.ckpt"},
@@ -70,15 +79,70 @@ BAD_SUBMISSIONS = {
 }  # fmt: skip
 
 
+FAKE_SLURM_COMMAND = """
+# Test stand-in for srun/sbatch: records its name, arguments and GPU-binding variables, one JSON line a call.
+import json, os, sys
+record = {
+    "command": os.path.basename(sys.argv[0]), "argv": sys.argv[1:],
+    "env": {k: v for k, v in os.environ.items() if k in ("SLURM_GPU_BIND", "SLURM_GPUS_PER_TASK", "CUDA_VISIBLE_DEVICES")},
+}
+with open(os.environ["FAKE_SLURM_LOG"], "a") as log:
+    log.write(json.dumps(record) + "\\n")
+sys.exit(int(os.environ.get("FAKE_SLURM_EXIT", "0")))
+"""
+
+
+def fake_slurm_env(folder: Path, exit_code: int = 0, **extra: str) -> dict[str, str]:
+    """An environment without the caller's Slurm variables whose ``srun`` and ``sbatch`` only record their calls."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("srun", "sbatch"):
+        (bin_dir / name).write_text(f"#!{sys.executable}{FAKE_SLURM_COMMAND}")
+        (bin_dir / name).chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    return {
+        **clean, "PATH": f"{bin_dir}:{clean.get('PATH', '')}", "FAKE_SLURM_LOG": str(folder / "calls.jsonl"),
+        "FAKE_SLURM_EXIT": str(exit_code), **extra,
+    }  # fmt: skip
+
+
+def fake_slurm_calls(folder: Path) -> list[dict]:
+    log = folder / "calls.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
 @pytest.mark.parametrize("case", BAD_SUBMISSIONS)
-def test_scripts_refuse_bad_input_with_one_line_and_exit_2(case: str) -> None:
-    """Checked before anything is queued or started; no cluster needed."""
+def test_scripts_refuse_bad_input_with_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
+    """Checked before anything is queued or started: ``srun`` and ``sbatch`` are stand-ins that must not be called."""
     args, env, message = BAD_SUBMISSIONS[case]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    result = subprocess.run(["bash", *args], env={**clean, **env}, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2, result.stderr
+    result = subprocess.run(["bash", *args], env=fake_slurm_env(tmp_path, exit_code=97, **env), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, (result.returncode, result.stderr, fake_slurm_calls(tmp_path))
     assert message in result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert fake_slurm_calls(tmp_path) == []
+
+
+@pytest.mark.parametrize("gpus", ["2", None])
+def test_train_srun_leaves_every_task_all_gpus_of_its_node(tmp_path: Path, gpus: str | None) -> None:
+    """One srun task per GPU, none bound to a GPU: each task sees the step's GPUs and picks ``cuda:$SLURM_LOCALID``.
+
+    Slurm gives every task of a step all the step's GPUs unless asked to bind (``--gpu-bind``, ``--gpus-per-task``,
+    or their ``SLURM_GPU_BIND``/``SLURM_GPUS_PER_TASK`` variables): the launch line must carry none of them.
+    """
+    slurm = {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "7"}
+    if gpus:
+        slurm.update(SLURM_GPUS_ON_NODE=gpus, CUDA_VISIBLE_DEVICES="0,1")
+    env = fake_slurm_env(tmp_path, RUN_DIR=str(tmp_path / "run"), RESUME="none", PYTHON="python3", **slurm)
+    result = subprocess.run(["bash", "slurm/train.sbatch", "configs/demo-cpu.yaml"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (call,) = fake_slurm_calls(tmp_path)
+    assert call["command"] == "srun"
+    launcher = call["argv"][: call["argv"].index("python3")]
+    assert not [a for a in launcher if a.startswith(("--gpu", "--gres", "--tres-bind"))], launcher
+    assert call["argv"][call["argv"].index("--trainer.devices") + 1] == "2"
+    assert "SLURM_GPU_BIND" not in call["env"] and "SLURM_GPUS_PER_TASK" not in call["env"]
+    if gpus:
+        assert f"{gpus} GPUs per node, each task sees all of them (CUDA_VISIBLE_DEVICES=0,1)" in result.stdout
 
 
 @pytest.mark.slow
