@@ -1,17 +1,34 @@
-"""Relation-aware encoder and projector: edge features matter, empty graphs pool to zeros, widths come from arguments."""
+"""Relation-aware encoder and projector: edge features matter, relations reach both ends, empty graphs pool to zeros."""
 
 from __future__ import annotations
 
+import pytest
 import torch
-from torch_geometric.data import Batch
+from torch_geometric.data import Batch, Data
 
 from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.local_graph import LocalGraph, graph_to_data
 from qgmem_train.graph.projector import GraphTokenProjector
 
+DIM = 8
+
 
 def _graph(predicate: str) -> LocalGraph:
     return LocalGraph(node_labels=["Alice", "Paris"], edge_src=[0], edge_dst=[1], edge_labels=[predicate])
+
+
+def _encoder(reverse_edges: bool) -> RelationalGraphEncoder:
+    torch.manual_seed(0)
+    return RelationalGraphEncoder(DIM, hidden_dim=16, layers=2, heads=2, reverse_edges=reverse_edges).eval()
+
+
+def _batch(x: torch.Tensor, edges: list[tuple[int, int]], edge_attr: torch.Tensor) -> Batch:
+    edge_index = torch.tensor(edges, dtype=torch.long).reshape(-1, 2).t()
+    return Batch.from_data_list([Data(x=x, edge_index=edge_index, edge_attr=edge_attr, num_nodes=x.shape[0])])
+
+
+def _changed(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return not torch.allclose(a, b, atol=1e-6)
 
 
 def test_predicates_change_the_encoding_and_empty_graphs_pool_to_zero(minilm) -> None:
@@ -25,6 +42,55 @@ def test_predicates_change_the_encoding_and_empty_graphs_pool_to_zero(minilm) ->
     assert torch.equal(pooled[2], torch.zeros(32))
 
 
-def test_projector_makes_t_tokens_of_the_llm_width() -> None:
+@pytest.mark.parametrize("reverse_edges", [True, False])
+def test_changing_one_edge_feature_changes_the_pooled_output(reverse_edges: bool) -> None:
+    encoder = _encoder(reverse_edges)
+    generator = torch.Generator().manual_seed(1)
+    x, edge_attr = torch.randn(3, DIM, generator=generator), torch.randn(2, DIM, generator=generator)
+    edges = [(0, 1), (2, 1)]
+    other = edge_attr.clone()
+    other[1] = torch.randn(DIM, generator=generator)
+    with torch.no_grad():
+        before, after = encoder(_batch(x, edges, edge_attr)), encoder(_batch(x, edges, other))
+    assert _changed(before, after), "the second edge's predicate must reach the pooled vector"
+
+
+@pytest.mark.parametrize("reverse_edges", [True, False])
+def test_subject_node_hears_its_object_and_predicate_only_with_reverse_edges(reverse_edges: bool) -> None:
+    """Node 0 is subject-only (edge 0 → 1): forward messages never reach it; the reversed edge does."""
+    encoder = _encoder(reverse_edges)
+    generator = torch.Generator().manual_seed(2)
+    x, edge_attr = torch.randn(2, DIM, generator=generator), torch.randn(1, DIM, generator=generator)
+    new_object, new_predicate = x.clone(), torch.randn(1, DIM, generator=generator)
+    new_object[1] = torch.randn(DIM, generator=generator)
+    with torch.no_grad():
+        subject = encoder.node_states(_batch(x, [(0, 1)], edge_attr))[0]
+        object_changed = encoder.node_states(_batch(new_object, [(0, 1)], edge_attr))[0]
+        predicate_changed = encoder.node_states(_batch(x, [(0, 1)], new_predicate))[0]
+    assert _changed(subject, object_changed) is reverse_edges
+    assert _changed(subject, predicate_changed) is reverse_edges
+
+
+def test_reverse_edges_keep_empty_graphs_at_zero_and_tell_directions_apart() -> None:
+    """A reversed edge is not the same message as a forward one: swapping subject and object changes the graph."""
+    encoder = _encoder(True)
+    generator = torch.Generator().manual_seed(3)
+    x, edge_attr = torch.randn(2, DIM, generator=generator), torch.randn(1, DIM, generator=generator)
+    empty = Data(x=torch.zeros(0, DIM), edge_index=torch.zeros(2, 0, dtype=torch.long), edge_attr=torch.zeros(0, DIM), num_nodes=0)
+    forward = Data(x=x, edge_index=torch.tensor([[0], [1]]), edge_attr=edge_attr, num_nodes=2)
+    swapped = Data(x=x, edge_index=torch.tensor([[1], [0]]), edge_attr=edge_attr, num_nodes=2)
+    with torch.no_grad():
+        pooled = encoder(Batch.from_data_list([forward, empty, swapped]))
+    assert torch.equal(pooled[1], torch.zeros(16))
+    assert _changed(pooled[0], pooled[2])
+
+
+def test_projector_makes_t_tokens_of_the_llm_width_that_depend_on_the_input() -> None:
+    torch.manual_seed(0)
     projector = GraphTokenProjector(in_dim=32, hidden_dim=16, llm_hidden_size=48, tokens=3)
-    assert projector(torch.randn(5, 32)).shape == (5, 3, 48)
+    pooled = torch.randn(5, 32)
+    tokens = projector(pooled)
+    assert tokens.shape == (5, 3, 48)
+    for i in range(1, 5):
+        assert _changed(tokens[0], tokens[i]), f"graphs 0 and {i} differ, their tokens must too"
+    assert torch.allclose(projector(pooled[2:3])[0], tokens[2], atol=1e-6), "each graph's tokens come from its own vector"
