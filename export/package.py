@@ -109,13 +109,14 @@ def check_pipeline_matches(cfg: PipelineConfig, hparams: Mapping[str, Any], data
 def save_lora(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any], folder: Path) -> None:
     """Write ``adapter_model.safetensors`` + ``adapter_config.json`` with peft's ``save_pretrained``.
 
-    The module is rebuilt around the base LLM (unquantized: LoRA tensors do not depend on it), checked
-    against the checkpoint, loaded, and its LoRA-wrapped LLM saved; the adapter config names the base
-    model by its reference and revision rather than this machine's cache path.
+    The module is rebuilt around the base LLM (loaded unquantized on the CPU: LoRA tensors do not
+    depend on it), checked against the checkpoint, loaded, and its LoRA-wrapped LLM saved; the adapter
+    config names the base model by its reference and revision rather than this machine's cache path.
     """
     from qgmem_train.model.module import GraphAugmentedLM
 
-    model = GraphAugmentedLM(**{**hparams, "quantization": "none"})
+    model = GraphAugmentedLM(**hparams)
+    model.load_backbone("cpu", quantized=False)
     model.on_load_checkpoint(dict(checkpoint))
     model.load_state_dict(checkpoint["state_dict"], strict=False)
     peft_config = model.llm.peft_config["default"]

@@ -124,12 +124,13 @@ def read_export_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-def load_exported_module(folder: Path, config: Mapping[str, Any], *, cache_dir: str | None = None) -> GraphAugmentedLM:
-    """Build the module from the exported hyperparameters and load exactly its adapter (and LoRA) parameters."""
+def load_exported_module(folder: Path, config: Mapping[str, Any], *, cache_dir: str | None = None, device: str = "auto") -> GraphAugmentedLM:
+    """Build the module on ``device`` from the exported hyperparameters and load exactly its adapter (and LoRA) parameters."""
     from qgmem_train.model.checkpoint import check_compatible, load_adapter, trainable_state_dict
     from qgmem_train.model.module import GraphAugmentedLM
 
     model = GraphAugmentedLM(**{**config["module"], "cache_dir": cache_dir})
+    model.load_backbone(None if device == "auto" else device)
     expected = trainable_state_dict(model)
     adapter_where = str(folder / config["adapter"]["graph"])
     state, metadata = load_adapter(folder / config["adapter"]["graph"])
@@ -291,9 +292,7 @@ class QGMemPredictor:
             embedder = build_embedder(pipeline)
             reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
             return cls(None, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent)
-        model = load_exported_module(folder, config, cache_dir=cache_dir)
-        if device != "auto":
-            model.to(device)
+        model = load_exported_module(folder, config, cache_dir=cache_dir, device=device)
         if max_new_tokens is not None:
             model.hparams.max_new_tokens = max_new_tokens
         return cls.from_module(model, pipeline, intent=intent)

@@ -53,7 +53,7 @@ def trained(tmp_path_factory):
     data = TrajectoryDataModule(str(FIXTURE), batch_size=1, max_examples=1)
     model = GraphAugmentedLM(
         feature_dim=data.feature_dim, llm=BUNDLED_LLM, dtype="float32", gnn_hidden=32, gnn_layers=1, gnn_heads=2,
-        projector_hidden=32, lora_r=2, max_context_tokens=48, max_new_tokens=6, learning_rate=1e-2, weight_decay=0.0,
+        projector_hidden=32, lora_r=2, max_context_tokens=48, max_new_tokens=32, learning_rate=1e-2, weight_decay=0.0,
     )  # fmt: skip
     trainer = L.Trainer(
         accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False, enable_model_summary=False,

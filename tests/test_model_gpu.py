@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_graph_token_trains_over_a_bf16_or_nf4_backbone(dtype: str, quantization: str) -> None:
     data = TrajectoryDataModule(str(FIXTURE), batch_size=2)
     data.setup("fit")
-    model = GraphAugmentedLM(feature_dim=data.feature_dim, dtype=dtype, quantization=quantization, gnn_hidden=64, projector_hidden=64, max_context_tokens=32).cuda()
+    model = GraphAugmentedLM(feature_dim=data.feature_dim, dtype=dtype, quantization=quantization, gnn_hidden=64, projector_hidden=64, max_context_tokens=32)
+    model.load_backbone("cuda")
     model.train()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = model.example_losses(data.collate(data.splits["train"][:2])).mean()

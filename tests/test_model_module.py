@@ -28,7 +28,9 @@ def data() -> TrajectoryDataModule:
 
 def _module(llm_dir, data, **overrides) -> GraphAugmentedLM:
     torch.manual_seed(0)
-    return GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, **overrides))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, **overrides))
+    model.load_backbone()
+    return model
 
 
 def _grads(model: GraphAugmentedLM, data: TrajectoryDataModule) -> set[str]:
@@ -90,7 +92,18 @@ class _Losses(Callback):
         self.values.append(float(outputs["loss"]))
 
 
-def _fit(llm_dir, data_path, root, max_steps: int, ckpt_path=None, **model_overrides) -> tuple[list[float], GraphAugmentedLM]:
+class _StopAt(Callback):
+    """Stop the run after ``step`` optimizer steps, as a killed job would (its checkpoint saved every step)."""
+
+    def __init__(self, step: int | None) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.step is not None and trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def _fit(llm_dir, data_path, root, max_steps: int, ckpt_path=None, stop_at: int | None = None, **model_overrides) -> tuple[list[float], GraphAugmentedLM]:
     L.seed_everything(0)
     data = TrajectoryDataModule(str(data_path), batch_size=4)
     data.setup("fit")
@@ -99,7 +112,7 @@ def _fit(llm_dir, data_path, root, max_steps: int, ckpt_path=None, **model_overr
     trainer = L.Trainer(
         accelerator="cpu", max_steps=max_steps, limit_val_batches=0, logger=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=root,
-        callbacks=[losses, ModelCheckpoint(dirpath=root / "ckpt", save_last=True)],
+        callbacks=[losses, _StopAt(stop_at), ModelCheckpoint(dirpath=root / "ckpt", save_last=True, every_n_train_steps=1)],
     )
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     return losses.values, model
@@ -125,7 +138,7 @@ def test_checkpoint_holds_only_trainable_parameters_and_refuses_a_mismatch(llm_d
 
 def test_stop_and_resume_continue_the_same_loss_curve(llm_dir, tmp_path) -> None:
     straight, _ = _fit(llm_dir, FIXTURE, tmp_path / "straight", max_steps=5)
-    first, _ = _fit(llm_dir, FIXTURE, tmp_path / "resumed", max_steps=3)
+    first, _ = _fit(llm_dir, FIXTURE, tmp_path / "resumed", max_steps=5, stop_at=3)
     second, _ = _fit(llm_dir, FIXTURE, tmp_path / "resumed", max_steps=5, ckpt_path="last")
     assert len(straight) == 5 and len(first) == 3 and len(second) == 2, "stopped mid-epoch (2 batches an epoch)"
     assert first + second == pytest.approx(straight, abs=1e-5)

@@ -71,7 +71,7 @@ def tiny_module_kwargs(llm_dir: Path, feature_dim: int, **overrides: object) -> 
     """Settings of a GraphAugmentedLM over the tiny decoder: small encoder, short context, short generations."""
     settings: dict[str, object] = dict(
         feature_dim=feature_dim, llm=str(llm_dir), gnn_hidden=32, gnn_layers=2, gnn_heads=2, projector_hidden=32,
-        max_context_tokens=48, max_new_tokens=6, learning_rate=1e-2, weight_decay=0.0,
+        max_context_tokens=48, max_new_tokens=32, learning_rate=1e-2, weight_decay=0.0,
     )
     settings.update(overrides)
     return settings

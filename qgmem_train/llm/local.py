@@ -67,6 +67,35 @@ def apply_bitmask(scores: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     return scores.masked_fill(~allowed, float("-inf"))
 
 
+class JsonSchemaConstraint:
+    """llguidance grammars for one tokenizer: compiled once per schema, one logits processor per batch."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._ll_tokenizer: Any = None
+        self._grammars: dict[str, str] = {}
+
+    def processor(self, json_schema: dict[str, Any], batch_size: int) -> JsonSchemaLogitsProcessor:
+        """A fresh processor constraining ``batch_size`` rows to ``json_schema``."""
+        return JsonSchemaLogitsProcessor(self._llguidance_tokenizer(), self._grammar(json_schema), batch_size, self.vocab_size, self.tokenizer.eos_token_id)
+
+    def _llguidance_tokenizer(self) -> Any:
+        if self._ll_tokenizer is None:
+            import llguidance.hf
+
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size)
+        return self._ll_tokenizer
+
+    def _grammar(self, json_schema: dict[str, Any]) -> str:
+        from llguidance import LLMatcher
+
+        key = json.dumps(json_schema, sort_keys=True)
+        if key not in self._grammars:
+            self._grammars[key] = LLMatcher.grammar_from_json_schema(json_schema, defaults=JSON_LAYOUT)
+        return self._grammars[key]
+
+
 class TransformersLLM(ChatLLM):
     """A local causal LM behind :class:`ChatLLM`: the model's chat template, left-padded batches, greedy at temperature 0."""
 
@@ -101,8 +130,7 @@ class TransformersLLM(ChatLLM):
         self.temperature = temperature
         self.constrained = constrained
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
-        self._ll_tokenizer: Any = None
-        self._grammars: dict[str, str] = {}
+        self.constraint = JsonSchemaConstraint(self.tokenizer, self.vocab_size)
 
     @property
     def supports_schema(self) -> bool:
@@ -161,25 +189,10 @@ class TransformersLLM(ChatLLM):
         )
         processors = LogitsProcessorList()
         if json_schema is not None:
-            processors.append(JsonSchemaLogitsProcessor(self._llguidance_tokenizer(), self._grammar(json_schema), len(prompts), self.vocab_size, eos))
+            processors.append(self.constraint.processor(json_schema, len(prompts)))
         out = self.model.generate(**enc, generation_config=config, logits_processor=processors)
         new_tokens = out[:, enc["input_ids"].shape[1] :]
         return [text.strip() for text in self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
-
-    def _llguidance_tokenizer(self) -> Any:
-        if self._ll_tokenizer is None:
-            import llguidance.hf
-
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size)
-        return self._ll_tokenizer
-
-    def _grammar(self, json_schema: dict[str, Any]) -> str:
-        from llguidance import LLMatcher
-
-        key = json.dumps(json_schema, sort_keys=True)
-        if key not in self._grammars:
-            self._grammars[key] = LLMatcher.grammar_from_json_schema(json_schema, defaults=JSON_LAYOUT)
-        return self._grammars[key]
 
     @torch.inference_mode()
     def next_token_logprobs(self, chats: Sequence[Chat]) -> torch.Tensor:

@@ -136,12 +136,32 @@ def _torch_dtype(dtype: str, device: str) -> Any:
         raise ModelUnavailableError(f"unknown dtype {dtype!r} (auto, float32, bfloat16, float16)") from None
 
 
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID")
+"""Where a process learns its index on the node: torchrun and Lightning's launcher set the first, srun the second."""
+
+
+def local_rank() -> int:
+    """This process's index among the node's processes: ``LOCAL_RANK``, else ``SLURM_LOCALID``, else 0."""
+    for name in LOCAL_RANK_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def pick_device(device: str = "auto") -> str:
-    """``auto`` becomes ``cuda`` when a GPU is visible, else ``cpu``."""
+    """``auto`` and plain ``cuda`` become this process's GPU (``cuda:<local rank>``) when one is visible, else ``cpu``.
+
+    Every process of a node sees all of the node's GPUs (``slurm/train.sbatch`` asks srun for no
+    per-task binding), so the local rank picks one each; where each process sees one GPU only, the
+    index wraps to it.
+    """
     import torch
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device in ("auto", "cuda"):
+        if not torch.cuda.is_available():
+            return "cpu" if device == "auto" else device
+        return f"cuda:{local_rank() % torch.cuda.device_count()}"
     return device
 
 

@@ -37,9 +37,15 @@ def trainable_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def check_compatible(found: Mapping[str, Any] | None, expected: Mapping[str, Any], keys: set[str], expected_keys: set[str], where: str) -> None:
-    """Refuse a checkpoint written for another base model, revision, setting or parameter set."""
+    """Refuse a checkpoint written for another base model, revision, backbone fingerprint, setting or parameter set."""
     if not found:
         raise InputError(where, "no qgmem metadata: not a checkpoint of this model (or a full-model checkpoint)")
+    if found.get("backbone") != expected["backbone"]:
+        raise InputError(
+            where,
+            f"made for a backbone with another config, tokenizer or chat template (fingerprint {found.get('backbone')!r}, "
+            f"this one is {expected['backbone']!r}); use the exact base model it was trained on",
+        )
     for field in ("base_model", "revision", "config_hash"):
         if found.get(field) != expected[field]:
             raise InputError(

@@ -1,15 +1,17 @@
 """Graph-text fusion helpers (paper III-C3): token ids, embedding lookup, graph-token splicing, padding.
 
-Layout of one sequence: ``[t_0][g_1..g_T][t_1 .. t_n][target + EOS]`` where ``t_0`` is the first token
-of the chat template (``<|begin_of_text|>`` for Llama 3.1, ``<|im_start|>`` for Qwen3 and SmolLM2) and
-``g`` are the T graph tokens; the slot is fixed at :data:`GRAPH_SLOT` so the template's first token
-keeps its usual role (the attention sink) and every prompt token keeps its relative order.
-Training pads on the right, generation on the left; position ids always count real tokens only.
+Layout of one sequence: ``[template header .. first user header][g_1..g_T][user content .. assistant
+header][target + EOS]``: the T graph tokens ``g`` open the first user message's content, so no chat
+template (ChatML for Qwen3 and SmolLM2, Llama 3.1's header tokens) ever has a role header split by
+them, and every prompt token keeps its relative order. The slot is found per prompt, because system
+prompts and templates differ in length. Training pads on the right, generation on the left; position
+ids always count real tokens only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,22 +19,50 @@ from torch.nn.utils.rnn import pad_sequence
 
 from qgmem_train.llm.base import Chat
 
-GRAPH_SLOT = 1
-"""Index in the templated sequence where graph tokens are inserted: right after the template's first token."""
-
 IGNORE_INDEX = -100
 """Label of positions that carry no loss (prompt, graph tokens, padding)."""
 
 
-def chat_prompt_ids(tokenizer: Any, chat: Chat) -> list[int]:
+@dataclass(frozen=True)
+class PromptIds:
+    """A templated prompt's token ids and the index where graph tokens go (the first user content token)."""
+
+    ids: list[int]
+    graph_slot: int
+
+
+def chat_prompt_ids(tokenizer: Any, chat: Chat) -> PromptIds:
     """Token ids of ``chat`` under the model's chat template, ending with the assistant header.
 
-    ``enable_thinking=False`` asks Qwen3's template for an answer without a thinking block; templates
-    that do not know the flag ignore it. The template's own special tokens (BOS included) are kept,
-    and the tokenizer adds none on top.
+    The rendered text is tokenized in two pieces, split where the first user message's content
+    starts, so that a token boundary (the graph slot) always falls there, in training and generation
+    alike. ``enable_thinking=False`` asks Qwen3's template for an answer without a thinking block;
+    templates that do not know the flag ignore it. The template's own special tokens (BOS included)
+    are kept, and the tokenizer adds none on top.
     """
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, enable_thinking=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    split = user_content_start(text, chat)
+    head = tokenizer(text[:split], add_special_tokens=False)["input_ids"]
+    tail = tokenizer(text[split:], add_special_tokens=False)["input_ids"]
+    return PromptIds(ids=head + tail, graph_slot=len(head))
+
+
+def user_content_start(text: str, chat: Chat) -> int:
+    """Character offset in the rendered ``text`` where the first user message's content begins.
+
+    Messages are located in order (templates such as Llama 3.1's trim surrounding whitespace, so the
+    stripped content is searched); a template that rewrites the content itself is refused.
+    """
+    position = 0
+    for message in chat:
+        content = message["content"].strip()
+        found = text.find(content, position)
+        if found < 0:
+            raise ValueError(f"the chat template does not keep the {message['role']} message verbatim; cannot place graph tokens")
+        if message["role"] == "user":
+            return found
+        position = found + len(content)
+    raise ValueError("the chat has no user message; graph tokens open the first user message")
 
 
 def target_ids(tokenizer: Any, target: str) -> list[int]:
@@ -57,16 +87,16 @@ def embed_token_ids(embedding: torch.nn.Module, sequences: Sequence[Sequence[int
     return list(torch.split(embedding(flat), [len(seq) for seq in sequences]))
 
 
-def insert_graph_tokens(token_embeds: Sequence[torch.Tensor], graph_embeds: torch.Tensor | None) -> list[torch.Tensor]:
-    """Splice each sample's ``(T, H)`` graph tokens in at :data:`GRAPH_SLOT`; unchanged when ``None``.
+def insert_graph_tokens(token_embeds: Sequence[torch.Tensor], graph_embeds: torch.Tensor | None, slots: Sequence[int]) -> list[torch.Tensor]:
+    """Splice each sample's ``(T, H)`` graph tokens in at its slot; unchanged when ``None``.
 
     Graph tokens are cast to the LLM embedding dtype (bf16 backbones) so the concatenation is uniform.
     """
     if graph_embeds is None or graph_embeds.shape[1] == 0:
         return list(token_embeds)
     return [
-        torch.cat([seq[:GRAPH_SLOT], graph.to(seq.dtype), seq[GRAPH_SLOT:]])
-        for seq, graph in zip(token_embeds, graph_embeds)
+        torch.cat([seq[:slot], graph.to(seq.dtype), seq[slot:]])
+        for seq, graph, slot in zip(token_embeds, graph_embeds, slots)
     ]
 
 

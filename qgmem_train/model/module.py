@@ -1,13 +1,15 @@
 """The LightningModule of graph-augmented generation (paper III-C): a frozen LLM, a trainable graph path.
 
 Trainable: the relational graph encoder and the projector (plus LoRA adapters when ``lora_r > 0``).
-The LLM's own weights never change and it stays in eval mode even while Lightning trains the module.
-Checkpoints hold the trainable parameters only, with the base model's id, revision and a config hash.
+The LLM's own weights never change and it stays in eval mode (no dropout) even while Lightning trains.
+Its weights load in ``configure_model``, on the device the strategy gives this process (every launch
+mode: Lightning's launcher, torchrun, srun); ``load_backbone`` does the same outside a Trainer.
+Checkpoints hold the trainable parameters only, with the base model's id, revision, a fingerprint of
+its config, tokenizer and chat template, and a hash of the settings that shape the parameters.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 import lightning as L
@@ -18,9 +20,13 @@ from qgmem_train.config import BUNDLED_LLM
 from qgmem_train.errors import InputError
 from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.projector import GraphTokenProjector
-from qgmem_train.model.answers import exact_match, parse_answer
+from qgmem_train.llm.schemas import AnswerOutput
+from qgmem_train.llm.structured import strict_json_schema
+from qgmem_train.model.answers import answer_scores, parse_answer
+from qgmem_train.model.backbone import describe_backbone
 from qgmem_train.model.checkpoint import METADATA_KEY, check_compatible, config_hash, trainable_state_dict
 from qgmem_train.model.fusion import (
+    PromptIds,
     chat_prompt_ids,
     embed_token_ids,
     insert_graph_tokens,
@@ -32,10 +38,17 @@ from qgmem_train.model.fusion import (
     truncate_to_tokens,
 )
 from qgmem_train.model.prompt import final_answer_chat
+from qgmem_train.model.schedule import warmup_cosine
 from qgmem_train.model.trajectory import TrajectoryExample
 
 GraphBatch = dict[str, Any]
 """What the data module yields: ``{"examples": list[TrajectoryExample], "graph": torch_geometric Batch}``."""
+
+ANSWER_METRICS = {"json_valid": "valid_json", "exact_match": "exact_match", "f1": "f1", "bleu1": "bleu1"}
+"""Answer scores that validation and test log (means over the split), by logged name: the prediction record's key."""
+
+JSON_OVERHEAD_TOKENS = 24
+"""Tokens a schema-valid answer spends outside its two strings (braces, keys, quotes), with room to spare."""
 
 
 class GraphAugmentedLM(L.LightningModule):
@@ -56,19 +69,22 @@ class GraphAugmentedLM(L.LightningModule):
         gnn_layers: int = 3,
         gnn_heads: int = 4,
         gnn_dropout: float = 0.0,
+        reverse_edges: bool = True,
         projector_hidden: int = 2048,
+        projector_norm: bool = True,
         lora_r: int = 0,
         lora_alpha: int = 16,
         lora_target_modules: list[str] | None = None,
         gradient_checkpointing: bool = False,
         learning_rate: float = 1e-4,
         weight_decay: float = 0.05,
-        warmup_steps: int = 0,
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.1,
         max_context_tokens: int | None = None,
         max_new_tokens: int = 256,
         val_generate: bool = True,
     ) -> None:
-        """Build the module and load the frozen LLM.
+        """Build the trainable graph path; the frozen LLM's weights load later (``configure_model``).
 
         Args:
             feature_dim: width of node/edge features, i.e. the retrieval embedder's dimension (linked from the data module).
@@ -84,47 +100,95 @@ class GraphAugmentedLM(L.LightningModule):
             gnn_layers: message-passing layers.
             gnn_heads: attention heads per TransformerConv layer.
             gnn_dropout: attention dropout of the graph encoder.
+            reverse_edges: also pass messages object → subject, with an inverse-relation feature.
             projector_hidden: hidden width of the projector MLP.
+            projector_norm: layer-normalise graph tokens to the mean norm of the LLM's input embeddings (learned scale).
             lora_r: LoRA rank on the LLM (0: no LoRA, the LLM is fully frozen).
             lora_alpha: LoRA scaling numerator.
             lora_target_modules: modules LoRA wraps (default ``q_proj``, ``v_proj``).
-            gradient_checkpointing: recompute LLM layer activations in backward to save memory.
-            learning_rate: AdamW learning rate.
+            gradient_checkpointing: recompute LLM decoder-layer activations in backward to save memory.
+            learning_rate: AdamW peak learning rate.
             weight_decay: AdamW weight decay.
-            warmup_steps: linear learning-rate warm-up steps.
+            warmup_fraction: share of the run's optimizer steps spent warming up linearly to the peak rate.
+            min_lr_ratio: the cosine decay ends at this fraction of the peak rate.
             max_context_tokens: cut the serialized working memory to this many tokens (None: keep all).
-            max_new_tokens: generation budget of validation, test and predict.
-            val_generate: generate answers in validation/test to report valid-JSON rate and exact match.
+            max_new_tokens: generation budget of validation, test and predict (answers are schema-constrained to fit it).
+            val_generate: generate answers in validation/test to report valid-JSON rate, exact match, F1 and BLEU-1.
         """
         super().__init__()
         if graph_tokens < 0:
             raise InputError("model.graph_tokens", "must be 0 (no graph) or more")
+        if max_new_tokens <= JSON_OVERHEAD_TOKENS:
+            raise InputError("model.max_new_tokens", f"must be more than {JSON_OVERHEAD_TOKENS} to hold an answer JSON")
         self.save_hyperparameters()
         self.strict_loading = False  # checkpoints hold trainable parameters only; on_load_checkpoint checks them
-        self.llm, self.tokenizer = _load_frozen_llm(llm, llm_revision, dtype, quantization, cache_dir, trust_remote_code)
-        if lora_r > 0:
-            self.llm = _add_lora(self.llm, lora_r, lora_alpha, lora_target_modules or ["q_proj", "v_proj"])
-        if gradient_checkpointing:
-            self.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        hidden_size = self.llm.get_input_embeddings().embedding_dim
+        backbone = describe_backbone(llm, llm_revision, cache_dir, trust_remote_code)
+        self.tokenizer = backbone.tokenizer
+        self.backbone_fingerprint = backbone.fingerprint
+        self.llm: Any = None
+        self.embedding_norm: float | None = None
+        self._constraint: Any = None
         self.encoder: RelationalGraphEncoder | None = None
         self.projector: GraphTokenProjector | None = None
         if graph_tokens > 0:
-            self.encoder = RelationalGraphEncoder(feature_dim, gnn_hidden, gnn_layers, gnn_heads, gnn_dropout)
-            self.projector = GraphTokenProjector(gnn_hidden, projector_hidden, hidden_size, graph_tokens)
+            self.encoder = RelationalGraphEncoder(feature_dim, gnn_hidden, gnn_layers, gnn_heads, gnn_dropout, reverse_edges=reverse_edges)
+            self.projector = GraphTokenProjector(gnn_hidden, projector_hidden, backbone.hidden_size, graph_tokens, normalize=projector_norm)
+
+    def configure_model(self) -> None:
+        """Lightning hook: load the frozen LLM once, on the device the strategy gives this process."""
+        trainer = self._trainer
+        if trainer is not None:
+            _refuse_sharding(trainer.strategy)
+        self.load_backbone(trainer.strategy.root_device if trainer is not None else None)
+
+    def load_backbone(self, device: str | torch.device | None = None, *, quantized: bool = True) -> None:
+        """Load the frozen LLM on ``device`` (default: this process's GPU, ``cuda:<local rank>``, else CPU); once.
+
+        Moves the graph path there too, adds LoRA when asked, turns on gradient checkpointing of the
+        decoder layers, and sets the projector's scale to the mean input-embedding norm (a checkpoint loaded afterwards overrides it).
+        ``quantized=False`` loads the weights without bitsandbytes whatever ``quantization`` says (export
+        reads LoRA tensors, which do not depend on it, on a machine without CUDA).
+        """
+        if self.llm is not None:
+            return
+        from qgmem_train.llm.resolver import pick_device
+
+        hp = self.hparams
+        target = str(device) if device is not None else pick_device("auto")
+        quantization = hp.quantization if quantized else "none"
+        llm = _load_frozen_llm(hp.llm, hp.llm_revision, hp.dtype, quantization, hp.cache_dir, hp.trust_remote_code, target)
+        if hp.lora_r > 0:
+            llm = _add_lora(llm, hp.lora_r, hp.lora_alpha, hp.lora_target_modules or ["q_proj", "v_proj"])
+        if hp.gradient_checkpointing:
+            llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.llm = llm
+        self.to(torch.device(target))
+        self.embedding_norm = float(llm.get_input_embeddings().weight.detach().float().norm(dim=-1).mean())
+        if self.projector is not None:
+            self.projector.match_embedding_norm(llm.get_input_embeddings().weight)
+        self.train(self.training)
+
+    def _backbone(self) -> Any:
+        """The loaded LLM, or one clear error when it has not been loaded yet."""
+        if self.llm is None:
+            raise RuntimeError("the frozen LLM is not loaded: Lightning loads it in configure_model(); outside a Trainer call load_backbone()")
+        return self.llm
 
     def train(self, mode: bool = True) -> "GraphAugmentedLM":
         """Switch the trainable parts; the LLM stays in eval mode (no dropout), checkpointed layers excepted.
 
-        Transformers only checkpoints a decoder layer whose own ``training`` flag is set, so with
-        gradient checkpointing on, that flag (and nothing below it) follows ``mode``.
+        Transformers checkpoints a decoder layer only while the layer's own ``training`` flag is set
+        (and gradients are on), so with gradient checkpointing that flag, and nothing below it, stays
+        set whatever ``mode`` is: Lightning never calls ``train()`` during fit, and a layer's flag
+        alone switches no dropout on.
         """
         super().train(mode)
-        self.llm.eval()
-        if self.hparams.gradient_checkpointing:
-            for layer in self.llm.modules():
-                if getattr(layer, "gradient_checkpointing", False):
-                    layer.training = mode
+        if self.llm is not None:
+            self.llm.eval()
+            if self.hparams.gradient_checkpointing:
+                for layer in self.llm.modules():
+                    if getattr(layer, "gradient_checkpointing", False):
+                        layer.training = True
         return self
 
     def graph_embeddings(self, graph: Batch) -> torch.Tensor | None:
@@ -134,25 +198,30 @@ class GraphAugmentedLM(L.LightningModule):
         graph = graph.to(self.device)
         return self.projector(self.encoder(graph))
 
-    def prompt_ids(self, example: TrajectoryExample) -> list[int]:
-        """Chat-templated FINAL_ANSWER token ids of one example (context cut to ``max_context_tokens``)."""
+    def prompt_ids(self, example: TrajectoryExample) -> PromptIds:
+        """Chat-templated FINAL_ANSWER token ids of one example (context cut to ``max_context_tokens``) and its graph slot."""
         context = truncate_to_tokens(self.tokenizer, example.context, self.hparams.max_context_tokens)
         chat = final_answer_chat(example.question, example.question_time, context, example.graph, text_path=self.hparams.text_path)
         return chat_prompt_ids(self.tokenizer, chat)
 
-    def training_inputs(self, batch: GraphBatch) -> dict[str, torch.Tensor]:
-        """Right-padded embeddings, mask, position ids and labels (loss on target JSON + EOS only)."""
+    def training_inputs(self, batch: GraphBatch, graph_embeds: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Right-padded embeddings, mask, position ids and labels (loss on target JSON + EOS only).
+
+        ``graph_embeds`` are the batch's graph tokens when the caller has them already (else computed).
+        """
         examples = batch["examples"]
         prompts = [self.prompt_ids(ex) for ex in examples]
         targets = [target_ids(self.tokenizer, ex.target_json()) for ex in examples]
-        embeds = embed_token_ids(self.llm.get_input_embeddings(), [p + t for p, t in zip(prompts, targets)])
-        embeds = insert_graph_tokens(embeds, self.graph_embeddings(batch["graph"]))
-        labels = [sequence_labels(len(p), t, self.hparams.graph_tokens, self.device) for p, t in zip(prompts, targets)]
+        embeds = embed_token_ids(self._backbone().get_input_embeddings(), [p.ids + t for p, t in zip(prompts, targets)])
+        if graph_embeds is None:
+            graph_embeds = self.graph_embeddings(batch["graph"])
+        embeds = insert_graph_tokens(embeds, graph_embeds, [p.graph_slot for p in prompts])
+        labels = [sequence_labels(len(p.ids), t, self.hparams.graph_tokens, self.device) for p, t in zip(prompts, targets)]
         return pad_right(embeds, labels)
 
     def hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Last hidden states of the LLM's decoder for padded inputs (no vocabulary projection)."""
-        decoder = self.llm.get_decoder()
+        decoder = self._backbone().get_decoder()
         output = decoder(
             inputs_embeds=inputs["inputs_embeds"],
             attention_mask=inputs["attention_mask"],
@@ -161,14 +230,19 @@ class GraphAugmentedLM(L.LightningModule):
         )
         return output.last_hidden_state
 
-    def example_losses(self, batch: GraphBatch) -> torch.Tensor:
+    def example_losses(self, batch: GraphBatch, graph_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Per-example mean token cross-entropy on the target JSON + EOS: ``(B,)``."""
-        inputs = self.training_inputs(batch)
-        return per_example_loss(self.hidden_states(inputs), inputs["labels"], self.llm.get_output_embeddings())
+        inputs = self.training_inputs(batch, graph_embeds)
+        return per_example_loss(self.hidden_states(inputs), inputs["labels"], self._backbone().get_output_embeddings())
 
     def training_step(self, batch: GraphBatch, batch_idx: int) -> torch.Tensor:
-        loss = self.example_losses(batch).mean()
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["examples"]))
+        size = len(batch["examples"])
+        graph_embeds = self.graph_embeddings(batch["graph"])
+        loss = self.example_losses(batch, graph_embeds).mean()
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        if graph_embeds is not None and self.embedding_norm:
+            ratio = graph_embeds.detach().float().norm(dim=-1).mean() / self.embedding_norm
+            self.log("train/graph_token_norm_ratio", ratio, batch_size=size)
         return loss
 
     def validation_step(self, batch: GraphBatch, batch_idx: int) -> None:
@@ -178,38 +252,70 @@ class GraphAugmentedLM(L.LightningModule):
         self._evaluate(batch, "test")
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
+        """Log the split's loss and, with ``val_generate``, its answer scores.
+
+        Every logged value is a tensor on the module's device or a Python number (which Lightning puts
+        there), so ``sync_dist`` can all-reduce it under NCCL.
+        """
         size = len(batch["examples"])
         self.log(f"{stage}/loss", self.example_losses(batch).mean(), prog_bar=True, batch_size=size, sync_dist=True)
         if not self.hparams.val_generate:
             return
         records = self.predict_step(batch, 0)
-        valid = torch.tensor([r["valid_json"] for r in records], dtype=torch.float32).mean()
-        match = torch.tensor([r["exact_match"] for r in records], dtype=torch.float32).mean()
-        self.log(f"{stage}/json_valid", valid, batch_size=size, sync_dist=True)
-        self.log(f"{stage}/exact_match", match, batch_size=size, sync_dist=True)
+        for name, key in ANSWER_METRICS.items():
+            mean = sum(float(r[key]) for r in records) / len(records)
+            self.log(f"{stage}/{name}", mean, batch_size=size, sync_dist=True)
+
+    def answer_schema(self) -> dict[str, Any]:
+        """The answer JSON schema with each string capped so that a whole answer fits ``max_new_tokens``.
+
+        Every token of a JSON string holds at least one character, so two strings of at most
+        ``(max_new_tokens - JSON_OVERHEAD_TOKENS) // 2`` characters always close within the budget:
+        a constrained generation never ends cut off.
+        """
+        schema = strict_json_schema(AnswerOutput)
+        limit = (self.hparams.max_new_tokens - JSON_OVERHEAD_TOKENS) // 2
+        for field in schema["properties"].values():
+            field["maxLength"] = limit
+        return schema
 
     @torch.no_grad()
     def generate(self, examples: list[TrajectoryExample], graph: Batch) -> list[str]:
-        """Greedy final-answer generations for a batch (left padded), decoded without special tokens."""
-        embeds = embed_token_ids(self.llm.get_input_embeddings(), [self.prompt_ids(ex) for ex in examples])
-        inputs = pad_left(insert_graph_tokens(embeds, self.graph_embeddings(graph)))
+        """Greedy final-answer generations for a batch (left padded) under the answer JSON schema.
+
+        Decoding starts from ``inputs_embeds`` (the graph tokens have no token ids) and every step is
+        masked by the same llguidance JSON-schema constraint as the text path's answers.
+        """
+        from qgmem_train.llm.local import JsonSchemaConstraint
+
+        llm = self._backbone()
+        prompts = [self.prompt_ids(ex) for ex in examples]
+        embeds = embed_token_ids(llm.get_input_embeddings(), [p.ids for p in prompts])
+        inputs = pad_left(insert_graph_tokens(embeds, self.graph_embeddings(graph), [p.graph_slot for p in prompts]))
+        if self._constraint is None:
+            self._constraint = JsonSchemaConstraint(self.tokenizer, int(llm.get_output_embeddings().weight.shape[0]))
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        output = self.llm.generate(
+        output = llm.generate(
             inputs_embeds=inputs["inputs_embeds"],
             attention_mask=inputs["attention_mask"],
             max_new_tokens=self.hparams.max_new_tokens,
             do_sample=False,
             pad_token_id=pad_id,
             eos_token_id=self.tokenizer.eos_token_id,
+            logits_processor=[self._constraint.processor(self.answer_schema(), len(examples))],
         )
-        return self.tokenizer.batch_decode(output, skip_special_tokens=True)
+        return [text.strip() for text in self.tokenizer.batch_decode(output, skip_special_tokens=True)]
 
     def predict_step(self, batch: GraphBatch, batch_idx: int, dataloader_idx: int = 0) -> list[dict[str, Any]]:
-        """One record per example: ids, question, generated text, parsed answer, validity and exact match."""
+        """One record per example: ids, question, generated text, parsed answer, validity, EM, F1 and BLEU-1.
+
+        An output that is not a valid answer JSON scores 0 on every answer metric.
+        """
         examples = batch["examples"]
         records = []
         for example, text in zip(examples, self.generate(examples, batch["graph"])):
             parsed = parse_answer(text)
+            scores = answer_scores(parsed.answer, example.answer) if parsed else {"exact_match": 0.0, "f1": 0.0, "bleu1": 0.0}
             records.append(
                 {
                     "case_id": example.case_id,
@@ -219,29 +325,41 @@ class GraphAugmentedLM(L.LightningModule):
                     "answer": parsed.answer if parsed else None,
                     "reasoning_path": parsed.reasoning_path if parsed else None,
                     "valid_json": parsed is not None,
-                    "exact_match": bool(parsed and exact_match(parsed.answer, example.answer)),
+                    **scores,
                     "reference_answer": example.answer,
                 }
             )
         return records
 
     def configure_optimizers(self) -> Any:
+        """AdamW over the trainable parameters with warm-up and cosine decay sized from the run's optimizer steps."""
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
             raise InputError("model", "nothing to train: graph_tokens is 0 and lora_r is 0 (validate/test/predict still work)")
-        optimizer = torch.optim.AdamW(params, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
-        warmup = max(self.hparams.warmup_steps, 1)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
+        try:
+            multiplier = warmup_cosine(self.trainer.estimated_stepping_batches, hp.warmup_fraction, hp.min_lr_ratio)
+        except ValueError as exc:
+            raise InputError("model.warmup_fraction", str(exc)) from None
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def checkpoint_metadata(self) -> dict[str, Any]:
-        """Base model id and revision plus the hash of every setting that shapes trainable parameters."""
+        """Base model id, revision and fingerprint, plus the hash of every setting that shapes or feeds the trainable parameters."""
         shape_keys = (
-            "llm", "llm_revision", "feature_dim", "graph_tokens", "text_path", "gnn_hidden", "gnn_layers",
-            "gnn_heads", "projector_hidden", "lora_r", "lora_alpha", "lora_target_modules",
-        )
+            "llm", "llm_revision", "dtype", "quantization", "feature_dim", "graph_tokens", "text_path", "gnn_hidden",
+            "gnn_layers", "gnn_heads", "reverse_edges", "projector_hidden", "projector_norm", "lora_r", "lora_alpha",
+            "lora_target_modules",
+        )  # fmt: skip
         settings = {key: self.hparams[key] for key in shape_keys}
-        return {"base_model": self.hparams.llm, "revision": self.hparams.llm_revision, "config_hash": config_hash(settings), "settings": settings}
+        return {
+            "base_model": self.hparams.llm,
+            "revision": self.hparams.llm_revision,
+            "backbone": self.backbone_fingerprint,
+            "config_hash": config_hash(settings),
+            "settings": settings,
+        }
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only trainable parameters and record what they belong to."""
@@ -249,7 +367,7 @@ class GraphAugmentedLM(L.LightningModule):
         checkpoint[METADATA_KEY] = self.checkpoint_metadata()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another base model, revision, configuration or parameter set."""
+        """Refuse a checkpoint of another base model, revision, backbone files, configuration or parameter set."""
         check_compatible(
             checkpoint.get(METADATA_KEY),
             self.checkpoint_metadata(),
@@ -259,19 +377,30 @@ class GraphAugmentedLM(L.LightningModule):
         )
 
 
-def _load_frozen_llm(ref: str, revision: str | None, dtype: str, quantization: str, cache_dir: str | None, trust_remote_code: bool) -> tuple[Any, Any]:
-    """Load the causal LM on this process's device with every weight frozen."""
+def _refuse_sharding(strategy: Any) -> None:
+    """Sharded strategies are not supported: the backbone is frozen whole on each GPU (use DDP, 4-bit for large ones)."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+
+    if isinstance(strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)):
+        raise InputError(
+            "trainer.strategy",
+            f"{type(strategy).__name__} is not supported: the frozen LLM is loaded whole on every GPU; use ddp, and "
+            "pipeline.models.quantization: 4bit for a backbone larger than one GPU",
+        )
+
+
+def _load_frozen_llm(ref: str, revision: str | None, dtype: str, quantization: str, cache_dir: str | None, trust_remote_code: bool, device: str) -> Any:
+    """Load the causal LM on ``device`` with every weight frozen."""
     from qgmem_train.llm.resolver import load_causal_lm
 
-    if quantization != "none" and not torch.cuda.is_available():
-        raise InputError("model.quantization", f"{quantization} (bitsandbytes NF4/int8) needs CUDA; set it to none on CPU")
-    device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_causal_lm(
+    if quantization != "none" and not device.startswith("cuda"):
+        raise InputError("model.quantization", f"{quantization} (bitsandbytes NF4/int8) needs CUDA; this process runs on {device}: set it to none")
+    model, _ = load_causal_lm(
         ref, revision=revision, dtype=dtype, device=device, quantization=quantization, cache_dir=cache_dir, trust_remote_code=trust_remote_code
     )
     model.requires_grad_(False)
     model.eval()
-    return model, tokenizer
+    return model
 
 
 def _add_lora(model: Any, rank: int, alpha: int, target_modules: list[str]) -> Any:
