@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -47,8 +53,28 @@ def test_single_split_folder_is_split_by_case_hash(tmp_path) -> None:
     data.setup("fit")
     cases = {name: {ex.case_id for ex in part} for name, part in data.splits.items()}
     assert all(cases[name] for name in cases) and not (cases["train"] & cases["validation"]) and not (cases["train"] & cases["test"])
-    assert split_of_case("case-3", 0.2, 0.2) == split_of_case("case-3", 0.2, 0.2)
     assert sum(len(p) for p in data.splits.values()) == 80
+
+
+def test_case_splits_agree_across_processes_with_different_hash_seeds() -> None:
+    """The split of a case must not depend on Python's per-process string hash (``PYTHONHASHSEED``).
+
+    The subprocesses run the source of :func:`split_of_case` (importing the data module takes
+    seconds of lightning and torch); a dependency on module globals fails loudly there as a NameError.
+    """
+    cases = [f"locomo/conv-{i}" for i in range(200)]
+    script = (
+        "import hashlib, json, math, sys\n"
+        f"{inspect.getsource(split_of_case)}\n"
+        "print(json.dumps([split_of_case(c, 0.2, 0.2) for c in json.loads(sys.argv[1])]))"
+    )
+    here = [split_of_case(case, 0.2, 0.2) for case in cases]
+    assert set(here) == {"train", "validation", "test"}
+    for seed in ("0", "1"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        result = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) == here, f"PYTHONHASHSEED={seed} splits cases differently"
 
 
 def test_fixture_batches_carry_examples_and_graph_features() -> None:
