@@ -25,6 +25,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 HELPERS = {"run_all", "machine"}
 """Modules of bench/ that are not benchmarks."""
+GPU_ONLY = "needs CUDA: run scripts/gpu_check.sh on a GPU machine"
 
 
 def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list[str] | str]:
@@ -33,11 +34,12 @@ def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list
         "bench_activation": ["--sizes", "10000", "--queries", "20", "--out", str(out)],
         "bench_construction": ["--windows", "1", "--bulk-units", "10000", "--out", str(out)],
         "bench_llm": ["--prompts", "4", "--max-new-tokens", "16", "--out", str(out / "llm.json")],
-        "bench_training": ["--train-steps", "4", "--timing-steps", "2", "--out", str(out / "training.json")],
+        "bench_training": ["--train-steps", "4", "--timing-steps", "2", "--sections", "timing,validation,ablations", "--out", str(out / "training.json")],
         "locomo_retrieval": ["--store", str(work / "locomo_turns"), "--work", str(work / "locomo_retrieval"), "--rerank-limit", "0", "--out", str(out)],
         "answer_quality": ["--limit", "2", "--repeats", "2", "--work", str(work / "answer_quality"), "--out", str(out)],
         "bench_predictor": ["--model", str(model), "--questions", "2", "--out", str(out / "predictor")] if model else
                            "needs --model EXPORT_DIR (an exported model: python -m qgmem_train export ...)",
+        "gpu_check": GPU_ONLY,
     }  # fmt: skip
 
 
@@ -46,6 +48,7 @@ def full_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list[
     return {
         "locomo_retrieval": ["--store", str(work / "locomo_turns")],
         "bench_predictor": ["--model", str(model)] if model else "needs --model EXPORT_DIR",
+        "gpu_check": GPU_ONLY,
     }
 
 

@@ -1,0 +1,695 @@
+"""GPU check of training on one CUDA device: the CUDA tests, bf16 with vs without checkpointing, NF4, LoRA on NF4, predict.
+
+Five parts, each in its own try block (a failing part reports its error line and the others still run);
+``bench/results/gpu.json`` and ``gpu.md`` are rewritten after every part. ``scripts/gpu_check.sh`` runs each
+part in its own process under its own time limit (``--part``, ``--run-id``) and records a killed part (``--mark``).
+
+1. ``tests``: ``pytest -m gpu`` over the test files that carry the marker.
+2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct on ``accelerator="gpu", devices=1,
+   precision="bf16-mixed"``, contexts cut to ``--seq-tokens`` (``model.max_context_tokens``): median step time, peak
+   CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer calls per step, checkpointing off vs on.
+3. ``nf4``: the backbone loaded in 4-bit NF4 (``quantization: 4bit``), then ``--steps`` training steps.
+4. ``lora_nf4``: LoRA (``lora_r: 8``) on the NF4 backbone for ``--steps`` steps.
+5. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
+   schema-valid rate, exact match and seconds.
+
+``--smoke`` runs the same code on CPU in seconds (two steps, short contexts; ``--llm`` may name a tiny decoder)
+and reports the CUDA-only parts as ``skipped: no CUDA``. Without CUDA and without ``--smoke`` nothing is
+measured or written, so ``bench/run_all.py`` (which finds this file too) leaves the GPU results alone.
+
+Models that cannot travel to a machine without network (the bundled SmolLM2 GGUF and MiniLM are about 90 MB
+each) are replaced by random weights of the same architecture and tokenizer: ``--export-models DIR`` (here)
+keeps their configs and tokenizers, ``--models DIR`` (there) builds the stand-ins once. Step time and memory
+do not depend on the weights; the predict part then checks the generation path, not answer quality.
+
+    scripts/gpu_check.sh                                   # on the GPU machine: every part, within 8 minutes
+    python bench/gpu_check.py --smoke --out /tmp/gpu.json  # the CPU check of this script
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from machine import machine_info
+
+from qgmem_train.fileio import atomic_output, write_json_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "bench" / "results" / "gpu.json"
+PARTS = ("tests", "bf16", "nf4", "lora_nf4", "predict")
+TITLES = {
+    "tests": "CUDA-marked tests (`pytest -m gpu`)",
+    "bf16": "bf16 fit: gradient checkpointing off vs on",
+    "nf4": "NF4 (4-bit) backbone: load and train",
+    "lora_nf4": "LoRA (r=8) on the NF4 backbone",
+    "predict": "predict (constrained generation)",
+}
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf", "*.pt", "*.onnx")
+GIB = 1024**3
+
+
+class Skipped(Exception):
+    """A part that has nothing to run here; the message says why."""
+
+
+class PartFailed(Exception):
+    """A part that ran and failed a check; ``details`` keeps what it measured."""
+
+    def __init__(self, message: str, details: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def export_models(llm: str, embedder: str, out: Path) -> dict[str, str]:
+    """Copy the configs and tokenizers (no weights) of ``llm`` and ``embedder`` to ``out/llm`` and ``out/embedder``."""
+    from qgmem_train.llm.resolver import resolve_model_dir
+
+    written = {}
+    for kind, ref in (("llm", llm), ("embedder", embedder)):
+        source, target = resolve_model_dir(ref), out / kind
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns(*WEIGHT_FILES, "README.md"))
+        (target / "STANDIN.json").write_text(json.dumps({"reference": ref, "weights": "none: random stand-ins are built from this"}) + "\n")
+        written[kind] = str(target)
+    return written
+
+
+def standin_model(kind: str, models: Path) -> Path:
+    """A folder with random weights for the exported ``models/<kind>`` (built once into ``models/<kind>-random``)."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    source, final = models / kind, models / f"{kind}-random"
+    if final.exists():
+        return final
+    if not (source / "config.json").exists():
+        raise FileNotFoundError(f"{source}/config.json: no exported {kind} (run --export-models {models} where the models resolve)")
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=models))
+    try:
+        shutil.copytree(source, staging, dirs_exist_ok=True)
+        torch.manual_seed(0)
+        config = AutoConfig.from_pretrained(source)
+        model = (AutoModelForCausalLM if kind == "llm" else AutoModel).from_config(config)
+        model.save_pretrained(staging, safe_serialization=True)
+        staging.rename(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def resolve_or_standin(ref: str, kind: str, models: Path | None) -> tuple[str, str]:
+    """``ref`` when it resolves here, else a random-weight stand-in from ``models``; and a note on which."""
+    from qgmem_train.errors import ModelUnavailableError
+    from qgmem_train.llm.resolver import resolve_model_dir
+
+    try:
+        resolve_model_dir(ref)
+        return ref, ref
+    except ModelUnavailableError as exc:
+        if models is None:
+            raise
+        folder = standin_model(kind, models)
+        source = json.loads((models / kind / "STANDIN.json").read_text()).get("reference", "?")
+        return str(folder), f"random weights with the architecture and tokenizer of {source} ({str(exc).splitlines()[0]})"
+
+
+def lengthen(context: str, pool: list[str], tokens: int) -> str:
+    """``context`` followed by the other contexts of ``pool`` until it surely holds more than ``tokens`` tokens (6 characters each)."""
+    parts = [context]
+    for other in pool:
+        if sum(map(len, parts)) > 6 * tokens:
+            break
+        if other != context:
+            parts.append(other)
+    return "\n\n".join(parts)
+
+
+def device_arguments(cuda: bool) -> dict[str, Any]:
+    """The Trainer's device settings: one GPU in bf16 autocast, or one CPU process in float32 (smoke)."""
+    if cuda:
+        return {"accelerator": "gpu", "devices": 1, "precision": "bf16-mixed"}
+    return {"accelerator": "cpu", "devices": 1, "precision": "32-true"}
+
+
+def recompute_probe(llm: Any) -> Any:
+    """A module that runs once per decoder-layer pass, recomputation included: the first child of the first decoder layer.
+
+    Transformers (5.x) checkpoints a layer's ``forward`` and keeps the layer's own hooks outside the checkpoint,
+    so a hook on the layer fires once a step either way; its children run again when backward recomputes it.
+    """
+    layer = next((m for m in llm.modules() if type(m).__name__.endswith("DecoderLayer")), None)
+    return None if layer is None else next(layer.children(), layer)
+
+
+def make_probe(cuda: bool, warmup: int) -> Any:
+    """A Lightning callback that times each training step and records loss, peak memory and decoder-layer calls."""
+    import lightning as L
+    import torch
+
+    class FitProbe(L.Callback):
+        """Synchronised step times, losses, CUDA memory resident at the start and peak after, layer calls per step."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.losses: list[float] = []
+            self.layer_calls = 0
+            self.sequence_tokens: float | None = None
+            self.resident = self.peak = self.load_s = None
+            self._started = self._step_start = 0.0
+            self._hook: Any = None
+
+        def _sync(self) -> None:
+            if cuda:
+                torch.cuda.synchronize()
+
+        def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+            self._started = time.perf_counter()
+
+        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            self._sync()
+            self.load_s = time.perf_counter() - self._started
+            if cuda:
+                self.resident = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+            probe = recompute_probe(pl_module.llm)
+            if probe is not None:
+                self._hook = probe.register_forward_hook(self._count)
+
+        def _count(self, *_: Any) -> None:
+            self.layer_calls += 1
+
+        def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+            if self.sequence_tokens is None:
+                try:
+                    with trainer.precision_plugin.forward_context(), torch.no_grad():
+                        mask = pl_module.training_inputs(batch)["attention_mask"]
+                    self.sequence_tokens = float(mask.sum(-1).float().mean())
+                except Exception:  # a measurement aid only; the fit itself reports real failures
+                    self.sequence_tokens = float("nan")
+            self._sync()
+            self._step_start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self._sync()
+            self.times.append(time.perf_counter() - self._step_start)
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            self.losses.append(float(loss))
+
+        def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            self._sync()
+            if cuda:
+                self.peak = torch.cuda.max_memory_allocated()
+            if self._hook is not None:
+                self._hook.remove()
+
+        def summary(self) -> dict[str, Any]:
+            timed = self.times[warmup:] or self.times
+            result: dict[str, Any] = {
+                "steps": len(self.times),
+                "step_s_median": statistics.median(timed) if timed else None,
+                "step_s_max": max(timed) if timed else None,
+                "timed_steps": len(timed),
+                "load_s": self.load_s,
+                "sequence_tokens": self.sequence_tokens,
+                "loss_first": self.losses[0] if self.losses else None,
+                "loss_last": self.losses[-1] if self.losses else None,
+                "losses_finite": all(math.isfinite(x) for x in self.losses),
+                "decoder_layer_calls_per_step": self.layer_calls / len(self.times) if self.times else None,
+            }
+            if self.peak is not None:
+                result.update(
+                    peak_gib=self.peak / GIB, resident_gib=self.resident / GIB, above_resident_gib=(self.peak - self.resident) / GIB
+                )
+            return result
+
+    return FitProbe()
+
+
+def free_memory(cuda: bool) -> None:
+    """Collect garbage and hand cached CUDA blocks back, so the next part starts from a clean slate."""
+    gc.collect()
+    if cuda:
+        import torch
+
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+class Bench:
+    """Data, model settings and the fit helper shared by the parts (built lazily: the ``tests`` part needs none)."""
+
+    def __init__(self, args: argparse.Namespace, cuda: bool) -> None:
+        self.args, self.cuda = args, cuda
+        self._data: Any = None
+        self.models: dict[str, str] = {}
+        self.llm = args.llm
+
+    def data(self) -> Any:
+        """The trajectory fixture, each context lengthened by the others' until ``max_context_tokens`` is what cuts it."""
+        if self._data is None:
+            from qgmem_train.model.datamodule import TrajectoryDataModule
+
+            self.llm, self.models["llm"] = resolve_or_standin(self.args.llm, "llm", self.args.models)
+            embedder, self.models["embedder"] = resolve_or_standin(self.args.embedder, "embedder", self.args.models)
+            data = TrajectoryDataModule(str(self.args.data), embedder=embedder, batch_size=self.args.batch_size, eval_batch_size=self.args.batch_size)
+            data.setup("fit")
+            pool = [ex.context for part in data.splits.values() for ex in part]
+            tokens = self.args.seq_tokens
+            data.splits = {name: [replace(ex, context=lengthen(ex.context, pool, tokens)) for ex in part] for name, part in data.splits.items()}
+            self._data = data
+        return self._data
+
+    def module_settings(self, **overrides: Any) -> dict[str, Any]:
+        """configs/demo-cpu.yaml's model section with this check's overrides, reduced to what the module accepts."""
+        from qgmem_train.model.module import GraphAugmentedLM
+
+        config = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"]
+        settings = {
+            **config,
+            "feature_dim": self.data().feature_dim,
+            "llm": self.llm,
+            "dtype": "bfloat16" if self.cuda else "float32",
+            "max_context_tokens": self.args.seq_tokens,
+            "max_new_tokens": self.args.max_new_tokens,
+            "val_generate": False,
+            **overrides,
+        }
+        accepted = inspect.signature(GraphAugmentedLM.__init__).parameters
+        return {k: v for k, v in settings.items() if k in accepted}
+
+    def fit(self, steps: int, after: Any = None, **overrides: Any) -> dict[str, Any]:
+        """Fit a fresh module for ``steps`` optimizer steps; the probe's summary plus ``after(model, run_dir)``'s result."""
+        import lightning as L
+
+        from qgmem_train.model.module import GraphAugmentedLM
+
+        L.seed_everything(self.args.seed, verbose=False)
+        model = GraphAugmentedLM(**self.module_settings(**overrides))
+        probe = make_probe(self.cuda, self.args.warmup_steps)
+        with tempfile.TemporaryDirectory() as root:
+            trainer = L.Trainer(
+                **device_arguments(self.cuda), max_steps=steps, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                enable_progress_bar=False, limit_val_batches=0, num_sanity_val_steps=0, gradient_clip_val=1.0, callbacks=[probe],
+                default_root_dir=root,
+            )  # fmt: skip
+            trainer.fit(model, datamodule=self.data())
+            result = probe.summary()
+            if after is not None:
+                result.update(after(model, root))
+        del model, trainer, probe
+        free_memory(self.cuda)
+        return result
+
+
+def gpu_test_files() -> list[str]:
+    """Test files that carry the ``gpu`` marker (only these are collected, so other tests' imports cannot fail the part)."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
+
+
+def part_tests(bench: Bench) -> dict[str, Any]:
+    """``pytest -m gpu`` over the marked test files: the summary line and any failures."""
+    if not bench.cuda:
+        raise Skipped("no CUDA")
+    files = gpu_test_files()
+    if not files:
+        raise PartFailed("no test file carries the gpu marker", {})
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE", *files]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=bench.args.tests_timeout)
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    details = {
+        "command": " ".join(["python", *command[1:]]),
+        "exit_code": result.returncode,
+        "summary": lines[-1].strip("= ") if lines else (result.stderr.strip().splitlines() or ["no output"])[-1],
+        "failures": [line for line in lines if line.startswith(("FAILED", "ERROR"))][:20],
+    }
+    if result.returncode != 0:
+        raise PartFailed(f"pytest exit {result.returncode}: {details['summary']}", details)
+    return details
+
+
+def part_bf16(bench: Bench) -> dict[str, Any]:
+    """The same fit with gradient checkpointing off and on: step time, peak memory and decoder-layer calls per step."""
+    variants: dict[str, Any] = {}
+    errors = []
+    for name, checkpointing in (("off", False), ("on", True)):
+        try:
+            variants[name] = bench.fit(bench.args.steps, gradient_checkpointing=checkpointing)
+        except Exception as exc:
+            variants[name] = {"error": error_line(exc)}
+            errors.append(f"checkpointing {name}: {error_line(exc)}")
+        free_memory(bench.cuda)
+    details: dict[str, Any] = {"variants": variants, "precision": device_arguments(bench.cuda)["precision"]}
+    off, on = variants.get("off", {}), variants.get("on", {})
+    if off.get("step_s_median") and on.get("step_s_median"):
+        details["step_time_on_over_off"] = on["step_s_median"] / off["step_s_median"]
+    if off.get("above_resident_gib") and on.get("above_resident_gib") is not None:
+        details["memory_above_resident_on_over_off"] = on["above_resident_gib"] / off["above_resident_gib"]
+    if errors:
+        raise PartFailed("; ".join(errors), details)
+    if on.get("decoder_layer_calls_per_step") is not None and on["decoder_layer_calls_per_step"] < 1.5:
+        raise PartFailed("checkpointing on, yet each decoder layer ran once a step: nothing was recomputed in backward", details)
+    return details
+
+
+def count_4bit_layers(model: Any, _: str) -> dict[str, Any]:
+    """How many linear layers of the backbone bitsandbytes holds in 4 bits."""
+    return {"linear_4bit_layers": sum(type(m).__name__ == "Linear4bit" for m in model.llm.modules())}
+
+
+def part_nf4(bench: Bench) -> dict[str, Any]:
+    """NF4 backbone: load time (setup to first step), 4-bit layer count, step time, memory and finite losses."""
+    if not bench.cuda:
+        raise Skipped("no CUDA")
+    details = bench.fit(bench.args.steps, after=count_4bit_layers, quantization="4bit")
+    if not details["linear_4bit_layers"]:
+        raise PartFailed("quantization 4bit loaded no Linear4bit layer", details)
+    if not details["losses_finite"]:
+        raise PartFailed("a training loss was not finite", details)
+    return details
+
+
+def lora_state(model: Any, root: str) -> dict[str, Any]:
+    """LoRA tensors and how many of them moved from peft's zero initialisation of ``lora_B``."""
+    details = count_4bit_layers(model, root)
+    lora_b = [p for name, p in model.named_parameters() if "lora_B" in name]
+    details.update(
+        trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        lora_parameters=sum(p.numel() for name, p in model.named_parameters() if "lora_" in name),
+        lora_b_tensors=len(lora_b),
+        lora_b_trained=sum(bool(p.detach().abs().sum() > 0) for p in lora_b),
+    )
+    return details
+
+
+def part_lora_nf4(bench: Bench) -> dict[str, Any]:
+    """LoRA r=8 over the NF4 backbone: the adapters train (``lora_B`` leaves zero) and losses stay finite."""
+    if not bench.cuda:
+        raise Skipped("no CUDA")
+    details = bench.fit(bench.args.steps, after=lora_state, quantization="4bit", lora_r=8)
+    if not details["lora_b_tensors"] or not details["lora_b_trained"]:
+        raise PartFailed(f"{details['lora_b_trained']} of {details['lora_b_tensors']} LoRA B tensors changed in training", details)
+    if not details["losses_finite"]:
+        raise PartFailed("a training loss was not finite", details)
+    return details
+
+
+def part_predict(bench: Bench) -> dict[str, Any]:
+    """A short fit, then ``Trainer.predict`` over a few examples: schema-valid rate, answer scores and seconds."""
+    import lightning as L
+    import torch
+
+    data = bench.data()
+    saved = data.splits["test"]
+    examples = (data.splits["test"] + data.splits["validation"] + data.splits["train"])[: bench.args.predict_examples]
+
+    def predict(model: Any, root: str) -> dict[str, Any]:
+        trainer = L.Trainer(
+            **device_arguments(bench.cuda), logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=root
+        )
+        data.splits["test"] = examples
+        try:
+            if bench.cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            batches = trainer.predict(model, datamodule=data)
+            if bench.cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+        finally:
+            data.splits["test"] = saved
+        records = [record for batch in batches for record in batch]
+        mean = lambda key: sum(float(r.get(key) or 0) for r in records) / max(len(records), 1)  # noqa: E731
+        return {
+            "examples": len(records),
+            "predict_s": seconds,
+            "s_per_example": seconds / max(len(records), 1),
+            "schema_valid": mean("valid_json"),
+            "exact_match": mean("exact_match"),
+            "f1": mean("f1"),
+            "max_new_tokens": model.hparams.max_new_tokens,
+            "sample": records[0]["generated"][:300] if records else None,
+        }
+
+    details = bench.fit(bench.args.predict_fit_steps, after=predict)
+    if details["examples"] != len(examples):
+        raise PartFailed(f"{details['examples']} predictions for {len(examples)} examples", details)
+    return details
+
+
+PART_FUNCTIONS = {"tests": part_tests, "bf16": part_bf16, "nf4": part_nf4, "lora_nf4": part_lora_nf4, "predict": part_predict}
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (what a reader needs to know which part broke and how)."""
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[0] if message else ''}".rstrip(": ")[:300]
+
+
+def run_part(name: str, bench: Bench) -> dict[str, Any]:
+    """One part in its own try block: ok, skipped or failed, with seconds and whatever it measured."""
+    start = time.perf_counter()
+    try:
+        record = {"status": "ok", **PART_FUNCTIONS[name](bench)}
+    except Skipped as exc:
+        record = {"status": "skipped", "reason": str(exc)}
+    except PartFailed as exc:
+        record = {"status": "failed", "error": str(exc), **exc.details}
+    except Exception as exc:
+        record = {"status": "failed", "error": error_line(exc), "traceback": traceback.format_exc().splitlines()[-25:]}
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    if bench.models and record["status"] != "skipped":
+        record["models"] = dict(bench.models)
+    free_memory(bench.cuda)
+    return record
+
+
+def environment(cuda: bool, args: argparse.Namespace) -> dict[str, Any]:
+    """Machine, GPU, library versions, commit and the settings of this run."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    info: dict[str, Any] = {"machine": machine_info(), "cuda_available": cuda, "torch_cuda": torch.version.cuda}
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=torch.cuda.get_device_name(0), gpu_memory_gib=round(props.total_memory / GIB, 1), gpu_count=torch.cuda.device_count())
+    versions = {}
+    for package in ("lightning", "transformers", "peft", "bitsandbytes", "torch-geometric", "sentence-transformers"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = "not installed"
+    info["versions"] = versions
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        info["commit"] = commit.stdout.strip() or "unknown (no git checkout)"
+    except OSError:
+        info["commit"] = "unknown"
+    info["settings"] = {k: str(v) for k, v in vars(args).items() if k not in ("part", "mark", "timed_out", "note", "export_models")}
+    return info
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A number for a table cell (``n/a`` when missing)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def status_line(record: dict[str, Any] | None) -> str:
+    """The first line of a part's section: ok, skipped, failed or timed out, and why."""
+    if record is None:
+        return "**not run**"
+    status = record["status"]
+    seconds = f" in {record['seconds']} s" if record.get("seconds") is not None else ""
+    if status == "ok":
+        return f"**ok**{seconds}"
+    if status == "skipped":
+        return f"**skipped**: {record.get('reason')}"
+    if status == "running":
+        return "**interrupted**: the part never recorded a result"
+    return f"**{status}**{seconds}: {record.get('error', '')}"
+
+
+def fit_row(label: str, r: dict[str, Any]) -> str:
+    """One table row of a fit's measurements."""
+    if "error" in r and "step_s_median" not in r:
+        return f"| {label} | failed: {r['error']} |  |  |  |  |  |"
+    loss = f"{fmt(r.get('loss_first'))} → {fmt(r.get('loss_last'))}"
+    return (
+        f"| {label} | {fmt(r.get('step_s_median'))} | {fmt(r.get('peak_gib'), 2)} | {fmt(r.get('above_resident_gib'), 2)} | "
+        f"{fmt(r.get('decoder_layer_calls_per_step'), 1)} | {fmt(r.get('sequence_tokens'), 0)} | {loss} |"
+    )
+
+
+FIT_HEADER = [
+    "| run | step s (median) | peak CUDA GiB | above resident GiB | decoder-layer calls a step | tokens a sequence | loss first → last |",
+    "|---|---|---|---|---|---|---|",
+]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """Every part's section (its status line first, then what it measured), after the machine and settings."""
+    env, parts = result.get("environment", {}), result.get("parts", {})
+    settings = env.get("settings", {})
+    gpu = f"{env['gpu']} ({env['gpu_memory_gib']} GiB)" if env.get("gpu") else "no CUDA device"
+    versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
+    machine = env.get("machine", {})
+    lines = [
+        f"# GPU check{' (smoke run)' if result.get('smoke') else ''}: {gpu}",
+        "",
+        f"torch {machine.get('torch')} (CUDA {env.get('torch_cuda')}), {versions}; {machine.get('cpu')}, {machine.get('cores')} cores. "
+        f"Commit {env.get('commit')}. Written by `scripts/gpu_check.sh` / `bench/gpu_check.py`.",
+        "",
+        f"Settings: LLM {settings.get('llm')}, batch {settings.get('batch_size')}, contexts cut to {settings.get('seq_tokens')} tokens, "
+        f"{settings.get('steps')} steps a fit (step times are medians after {settings.get('warmup_steps')} warm-up steps), "
+        "configs/demo-cpu.yaml's model settings otherwise.",
+    ]
+    models = next((r["models"] for r in parts.values() if r.get("models")), {})
+    for kind, note in models.items():
+        if note != settings.get(kind):
+            lines += ["", f"**{kind}**: {note}."]
+    for name in PARTS:
+        record = parts.get(name)
+        lines += ["", f"## {TITLES[name]}", "", status_line(record)]
+        if not record or record["status"] in ("skipped", "running"):
+            continue
+        if name == "tests" and record.get("summary"):
+            lines += ["", f"`{record.get('command')}`: {record['summary']}"] + [f"- {f}" for f in record.get("failures", [])]
+        elif name == "bf16" and record.get("variants"):
+            lines += ["", *FIT_HEADER]
+            lines += [fit_row(f"checkpointing {v}", r) for v, r in record["variants"].items()]
+            ratios = []
+            if record.get("step_time_on_over_off"):
+                ratios.append(f"step time ×{record['step_time_on_over_off']:.2f}")
+            if record.get("memory_above_resident_on_over_off") is not None:
+                ratios.append(f"memory above resident ×{record['memory_above_resident_on_over_off']:.2f}")
+            if ratios:
+                lines += ["", f"Checkpointing on / off: {', '.join(ratios)} (precision {record.get('precision')})."]
+        elif name in ("nf4", "lora_nf4") and "step_s_median" in record:
+            lines += ["", *FIT_HEADER, fit_row(name, record), ""]
+            extra = f"Load (setup to first step) {fmt(record.get('load_s'), 1)} s; {record.get('linear_4bit_layers')} Linear4bit layers"
+            if name == "lora_nf4":
+                extra += (
+                    f"; {record.get('trainable_parameters'):,} trainable parameters, {record.get('lora_parameters'):,} of them LoRA; "
+                    f"{record.get('lora_b_trained')} of {record.get('lora_b_tensors')} LoRA B tensors trained"
+                )
+            lines.append(extra + ".")
+        elif name == "predict" and "examples" in record:
+            lines += [
+                "",
+                "| examples | schema-valid | exact match | F1 | predict s | s an example | max new tokens |",
+                "|---|---|---|---|---|---|---|",
+                f"| {record['examples']} | {fmt(record['schema_valid'], 2)} | {fmt(record['exact_match'], 2)} | {fmt(record['f1'], 2)} | "
+                f"{fmt(record['predict_s'], 2)} | {fmt(record['s_per_example'], 2)} | {record.get('max_new_tokens')} |",
+                "",
+                f"After {record.get('steps')} training steps. First generation: `{(record.get('sample') or '').replace('`', chr(39))[:200]}`",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def load_results(path: Path, run_id: str | None) -> dict[str, Any]:
+    """The results file of the same run (``--run-id``), else a fresh one."""
+    if run_id and path.exists():
+        try:
+            existing = json.loads(path.read_text())
+        except (OSError, ValueError):
+            existing = {}
+        if existing.get("run_id") == run_id:
+            return existing
+    return {"run_id": run_id, "parts": {}}
+
+
+def write(result: dict[str, Any], path: Path) -> None:
+    """The JSON and its Markdown twin, atomically."""
+    write_json_atomic(path, result)
+    with atomic_output(path.with_suffix(".md")) as handle:
+        handle.write(markdown(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny run (CPU-friendly): 2 steps, short contexts, 2 predictions")
+    parser.add_argument("--part", nargs="+", choices=PARTS, help="only these parts (default: all)")
+    parser.add_argument("--run-id", help="merge into the results file of this run instead of starting a new one")
+    parser.add_argument("--mark", choices=PARTS, help="record that this part ended without recording a result (why: --note)")
+    parser.add_argument("--timed-out", action="store_true", help="--mark's part was killed at its time limit")
+    parser.add_argument("--note", default="killed", help="why --mark's part ended, e.g. 'exited with code 139'")
+    parser.add_argument("--export-models", type=Path, metavar="DIR", help="write the LLM's and embedder's configs and tokenizers to DIR, then exit")
+    parser.add_argument("--models", type=Path, metavar="DIR", help="exported configs for random-weight stand-ins of models that do not resolve here")
+    parser.add_argument("--llm", default=None, help="LLM reference (default: the bundled SmolLM2-135M-Instruct)")
+    parser.add_argument("--embedder", default=None, help="embedder reference (default: the bundled all-MiniLM-L6-v2)")
+    parser.add_argument("--data", type=Path, default=ROOT / "tests" / "data" / "trajectories")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--seq-tokens", type=int, help="model.max_context_tokens (default 1000; smoke 32)")
+    parser.add_argument("--steps", type=int, help="optimizer steps of each fit (default 20; smoke 2)")
+    parser.add_argument("--warmup-steps", type=int, help="first steps left out of the timing (default 3; smoke 0)")
+    parser.add_argument("--predict-fit-steps", type=int, help="training steps before predict (default 20; smoke 1)")
+    parser.add_argument("--predict-examples", type=int, help="examples to predict (default 8; smoke 2)")
+    parser.add_argument("--max-new-tokens", type=int, help="generation budget (default: demo-cpu.yaml's; smoke 32)")
+    parser.add_argument("--tests-timeout", type=int, default=240, help="seconds for pytest -m gpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help=f"results JSON, Markdown beside it (default {DEFAULT_OUT.relative_to(ROOT)}; smoke: a temp folder)")
+    args = parser.parse_args(argv)
+
+    from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM
+
+    args.llm, args.embedder = args.llm or BUNDLED_LLM, args.embedder or BUNDLED_EMBEDDER
+    if args.export_models:
+        print(json.dumps(export_models(args.llm, args.embedder, args.export_models), indent=2))
+        return 0
+    demo_new_tokens = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"].get("max_new_tokens", 96)
+    defaults = (
+        dict(batch_size=2, seq_tokens=32, steps=2, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32)
+        if args.smoke
+        else dict(batch_size=4, seq_tokens=1000, steps=20, warmup_steps=3, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens)
+    )
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    out = args.out or (Path(tempfile.gettempdir()) / "qgmem_gpu_check" / "gpu.json" if args.smoke else DEFAULT_OUT)
+
+    if args.mark:
+        result = load_results(out, args.run_id)
+        if result["parts"].get(args.mark, {}).get("status") in (None, "running"):
+            result["parts"][args.mark] = {"status": "timed out" if args.timed_out else "failed", "error": args.note}
+            write(result, out)
+        return 0
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        print("gpu_check: no CUDA device here; nothing measured or written (run scripts/gpu_check.sh on a GPU machine, --smoke on CPU)")
+        return 0
+    result = load_results(out, args.run_id)
+    result.update(smoke=args.smoke, environment=environment(cuda, args))
+    bench = Bench(args, cuda)
+    for name in args.part or PARTS:
+        result["parts"][name] = {"status": "running"}
+        write(result, out)
+        print(f"== {name}", flush=True)
+        result["parts"][name] = run_part(name, bench)
+        print(f"   {status_line(result['parts'][name])}", flush=True)
+        write(result, out)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0 if all(r["status"] in ("ok", "skipped") for r in result["parts"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# GPU check of training on one CUDA GPU (bench/gpu_check.py): the CUDA-marked tests, a bf16 fit of SmolLM2 with vs
+# without gradient checkpointing, NF4 loading and 20 steps, LoRA on NF4 for 20 steps, and predict; writes
+# bench/results/gpu.md and gpu.json. Each part runs in its own process under its own limit (they add up to 8
+# minutes; about 5 are used on an H200); a part over its limit is killed and recorded as timed out.
+#
+#   scripts/gpu_check.sh prepare        # here (network, .venv): what the GPU machine lacks, into .gpu_check/
+#   scripts/gpu_check.sh [OPTION ...]   # on the GPU machine; options go to bench/gpu_check.py (--smoke: seconds)
+#
+# The GPU machine may reach no network, and a .venv does not travel to it (gigabytes, and built for this Python).
+# Python there: $PYTHON, else .venv/bin/python when it runs there and sees CUDA (a checkout built in place), else
+# python3 (the H200 image's, which holds torch, lightning, transformers, peft and torch_geometric). `prepare`
+# downloads wheels of the other packages the checked code imports, as installed in .venv, for Python 3.12 on
+# x86-64, into .gpu_check/wheels (installed there under $TMPDIR, first on PYTHONPATH), and keeps the configs and
+# tokenizers of the bundled SmolLM2 and MiniLM in .gpu_check/models: their weights (about 90 MB each) do not
+# travel, so random weights of the same architecture stand in (step time and memory do not depend on them).
+# .gpu_check is about 50 MB; .gitignore lists it, so name it in the run's carry.
+# Environment (defaults): PYTHON (see above), GPU_CHECK_DIR (.gpu_check), LIMITS ("tests:100 bf16:120 nf4:70
+# lora_nf4:70 predict:90", seconds per part). Exit 0 when every part passed or was skipped.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+STATE=${GPU_CHECK_DIR:-.gpu_check}
+LIMITS=${LIMITS:-"tests:100 bf16:120 nf4:70 lora_nf4:70 predict:90"}
+# Packages the checked code imports that the H200 image lacks (device KINDS.md's list), at .venv's versions.
+WHEELS=(bitsandbytes datasets dill multiprocess pydantic pydantic-core annotated-types typing-inspection llguidance)
+PLATFORMS=(manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64
+  manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+prepare() {
+  local py=${PYTHON:-.venv/bin/python} package version platforms=()
+  for platform in "${PLATFORMS[@]}"; do platforms+=(--platform "$platform"); done
+  mkdir -p "$STATE/wheels"
+  "$py" bench/gpu_check.py --export-models "$STATE/models" >/dev/null || exit 1
+  for package in "${WHEELS[@]}"; do
+    version=$("$py" -c "from importlib.metadata import version; print(version('$package'))") || exit 1
+    if ! "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
+      -d "$STATE/wheels" "$package==$version" 2>"$STATE/pip.log"; then
+      echo "prepare: no wheel of $package==$version for Python 3.12 x86-64 ($(tail -n 1 "$STATE/pip.log"))" >&2
+    fi
+  done
+  rm -f "$STATE/pip.log"
+  echo "prepared $STATE ($(du -sh "$STATE" | cut -f1)): wheels of ${WHEELS[*]}; configs and tokenizers in $STATE/models"
+}
+
+pick_python() {
+  if [[ -n "${PYTHON:-}" ]]; then
+    echo "$PYTHON"
+  elif [[ -x .venv/bin/python ]] && .venv/bin/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    echo .venv/bin/python
+  else
+    echo python3
+  fi
+}
+
+if [[ "${1:-}" == prepare ]]; then
+  prepare
+  exit 0
+fi
+
+PY=$(pick_python)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+if [[ "$PY" != .venv/bin/python ]] && compgen -G "$STATE/wheels/*.whl" >/dev/null; then
+  site="${TMPDIR:-/tmp}/qgmem-gpu-check-site"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$STATE"/wheels/*.whl || exit 1
+  export PYTHONPATH="$ROOT:$site${PYTHONPATH#"$ROOT"}"
+fi
+models=()
+[[ -d "$STATE/models" ]] && models=(--models "$STATE/models")
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  echo "gpu_check: $PY cannot import torch; set PYTHON to an interpreter with a CUDA torch" >&2
+  exit 1
+fi
+echo "gpu_check: $PY ($("$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"))"
+
+run_id=$(date +%s)-$$
+status=0
+for entry in $LIMITS; do
+  part=${entry%%:*} limit=${entry#*:}
+  timeout --kill-after=15 "$limit" "$PY" bench/gpu_check.py --part "$part" --run-id "$run_id" "${models[@]}" "$@"
+  rc=$?
+  case $rc in
+    0) ;;
+    1) status=1 ;;
+    124 | 137) status=1; "$PY" bench/gpu_check.py --mark "$part" --timed-out --note "killed at its $limit s limit" --run-id "$run_id" "$@" ;;
+    *) status=1; "$PY" bench/gpu_check.py --mark "$part" --note "exited with code $rc" --run-id "$run_id" "$@" ;;
+  esac
+done
+exit $status

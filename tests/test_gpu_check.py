@@ -1,0 +1,71 @@
+"""The GPU check (``scripts/gpu_check.sh``, ``bench/gpu_check.py``) on CPU: its smoke run writes every section.
+
+The smoke run trains the tiny random Qwen3 decoder for two steps with and without gradient checkpointing and
+predicts two examples; the CUDA-only parts report ``skipped: no CUDA``. The shell entry is checked for what it
+adds: one process per part under a time limit, and a part killed at its limit recorded as timed out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ["tests", "bf16", "nf4", "lora_nf4", "predict"]
+TITLES = [
+    "## CUDA-marked tests (`pytest -m gpu`)",
+    "## bf16 fit: gradient checkpointing off vs on",
+    "## NF4 (4-bit) backbone: load and train",
+    "## LoRA (r=8) on the NF4 backbone",
+    "## predict (constrained generation)",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_decoder(tmp_path_factory.mktemp("gpu_check") / "tiny", fixture_corpus())
+
+
+def test_smoke_run_writes_every_section_and_skips_cuda_parts(tiny_llm: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    command = [sys.executable, "bench/gpu_check.py", "--smoke", "--llm", str(tiny_llm), "--out", str(out)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    report = out.with_suffix(".md").read_text() if out.with_suffix(".md").exists() else ""
+    assert result.returncode == 0, report or result.stderr[-3000:]
+    parts = json.loads(out.read_text())["parts"]
+    assert list(parts) == PARTS
+    assert [line for line in report.splitlines() if line.startswith("## ")] == TITLES
+    for name in ("tests", "nf4", "lora_nf4"):
+        assert (parts[name]["status"], parts[name]["reason"]) == ("skipped", "no CUDA")
+    assert report.count("**skipped**: no CUDA") == 3
+    off, on = parts["bf16"]["variants"]["off"], parts["bf16"]["variants"]["on"]
+    assert off["steps"] == on["steps"] == 2 and off["losses_finite"] and on["losses_finite"]
+    assert off["decoder_layer_calls_per_step"] == 1.0
+    assert on["decoder_layer_calls_per_step"] == 2.0, "with checkpointing on, backward recomputes every decoder layer"
+    assert "| checkpointing off |" in report and "| checkpointing on |" in report
+    predict = parts["predict"]
+    assert predict["status"] == "ok" and predict["examples"] == 2 and 0.0 <= predict["schema_valid"] <= 1.0
+    assert predict["predict_s"] > 0
+
+
+def test_shell_entry_records_a_part_killed_at_its_limit(tmp_path: Path) -> None:
+    """A part over its limit is killed and recorded as timed out; the next part still runs into the same results."""
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "PYTHON": sys.executable, "LIMITS": "bf16:1 tests:120", "GPU_CHECK_DIR": str(tmp_path / "nothing prepared")}
+    result = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--smoke", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    parts = json.loads(out.read_text())["parts"]
+    assert parts["bf16"] == {"status": "timed out", "error": "killed at its 1 s limit"}
+    assert parts["tests"]["status"] == "skipped"
+    report = out.with_suffix(".md").read_text()
+    assert "**timed out**: killed at its 1 s limit" in report
+    assert report.count("**not run**") == 3  # nf4, lora_nf4, predict: not in LIMITS
