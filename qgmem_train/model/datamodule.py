@@ -9,7 +9,6 @@ and cached; batches carry the examples plus a torch_geometric ``Batch`` of their
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,24 +28,36 @@ SPLITS = ("train", "validation", "test")
 
 
 class ResumableSampler(DistributedSampler):
-    """Per-epoch seeded shuffle that starts where the run stands, so stopping and resuming sees the same batches.
+    """Per-epoch seeded shuffle that starts at the batch training is about to run, so a resumed run sees what an uninterrupted one would.
 
-    The position comes from ``position()`` (batches this process has consumed, i.e. the trainer's
-    global step × gradient accumulation, restored from the checkpoint on resume): its epoch picks the
-    permutation (``seed + epoch``), its offset skips the batches already trained on. Ranks take
-    every ``world``-th index as DistributedSampler does, so a batch of B per process on W processes
-    covers the same examples as one process with batch W × B. Being a DistributedSampler, Lightning
-    leaves it in place under DDP.
+    ``position()`` gives ``(epoch, batches)``: the epoch being trained and how many of its batches this
+    process has already trained (``None``: not training; then the epoch of ``set_epoch`` and no skip, as a
+    plain DistributedSampler). The epoch picks the permutation (``seed + epoch``); the batches are skipped,
+    and an epoch already fully trained yields nothing (resuming from a checkpoint saved at ``max_steps`` at
+    an epoch's end, Lightning asks that epoch for one more batch). ``position()`` is read when the first index is
+    drawn, not when ``iter()`` is called. Ranks take every ``world``-th index as DistributedSampler does,
+    so a batch of B per process on W processes covers the same examples as one process with batch W × B.
+    Being a DistributedSampler, Lightning leaves it in place under DDP.
     """
 
-    def __init__(self, size: int, batch_size: int, world: int, rank: int, shuffle: bool, seed: int, position: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        size: int,
+        batch_size: int,
+        world: int,
+        rank: int,
+        shuffle: bool,
+        seed: int,
+        position: Callable[[], tuple[int, int] | None] | None = None,
+    ) -> None:
         super().__init__(range(size), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
         self.batch_size = batch_size
         self.position = position
 
     def __iter__(self) -> Iterator[int]:
-        batches_per_epoch = max(1, math.ceil(self.num_samples / self.batch_size))
-        epoch, offset = divmod(self.position(), batches_per_epoch)
+        # A generator: nothing below runs before the first index is drawn.
+        where = self.position() if self.position is not None else None
+        epoch, done = where if where is not None else (self.epoch, 0)
         size = len(self.dataset)
         if self.shuffle:
             order = torch.randperm(size, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
@@ -54,7 +65,21 @@ class ResumableSampler(DistributedSampler):
             order = list(range(size))
         order += order[: self.total_size - size]
         mine = order[self.rank : self.total_size : self.num_replicas]
-        return iter(mine[offset * self.batch_size :])
+        yield from mine[done * self.batch_size :]
+
+
+class FirstDrawDataLoader(DataLoader):
+    """A DataLoader whose iterator (its worker processes, its sampler) starts at the first batch drawn, not at ``iter()``.
+
+    Lightning 2.6's fit loop calls ``iter()`` on the training loader in ``FitLoop.setup_data``, on resume
+    before it has finished restoring where the run stands (the epoch counter and the batch progress are
+    adjusted afterwards, in the loops' ``reset``); worker processes draw their first indices as soon as the
+    iterator exists, so a :class:`ResumableSampler` asked then would read the checkpoint's raw counters.
+    """
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator: the real iterator is made when Lightning draws the first batch.
+        yield from super().__iter__()
 
 
 def split_of_case(case_id: str, validation_fraction: float, test_fraction: float) -> str:
@@ -96,7 +121,7 @@ class TrajectoryDataModule(L.LightningDataModule):
             num_workers: DataLoader worker processes.
             validation_fraction: share of cases for validation when the folder has a single split.
             test_fraction: share of cases for test when the folder has a single split.
-            shuffle: shuffle training examples (a fixed permutation per epoch and seed, so resumed runs match).
+            shuffle: shuffle training examples (a fixed permutation per epoch and seed, so a resumed run matches an uninterrupted one).
             shuffle_seed: seed of that permutation.
             predict_split: split that ``predict`` runs over.
             max_examples: keep at most this many examples per split (smoke runs).
@@ -115,7 +140,7 @@ class TrajectoryDataModule(L.LightningDataModule):
         return self.embedder.dim
 
     def setup(self, stage: str | None = None) -> None:
-        """Read and split the folder, then embed every distinct label once."""
+        """Read and split the folder, then embed every distinct label once, on this process's device when a trainer runs it."""
         if self.splits:
             return
         loaded = read_trajectory_dataset(self.hparams.path)
@@ -131,6 +156,9 @@ class TrajectoryDataModule(L.LightningDataModule):
         if not self.splits["train"] and stage in (None, "fit"):
             raise InputError(f"{self.hparams.path}", "no training examples in the train split")
         labels = sorted({label for part in self.splits.values() for ex in part for label in ex.graph.node_labels + ex.graph.edge_labels})
+        if self.trainer is not None:
+            # setup runs after the strategy has set up this process's environment, so root_device is this rank's device
+            self.embedder.model.to(self.trainer.strategy.root_device)
         self._features = self._embed(labels)
 
     def _embed(self, labels: list[str]) -> dict[str, np.ndarray]:
@@ -148,18 +176,27 @@ class TrajectoryDataModule(L.LightningDataModule):
         return {"examples": examples, "graph": Batch.from_data_list(graphs)}
 
     def train_dataloader(self) -> DataLoader:
+        """Training batches from where the fit loop stands (see :class:`ResumableSampler`)."""
         data = self.splits["train"]
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        sampler = ResumableSampler(
-            len(data), self.hparams.batch_size, world, rank, self.hparams.shuffle, self.hparams.shuffle_seed, self._batches_consumed
-        )
-        return self._loader(data, self.hparams.batch_size, sampler)
+        hp = self.hparams
+        sampler = ResumableSampler(len(data), hp.batch_size, world, rank, hp.shuffle, hp.shuffle_seed, self._position)
+        return self._loader(data, hp.batch_size, sampler, loader=FirstDrawDataLoader)
 
-    def _batches_consumed(self) -> int:
-        """Training batches this process has consumed in the run (restored from the checkpoint on resume)."""
-        if self.trainer is None:
-            return 0
-        return self.trainer.global_step * self.trainer.accumulate_grad_batches
+    def _position(self) -> tuple[int, int] | None:
+        """``(epoch, batches of it trained)`` from the fit loop's progress (restored on resume), or None when not training.
+
+        The epoch is ``trainer.current_epoch`` (the fit loop's completed epochs), not the value Lightning
+        passes to ``set_epoch``: resuming from a checkpoint saved at ``max_steps`` mid-epoch, Lightning
+        finishes that epoch while ``set_epoch`` already says the next one. The batches are the epoch
+        loop's ``batch_progress.current.ready``, which at the first draw of an epoch is the index of the
+        batch Lightning is about to run: 0 in a new epoch, the batches trained so far on resume (also after
+        a partial last accumulation, where counting optimizer steps × accumulation would drift).
+        """
+        trainer = self.trainer
+        if trainer is None or not trainer.training:
+            return None
+        return trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.ready
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.splits["validation"], self._eval_batch_size())
@@ -175,5 +212,6 @@ class TrajectoryDataModule(L.LightningDataModule):
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size
 
-    def _loader(self, data: list[TrajectoryExample], batch_size: int, sampler: Any = None) -> DataLoader:
-        return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=self.collate, num_workers=self.hparams.num_workers)
+    def _loader(self, data: list[TrajectoryExample], batch_size: int, sampler: Any = None, loader: type = DataLoader) -> DataLoader:
+        workers = self.hparams.num_workers
+        return loader(data, batch_size=batch_size, sampler=sampler, collate_fn=self.collate, num_workers=workers)
