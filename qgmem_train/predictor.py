@@ -444,7 +444,7 @@ class PredictorMemory:
         start = time.perf_counter()
         generated = model.generate([example], batch)[0]
         seconds["generate"] = time.perf_counter() - start
-        prompt_tokens = len(model.prompt_ids(example)) + model.hparams.graph_tokens
+        prompt_tokens = len(model.prompt_ids(example).ids) + model.hparams.graph_tokens
         return generated, parse_answer(generated), prompt_tokens, self.predictor.llm.count_tokens(generated)
 
     def _generate_text(self, question: str, question_time: str | None, context: str, graph: LocalGraph, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
