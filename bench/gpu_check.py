@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 from machine import machine_info
 
-from qgmem_train.fileio import atomic_output, write_json_atomic
+from qgmem_train.fileio import write_report_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu.json"
@@ -616,10 +616,8 @@ def load_results(path: Path, run_id: str | None) -> dict[str, Any]:
 
 
 def write(result: dict[str, Any], path: Path) -> None:
-    """The JSON and its Markdown twin, atomically."""
-    write_json_atomic(path, result)
-    with atomic_output(path.with_suffix(".md")) as handle:
-        handle.write(markdown(result))
+    """Write the results so far as JSON and Markdown, atomically."""
+    write_report_atomic(path, result, markdown(result))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,3 +31,10 @@ def write_json_atomic(path: Path, value: Any) -> None:
     with atomic_output(Path(path)) as handle:
         json.dump(value, handle, indent=2, ensure_ascii=False, default=str)
         handle.write("\n")
+
+
+def write_report_atomic(path: Path, value: Any, markdown: str) -> None:
+    """Write ``value`` as JSON to ``path`` and ``markdown`` beside it (``.md``), each atomically."""
+    write_json_atomic(path, value)
+    with atomic_output(Path(path).with_suffix(".md")) as handle:
+        handle.write(markdown)
