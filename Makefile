@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench graph-token-experiment clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ test: setup
 
 bench: setup
 	$(PY) bench/run_all.py
+
+# The graph-token experiment: graph token vs soft prompt, no graph, text path and LoRA, split by conversation (about 75
+# minutes on 2 cores; bench/graph_token_experiment.py says why). Extra options: EXPERIMENT_ARGS='--steps 300 --out ...'.
+EXPERIMENT_ARGS ?=
+graph-token-experiment: setup
+	$(PY) bench/graph_token_experiment.py --out out/graph_token $(EXPERIMENT_ARGS)
 
 clean:
 	rm -rf $(VENV) out/demo

@@ -40,6 +40,8 @@ def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list
         "bench_predictor": ["--model", str(model), "--questions", "2", "--out", str(out / "predictor")] if model else
                            "needs --model EXPORT_DIR (an exported model: python -m qgmem_train export ...)",
         "gpu_check": GPU_ONLY,
+        "graph_token_experiment": ["--variants", "a", "d", "--seeds", "1", "--steps", "2", "--max-test-questions", "3",
+                                   "--max-val-questions", "2", "--max-train-questions", "4", "--out", str(work / "graph_token")],
     }  # fmt: skip
 
 

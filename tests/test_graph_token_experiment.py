@@ -1,0 +1,123 @@
+"""The graph-token experiment (``bench/graph_token_experiment.py``): the conversation split, bad input, and a tiny run.
+
+The tiny run goes through every stage with the bundled SmolLM2 and MiniLM on three cut-down conversations made
+from the committed ConvoMem sample (which holds two): data prep, two variants (a graph token trained for two
+steps and the untrained no-graph arm), one seed, three test questions, and the report with its plots.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "samples" / "convomem_cases"
+SCRIPT = ROOT / "bench" / "graph_token_experiment.py"
+
+
+@pytest.fixture
+def experiment(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    return importlib.import_module("graph_token_experiment")
+
+
+def tiny_convomem(root: Path) -> Path:
+    """Three conversations in the test_cases layout: the sample's two (two categories each), cut to 2 sessions of
+    8 turns and 2 questions a file, and a third made of the sample's conversation 1, session 3, under new session ids."""
+    for category in ("category_1_basic_facts", "category_2_temporal"):
+        for i in (0, 1):
+            case = json.loads((SAMPLE / category / f"dataset_{i}.json").read_text())
+            case["conversations"] = [{**s, "messages": s["messages"][:8]} for s in case["conversations"][:2]]
+            case["evidenceItems"] = [{**item, "conversations": []} for item in case["evidenceItems"][:2]]
+            (root / "locomo" / category).mkdir(parents=True, exist_ok=True)
+            (root / "locomo" / category / f"dataset_{i}.json").write_text(json.dumps(case))
+    case = json.loads((SAMPLE / "category_1_basic_facts" / "dataset_1.json").read_text())
+    session = case["conversations"][2]
+    third = {"conversations": [{**session, "id": "other_session_1", "messages": session["messages"][:8]}],
+             "evidenceItems": [{**item, "conversations": []} for item in case["evidenceItems"][:2]]}  # fmt: skip
+    (root / "locomo" / "category_1_basic_facts" / "dataset_2.json").write_text(json.dumps(third))
+    return root
+
+
+def test_conversation_split_never_shares_a_conversation(experiment: ModuleType, tmp_path: Path) -> None:
+    conversations = experiment.find_conversations(tiny_convomem(tmp_path / "cases"))
+    assert [c.name for c in conversations] == ["dataset_0", "dataset_1", "dataset_2"]
+    by_name = {c.name: c for c in conversations}
+    # both category files of a conversation share its sessions, so they are one conversation
+    assert by_name["dataset_0"].case_ids == ["locomo/category_1_basic_facts/dataset_0.json#0", "locomo/category_2_temporal/dataset_0.json#0"]
+    assert len(by_name["dataset_0"].questions) == 4 and len(by_name["dataset_2"].questions) == 2
+
+    names = [f"dataset_{i}" for i in range(7)]
+    for seed in range(20):
+        split = experiment.split_conversations(names, seed)
+        assert sorted(n for part in split.values() for n in part) == names, "every conversation in exactly one split"
+        assert (len(split["train"]), len(split["validation"]), len(split["test"])) == (5, 1, 1)
+    assert experiment.split_conversations(names, 0) == experiment.split_conversations(names, 0)
+    named = experiment.split_conversations(names, 0, test="dataset_6", validation="dataset_5")
+    assert named == {"train": names[:5], "validation": ["dataset_5"], "test": ["dataset_6"]}
+    with pytest.raises(experiment.InputError, match="at least 3"):
+        experiment.split_conversations(names[:2], 0)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [("missing", "not a folder"), (str(SAMPLE), "2 conversation(s) found")],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, data: str, message: str) -> None:
+    command = [sys.executable, str(SCRIPT), "--data", str(tmp_path / data) if data == "missing" else data, "--out", str(tmp_path / "out")]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    command = [
+        sys.executable, str(SCRIPT), "--data", str(tiny_convomem(tmp_path / "cases")), "--out", str(out), "--variants", "a", "d",
+        "--seeds", "1", "--steps", "2", "--val-checks", "1", "--max-test-questions", "3", "--max-val-questions", "2",
+        "--max-new-tokens", "48", "--eval-batch-size", "4", "--gnn-hidden", "32", "--bootstrap-resamples", "200",
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    results = json.loads((out / "results.json").read_text())
+    assert {"command", "git", "machine", "settings", "data", "summary", "plots", "wall_s"} <= set(results)
+    split = results["data"]["split"]
+    assert sorted(n for part in split.values() for n in part) == ["dataset_0", "dataset_1", "dataset_2"]
+    questions = json.loads((out / "data" / "split.json").read_text())["questions"]
+    homes: dict[str, set[str]] = {}
+    for q in questions.values():
+        homes.setdefault(q["conversation"], set()).add(q["split"])
+    assert all(len(h) == 1 for h in homes.values()), f"a conversation in two splits: {homes}"
+
+    summary = results["summary"]
+    assert list(summary["variants"]) == ["a", "d"]
+    for key in ("a", "d"):
+        row = summary["variants"][key]
+        for metric in ("test_loss", "json_valid", "f1", "bleu1", "exact_match"):
+            assert set(row[metric]) == {"mean", "std"}
+        assert row["json_valid"]["mean"] == 1.0, "schema-constrained answers always parse"
+        assert row["f1_per_category"]
+    assert summary["variants"]["a"]["runs"][0]["steps"] == 2 and summary["variants"]["d"]["runs"][0]["steps"] == 0
+    boot = summary["bootstrap"]["a-d"]
+    assert boot["questions"] == results["data"]["examples"]["test"] and boot["ci95"][0] <= boot["mean_difference"] <= boot["ci95"][1]
+    assert (out / "runs" / "a-seed0" / "checkpoints" / "last.ckpt").exists()
+
+    report = (out / "results.md").read_text()
+    for heading in ("## Test conversation", "## Paired bootstrap of the F1 difference", "## F1 per category", "## Runs"):
+        assert heading in report
+    assert results["git"]["commit"] in report and "Machine:" in report
+    for name in ("loss_curves.png", "f1.png", "f1_per_category.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert again.stderr.count("done before") == 2 and "reusing" in again.stderr
