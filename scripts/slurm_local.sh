@@ -68,7 +68,7 @@ start_munge() {
 write_config() {
   local dir=$1 host cpus memory
   host=$(hostname -s)
-  cpus=$(nproc)
+  cpus=$(nproc --all)  # the machine's, not OMP_NUM_THREADS (which plain nproc honours)
   memory=$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)
   mkdir -p "$dir/state" "$dir/spool"
   cat >"$dir/slurm.conf" <<CONF
