@@ -145,8 +145,8 @@ class GraphAugmentedLM(L.LightningModule):
         """Load the frozen LLM on ``device`` (default: this process's GPU, ``cuda:<local rank>``, else CPU); once.
 
         Moves the graph path there too, adds LoRA when asked, turns on gradient checkpointing of the
-        decoder layers, and sets the projector's scale to the mean input-embedding norm (a checkpoint loaded afterwards overrides it).
-        ``quantized=False`` loads the weights without bitsandbytes whatever ``quantization`` says (export
+        decoder layers, and sets the projector's scale to the mean input-embedding norm (a checkpoint
+        loaded afterwards overrides it). ``quantized=False`` loads the weights without bitsandbytes whatever ``quantization`` says (export
         reads LoRA tensors, which do not depend on it, on a machine without CUDA).
         """
         if self.llm is not None:
