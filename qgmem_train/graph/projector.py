@@ -26,13 +26,11 @@ class GraphTokenProjector(nn.Module):
         self.norm = nn.LayerNorm(llm_hidden_size, elementwise_affine=False) if normalize else None
         self.scale = nn.Parameter(torch.ones(())) if normalize else None
 
-    def match_embedding_norm(self, embedding_weight: torch.Tensor) -> float:
-        """Set the learned scale to the mean row norm of the LLM's input embeddings; returns that norm."""
-        target = float(embedding_weight.detach().float().norm(dim=-1).mean())
+    def set_scale(self, norm: float) -> None:
+        """Set the learned scale (the LLM's mean input-embedding norm at initialisation); no-op without ``normalize``."""
         if self.scale is not None:
             with torch.no_grad():
-                self.scale.fill_(target)
-        return target
+                self.scale.fill_(norm)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         """``(num_graphs, tokens, llm_hidden_size)`` graph-token embeddings."""

@@ -165,7 +165,7 @@ class GraphAugmentedLM(L.LightningModule):
         self.to(torch.device(target))
         self.embedding_norm = float(llm.get_input_embeddings().weight.detach().float().norm(dim=-1).mean())
         if self.projector is not None:
-            self.projector.match_embedding_norm(llm.get_input_embeddings().weight)
+            self.projector.set_scale(self.embedding_norm)
         self.train(self.training)
 
     def _backbone(self) -> Any:
