@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
-from qgmem_train.config import PipelineConfig, load_pipeline_config
+from qgmem_train.config import PipelineConfig, load_pipeline_config, read_yaml, settings_from_dict
 from qgmem_train.errors import InputError
 
 
@@ -61,22 +59,20 @@ class DataPrepConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+_AT_LEAST = {"total_cases": 1, "max_questions_per_case": 1, "max_sessions_per_case": 1, "judge_repeats": 1}
+"""Smallest allowed value of each count setting."""
+_UNIT_INTERVAL = frozenset({"validation_fraction", "test_fraction"})
+"""Settings that are shares in [0, 1]."""
+
+
 def load_data_prep_config(path: str | Path) -> tuple[DataPrepConfig, PipelineConfig]:
-    """Read the ``data_prep:`` and ``pipeline:`` sections of a YAML file; unknown keys are an InputError."""
-    path = Path(path)
+    """Read the ``data_prep:`` and ``pipeline:`` sections of a YAML file; an unknown key or a value of the
+    wrong type or range is an :class:`InputError` naming it."""
     pipeline = load_pipeline_config(path)
-    raw = yaml.safe_load(path.read_text()) or {}
-    section = raw.get("data_prep", {})
     where = f"{path}: data_prep"
-    if not isinstance(section, dict):
-        raise InputError(where, "expected a mapping")
-    known = {f.name for f in dataclasses.fields(DataPrepConfig)}
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise InputError(f"{where}.{unknown[0]}", f"unknown setting (known: {', '.join(sorted(known))})")
-    cfg = DataPrepConfig(**section)
-    if not cfg.categories or any(float(w) < 0 for w in cfg.categories.values()):
-        raise InputError(f"{where}.categories", "needs at least one category with a non-negative weight")
-    if cfg.target not in ("judge_correct", "gold"):
-        raise InputError(f"{where}.target", f"is {cfg.target!r}; use judge_correct or gold")
+    cfg = settings_from_dict(DataPrepConfig, read_yaml(path).get("data_prep", {}), where, at_least=_AT_LEAST, unit_interval=_UNIT_INTERVAL)
+    if any(w < 0 for w in cfg.categories.values()) or sum(cfg.categories.values()) <= 0:
+        raise InputError(f"{where}.categories", "needs non-negative weights with a positive sum")
+    if cfg.validation_fraction + cfg.test_fraction > 1:
+        raise InputError(f"{where}.test_fraction", f"validation_fraction + test_fraction is {cfg.validation_fraction + cfg.test_fraction}, above 1")
     return cfg, pipeline

@@ -8,7 +8,6 @@ A category is any folder below the root with that name. Items are read under ``e
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 from data_prep.sampling import CaseRef
 from qgmem_train.errors import InputError, ModelUnavailableError
-from qgmem_train.memory.loaders import convomem_sessions
+from qgmem_train.memory.loaders import convomem_sessions, read_json
 from qgmem_train.memory.types import Conversation, Session
 
 HUB_PREFIX = "core_benchmark/pre_mixed_testcases"
@@ -67,10 +66,7 @@ def resolve_source(source: str, revision: str | None, categories: list[str]) -> 
 
 @lru_cache(maxsize=8)
 def _read(path: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(path, f"not readable JSON: {exc}") from None
+    return read_json(Path(path))
 
 
 def _cases_in(value: Any) -> list[dict]:

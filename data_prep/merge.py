@@ -1,6 +1,7 @@
 """Combine finished shards into one trajectory dataset, split by case, with a manifest.
 
-Merge refuses when a shard is missing, unfinished, or was made with another config. Targets follow
+Merge refuses when a shard is missing, unfinished, or was made with another config, and when a case
+record is missing, empty or partial (rerunning the shard computes such a case again). Targets follow
 ``data_prep.target``: the paper keeps judge-correct answers as they were generated; ``gold`` targets the
 dataset's answer with a reasoning path over the evidence units' labels, for every question whose gold
 answer is not empty (such runs answer and judge nothing; their questions count as ``not_judged``).
@@ -12,15 +13,14 @@ process; shards run side by side multiply it.
 
 from __future__ import annotations
 
-import json
 import platform
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from data_prep.config import DataPrepConfig
-from data_prep.pipeline import case_namespace, stages_of
-from data_prep.run import shard_dir
+from data_prep.pipeline import stages_of
+from data_prep.run import case_file, read_case_record, read_shard_state, shard_dir
 from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import write_json_atomic
@@ -36,7 +36,7 @@ def _shard_states(out: Path, fingerprint: str) -> list[tuple[Path, dict]]:
     found = sorted((out / "shards").glob("*-of-*/shard.json"))
     if not found:
         raise InputError(str(out / "shards"), "no shards here; run `python -m data_prep --config FILE [--shard I/N]` first")
-    states = [(p.parent, json.loads(p.read_text())) for p in found]
+    states = [(p.parent, read_shard_state(p)) for p in found]
     counts = {s["num_shards"] for _, s in states}
     if len(counts) != 1:
         raise InputError(str(out / "shards"), f"shards of different splits {sorted(counts)}; keep one shard count per output folder")
@@ -47,10 +47,10 @@ def _shard_states(out: Path, fingerprint: str) -> list[tuple[Path, dict]]:
         state_file = folder / "shard.json"
         if not state_file.exists():
             raise InputError(str(state_file), f"shard {shard}/{num_shards} is missing")
-        state = json.loads(state_file.read_text())
-        if state.get("fingerprint") != fingerprint:
+        state = read_shard_state(state_file)
+        if state["fingerprint"] != fingerprint:
             raise InputError(str(state_file), "was made with another config than this merge")
-        if not state.get("done"):
+        if not state["done"]:
             raise InputError(str(state_file), f"shard {shard}/{num_shards} has not finished; rerun it")
         checked.append((folder, state))
     return checked
@@ -89,10 +89,12 @@ def merge(cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:
     records = []
     for folder, state in states:
         for case_id in state["cases"]:
-            path = folder / "cases" / f"{case_namespace(case_id)}.json"
-            if not path.exists():
-                raise InputError(str(path), f"case {case_id} is listed as done but its record is missing; rerun the shard")
-            records.append(json.loads(path.read_text()))
+            path = case_file(folder, case_id)
+            record = read_case_record(path, case_id)
+            if record is None:
+                problem = "is empty or partial" if path.exists() else "is missing"
+                raise InputError(str(path), f"the record of case {case_id} {problem}; rerun the shard to compute it again")
+            records.append(record)
     records.sort(key=lambda r: r["case_id"])
 
     splits: dict[str, list[TrajectoryExample]] = {"train": [], "validation": [], "test": []}

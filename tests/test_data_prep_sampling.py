@@ -96,5 +96,5 @@ def test_malformed_case_names_file_record_and_field(tmp_path: Path) -> None:
     from data_prep import convomem
 
     convomem._read.cache_clear()
-    with pytest.raises(InputError, match="not readable JSON"):
+    with pytest.raises(InputError, match=r"bad\.json: not valid JSON"):
         discover_cases(tmp_path, ["user_evidence"])

@@ -1,17 +1,29 @@
-"""Loaders of every dataset on the committed samples, and one clear error naming file, record and field."""
+"""Loaders of every dataset on the committed samples, and one clear error naming file, record and field.
+
+Bad input through ``python -m qgmem_train build`` is checked to end in exit code 2 and one stderr line.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from qgmem_train.__main__ import main
 from qgmem_train.errors import InputError
 from qgmem_train.memory.loaders import load_conversations
+from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.windows import annotated_content, session_windows
 
-SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "samples"
 
 
 def test_locomo_sample_keeps_ids_and_session_dates() -> None:
@@ -105,11 +117,106 @@ def test_bad_record_names_file_record_and_field(tmp_path: Path, dataset: str, ma
     assert str(info.value).endswith(expected)
 
 
-@pytest.mark.parametrize("dataset", ["locomo", "beam", "convomem", "jsonl"])
-def test_unreadable_json_is_an_input_error(tmp_path: Path, dataset: str) -> None:
-    path = _write(tmp_path, "chat.json", "{not json")
-    with pytest.raises(InputError, match="chat.json: not valid JSON"):
+@pytest.mark.parametrize(
+    ("dataset", "name", "content", "expected"),
+    [
+        ("locomo", "chat.json", "{not json", "chat.json: not valid JSON"),
+        ("beam", "chat.json", "{not json", "chat.json: not valid JSON"),
+        ("convomem", "chat.json", "{not json", "chat.json: not valid JSON"),
+        ("jsonl", "chat.json", "{not json", "chat.json: not valid JSON"),
+        ("jsonl", "chat.jsonl", (SAMPLES / "plain_chat.jsonl").read_text().strip() + "\n{not json\n", "chat.jsonl: line 2: not valid JSON"),
+    ],
+)
+def test_unreadable_json_is_an_input_error(tmp_path: Path, dataset: str, name: str, content: str, expected: str) -> None:
+    path = _write(tmp_path, name, content)
+    with pytest.raises(InputError, match=expected):
         load_conversations(dataset, path)
+
+
+def test_jsonl_lines_are_split_on_newlines_only(tmp_path: Path) -> None:
+    record = json.loads((SAMPLES / "plain_chat.jsonl").read_text())
+    record["sessions"][0]["turns"][0]["text"] = "Biscuit\u2028naps\x85a lot"
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps(record, ensure_ascii=False) + "\r\n", encoding="utf-8")
+    (conv,) = load_conversations("jsonl", path)
+    assert conv.sessions[0].turns[0].text == "Biscuit\u2028naps\x85a lot"
+
+
+def _cli_error(args: list[str], capsys) -> str:
+    """Run ``python -m qgmem_train build`` in process; expects exit code 2 and returns its one stderr line."""
+    assert main(["build", *args, "--units", "turns"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_bad_utf8_in_jsonl_names_the_line(tmp_path: Path, capsys) -> None:
+    good = (SAMPLES / "plain_chat.jsonl").read_bytes().strip()
+    path = tmp_path / "chats.jsonl"
+    path.write_bytes(good + b"\n" + good.replace(b"Biscuit", "Bisc\u00fcit".encode("latin-1"), 1) + b"\n")
+    err = _cli_error(["--dataset", "jsonl", "--input", str(path), "--store", str(tmp_path / "store")], capsys)
+    assert f"{path}: line 2: not valid UTF-8" in err
+    assert not (tmp_path / "store").exists()
+
+
+def test_bad_utf8_in_json_names_the_file(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "locomo.json"
+    path.write_bytes((SAMPLES / "locomo_sample.json").read_bytes().replace(b"Caroline", "Carol\u00efne".encode("latin-1"), 1))
+    err = _cli_error(["--dataset", "locomo", "--input", str(path), "--store", str(tmp_path / "store")], capsys)
+    assert f"{path}: line " in err and "not valid UTF-8" in err
+
+
+def test_a_folder_where_a_file_is_expected(tmp_path: Path, capsys) -> None:
+    (tmp_path / "chats.jsonl").mkdir()
+    err = _cli_error(["--dataset", "jsonl", "--input", str(tmp_path / "chats.jsonl"), "--store", str(tmp_path / "store")], capsys)
+    assert err.endswith("chats.jsonl: expected a file, got a folder")
+
+
+def test_an_input_without_read_permission() -> None:
+    """As root, where permissions do not block reads, the CLI runs as the unprivileged ``nobody`` (util-linux setpriv)."""
+    drop: list[str] = []
+    if os.geteuid() == 0:
+        nobody = _user("nobody")
+        if shutil.which("setpriv") is None or nobody is None:
+            pytest.skip("running as root, where file permissions do not block reads, with no setpriv and 'nobody' user to run as")
+        drop = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
+    folder = Path(tempfile.mkdtemp(prefix="qgmem-unreadable-"))  # under the system temp folder, which every user can traverse
+    try:
+        folder.chmod(0o755)
+        path = folder / "chats.jsonl"
+        shutil.copy(SAMPLES / "plain_chat.jsonl", path)
+        path.chmod(0)
+        command = [*drop, sys.executable, "-m", "qgmem_train", "build", "--dataset", "jsonl", "--input", str(path), "--store", str(folder / "store"), "--units", "turns"]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HOME": str(folder)}, timeout=300)
+    finally:
+        shutil.rmtree(folder)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == f"error: {path}: cannot read: Permission denied"
+
+
+def _user(name: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        return None
+
+
+def test_session_times_with_a_zone_or_fraction_keep_the_wall_clock_time(tmp_path: Path, capsys) -> None:
+    record = json.loads((SAMPLES / "plain_chat.jsonl").read_text())
+    record["sessions"][0]["time"] = "2024-03-02T18:30:00.250+02:00"
+    record["sessions"][1]["time"] = "2024-04-15T23:45:10Z"
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    (conv,) = load_conversations("jsonl", path)
+    assert [s.time for s in conv.sessions] == ["2024-03-02T18:30:00", "2024-04-15T23:45:10"]
+    config = tmp_path / "cfg.yaml"
+    config.write_text("pipeline:\n  construction:\n    traces: false\n")
+    store = tmp_path / "store"
+    assert main(["build", "--dataset", "jsonl", "--input", str(path), "--store", str(store), "--units", "turns", "--config", str(config)]) == 0
+    assert "units 7 (7 new)" in capsys.readouterr().out
+    with MemoryStore.open(store) as opened:
+        times = {u.session_id: u.utterance_time for u in opened.load_namespace("alex").units}
+    assert times == {"s1": "2024-03-02T18:30:00", "s2": "2024-04-15T23:45:10"}
 
 
 def test_duplicate_turn_ids_and_unknown_conversation_are_input_errors(tmp_path: Path) -> None:

@@ -138,10 +138,36 @@ def test_s_elt_time_overlap_fact_and_utterance() -> None:
     np.testing.assert_allclose(scorer.scores(with_entity, _axis((0, 1))[None, :], empty), [1.0, 0.35, 0.0, 0.0], atol=1e-3)
 
 
+def test_time_match_takes_each_item_at_its_granularity() -> None:
+    units = [
+        _unit("december", fact=[TimeSpan("2023-12-01", "2023-12-01", "month")]),  # "in December", written as its first day
+        _unit("dec5", fact=[TimeSpan("2023-12-05", "2023-12-05", "day")]),
+        _unit("week", fact=[TimeSpan("2023-12-20", "2023-12-20", "week")]),  # the week of Monday 18 December
+        _unit("year", fact=[TimeSpan("2023-06-30", "2023-06-30", "year")]),
+    ]
+    attrs = AttributeIndex(unit_index=np.zeros(0, np.int64), kind=np.zeros(0, np.int8), texts=[], embeddings=np.zeros((0, 4), np.float32))
+    scorer, empty = AttributeScorer(units, attrs), np.zeros((0, 4))
+
+    def matched(*spans: str) -> list[str]:
+        intent = QueryIntent(fact_times=[parse_date_range(s) for s in spans])
+        return [u.id for u, score in zip(units, scorer.scores(intent, empty, empty)) if score == 1.0]
+
+    assert matched("2023-12") == ["december", "dec5", "week", "year"]
+    assert matched("2023-12-25") == ["december", "year"]  # another day of the month misses the day fact
+    assert matched("2023-12-05") == ["december", "dec5", "year"]
+    assert matched("2023-12-18..2023-12-19") == ["december", "week", "year"]
+    assert matched("2023-12-16..2023-12-17") == ["december", "year"]  # two days are not widened to their week
+    assert matched("2024-01") == []
+
+
 def test_rule_intent_names_and_times() -> None:
     intent = parse_intent_rules('When did Caroline go to the LGBTQ support group in May 2023 with "Pride Club"?', "2023-10-01")
     assert intent.entities == ["Pride Club", "Caroline", "LGBTQ"]
     assert [(s.start, s.end) for s in intent.fact_times] == [("2023-05-01", "2023-05-31")]
+    ahead = parse_intent_rules("When is Caroline flying to Japan in December?", "2023-01-20")
+    assert [(s.start, s.end) for s in ahead.fact_times] == [("2023-12-01", "2023-12-31")]
+    back = parse_intent_rules("What did Caroline do in December?", "2023-01-20")
+    assert [(s.start, s.end) for s in back.fact_times] == [("2022-12-01", "2022-12-31")]
     said = parse_intent_rules("What did Melanie say in our chat yesterday?", "2023-10-01")
     assert said.entities == ["Melanie"] and not said.fact_times
     assert [(s.start, s.end) for s in said.utterance_times] == [("2023-09-30", "2023-09-30")]
@@ -159,7 +185,16 @@ def test_llm_intent_output_dates_and_question_day() -> None:
     assert ("2023-10-01", "2023-10-01") in [(s.start, s.end) for s in kept.fact_times]
 
 
-@pytest.mark.parametrize("text,expected", [("2023-05-07", ("2023-05-07", "2023-05-07")), ("2023..2024-02", ("2023-01-01", "2024-02-29")), ("May", None)])
-def test_parse_date_range(text: str, expected: tuple[str, str] | None) -> None:
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("2023-05-07", ("2023-05-07", "2023-05-07", "day")),
+        ("2023-12", ("2023-12-01", "2023-12-31", "month")),
+        ("2023..2024-02", ("2023-01-01", "2024-02-29", "month")),
+        ("2023-01-14..2023-01-15", ("2023-01-14", "2023-01-15", "day")),
+        ("May", None),
+    ],
+)
+def test_parse_date_range(text: str, expected: tuple[str, str, str] | None) -> None:
     span = parse_date_range(text)
-    assert (span.start, span.end) == expected if expected else span is None
+    assert (span.start, span.end, span.granularity) == expected if expected else span is None

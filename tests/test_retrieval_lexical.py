@@ -61,3 +61,49 @@ def test_tokenize_lowercases_drops_stopwords_and_stems() -> None:
     assert light_stem("painting") == light_stem("painted") == light_stem("paints") == "paint"
     assert light_stem("running") == "run" and light_stem("studies") == "study" and light_stem("classes") == "class"
     assert light_stem("string") == "string"
+
+
+MULTILINGUAL = [
+    "Lena moved to Zürich in 2021 for her new job.",
+    "Tom got rich quickly, says Dr. Z.",
+    "我住在北京，每天坐地铁上班。",
+    "我喜欢吃苹果和香蕉。",
+    "東京タワーに行きました。",
+    "昨日は京都でお寺を見ました。",
+    "Ich wohne in der Straße am Fluss.",
+]
+
+
+def _hits(query: str) -> list[int]:
+    index = BM25Index([tokenize(doc) for doc in MULTILINGUAL])
+    rows, _ = top_positive(index.scores(tokenize(query)), 10)
+    return rows.tolist()
+
+
+def test_words_outside_ascii_stay_whole() -> None:
+    assert tokenize("Zürich") == ["zürich"]
+    assert tokenize("STRASSE Straße ＡＢＣ１２３") == ["strass", "strass", "abc123"]
+    assert _hits("Where does Lena live, Zürich?")[0] == 0
+    assert _hits("zürich") == [0]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [("北京", 2), ("他住在哪里？北京吗", 2), ("苹果", 3), ("東京", 4), ("タワー", 4), ("京都", 5)],
+)
+def test_chinese_and_japanese_documents_are_found_by_a_query_word(query: str, expected: int) -> None:
+    assert _hits(query)[0] == expected
+
+
+def test_cjk_runs_give_characters_and_adjacent_pairs() -> None:
+    assert tokenize("北京 Beijing") == ["北", "京", "北京", "beij"]
+    assert tokenize("猫") == ["猫"]
+
+
+def test_scores_on_multilingual_tokens_equal_rank_bm25() -> None:
+    docs = [tokenize(doc) for doc in MULTILINGUAL * 3]
+    reference = BM25Okapi(docs)
+    ours = BM25Index(docs)
+    for query in ("北京", "東京タワー", "Zürich", "京"):
+        tokens = tokenize(query)
+        np.testing.assert_allclose(ours.scores(tokens), reference.get_scores(tokens), rtol=2e-6, atol=2e-6)

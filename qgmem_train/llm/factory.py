@@ -55,7 +55,8 @@ def _make_llm(ref: str, revision: str | None, m: ModelsConfig, g: GenerationConf
             raise ModelUnavailableError("models.backend is openai but models.base_url is not set")
         return OpenAICompatibleLLM(
             m.base_url, ref, api_key_env=m.api_key_env, max_concurrency=m.max_concurrency, timeout_s=m.timeout_s,
-            max_retries=m.max_retries, max_new_tokens=g.max_new_tokens, temperature=g.temperature, constrained=g.constrained,
+            max_retries=m.max_retries, deadline_s=m.deadline_s, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+            constrained=g.constrained,
         )  # fmt: skip
     from qgmem_train.llm.local import TransformersLLM
 

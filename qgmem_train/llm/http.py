@@ -1,19 +1,28 @@
 """OpenAI-compatible HTTP backend (vLLM servers, API models) behind :class:`ChatLLM`.
 
-The API key is read from the environment variable named in config and never logged. Requests run in
-parallel up to a concurrency limit; 429, 5xx, timeouts and dropped connections are retried with
-exponential backoff; any other 4xx is one clear :class:`ModelUnavailableError`.
+The API key is read from the environment variable named in config and never logged; nor are
+credentials written into the URL (``user:pass@host``, query values): errors and logs show the URL with
+them masked. Requests run in parallel up to a concurrency limit; 429, 5xx, timeouts and dropped
+connections are retried after the server's ``Retry-After`` (seconds or an HTTP date) or else a jittered
+exponential backoff, all within an overall deadline per request. Any other 4xx, a reply that is not the
+expected JSON, or a deadline passed is one clear :class:`ModelUnavailableError`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 
@@ -25,6 +34,18 @@ CHARS_PER_TOKEN = 4
 """Token estimate when neither the server nor a local tokenizer can count: about 4 characters a token (English, BPE)."""
 TOP_LOGPROBS = 20
 _MAX_BACKOFF_S = 30.0
+
+
+class _RedactURLs(logging.Filter):
+    """Mask credentials in the URLs that httpx itself logs (``HTTP Request: POST <url>`` at INFO)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_url(str(a)) if isinstance(a, httpx.URL) else a for a in record.args)
+        return True
+
+
+logging.getLogger("httpx").addFilter(_RedactURLs())
 
 
 class OpenAICompatibleLLM(ChatLLM):
@@ -40,6 +61,7 @@ class OpenAICompatibleLLM(ChatLLM):
         timeout_s: float = 120.0,
         max_retries: int = 4,
         backoff_s: float = 0.5,
+        deadline_s: float = 600.0,
         max_new_tokens: int = 512,
         temperature: float = 0.0,
         constrained: bool = True,
@@ -51,6 +73,8 @@ class OpenAICompatibleLLM(ChatLLM):
         self.max_concurrency = max(1, max_concurrency)
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.constrained = constrained
@@ -73,27 +97,47 @@ class OpenAICompatibleLLM(ChatLLM):
         """Close the pooled connections."""
         self._client.close()
 
+    def _url(self, path: str, *, root: bool = False) -> httpx.URL:
+        """``path`` below the base URL (below the server root, without ``/v1``, when ``root``), its query kept."""
+        base = httpx.URL(self.base_url)
+        prefix = base.path.rstrip("/")
+        return base.copy_with(path=f"{prefix.removesuffix('/v1') if root else prefix}/{path}")
+
+    def _backoff(self, attempt: int) -> float:
+        """Wait before retry ``attempt`` (1, 2, ...): exponential and capped, drawn from its upper half (jitter)
+        so that clients failing together do not retry together.
+        """
+        ceiling = min(self.backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S)
+        return random.uniform(ceiling / 2, ceiling)
+
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST with retries on 429/5xx/timeouts/connection errors; other 4xx fail at once."""
-        url = f"{self.base_url}/{path}"
-        last = ""
+        """POST with retries on 429/5xx/timeouts/connection errors within ``deadline_s``; other 4xx fail at once."""
+        url = self._url(path)
+        shown = redact_url(str(url))
+        deadline = time.monotonic() + self.deadline_s
+        last, asked = "", None
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(min(self.backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S))
+                wait = max(self._backoff(attempt), asked or 0.0)
+                if time.monotonic() + wait >= deadline:
+                    hint = f" (the server asked to wait {asked:.0f} s)" if asked and asked >= wait else ""
+                    raise ModelUnavailableError(f"{shown}: no reply within the {self.deadline_s:g} s deadline after {attempt} attempt(s){hint}: {last}")
+                time.sleep(wait)
+            timeout = min(self.timeout_s, deadline - time.monotonic())
             try:
-                response = self._client.post(url, json=body)
+                response = self._client.post(url, json=body, timeout=timeout)
             except (httpx.TimeoutException, httpx.TransportError) as exc:
-                last = f"{type(exc).__name__}"
-                log.warning("%s: %s (attempt %d of %d)", url, last, attempt + 1, self.max_retries + 1)
+                last, asked = f"{type(exc).__name__}", None
+                log.warning("%s: %s (attempt %d of %d)", shown, last, attempt + 1, self.max_retries + 1)
                 continue
             if response.status_code == 429 or response.status_code >= 500:
-                last = f"HTTP {response.status_code}"
-                log.warning("%s: %s (attempt %d of %d)", url, last, attempt + 1, self.max_retries + 1)
+                last, asked = f"HTTP {response.status_code}", retry_after_s(response.headers.get("Retry-After"))
+                log.warning("%s: %s (attempt %d of %d)", shown, last, attempt + 1, self.max_retries + 1)
                 continue
             if response.status_code >= 400:
-                raise ModelUnavailableError(f"{url} refused the request: HTTP {response.status_code}: {_error_text(response)}")
-            return response.json()
-        raise ModelUnavailableError(f"{url} failed after {self.max_retries + 1} attempts: {last}")
+                raise ModelUnavailableError(f"{shown} refused the request: HTTP {response.status_code}: {_error_text(response)}")
+            return _json_object(response, shown)
+        raise ModelUnavailableError(f"{shown} failed after {self.max_retries + 1} attempts: {last}")
 
     def _map(self, fn: Any, items: Sequence[Any]) -> list[Any]:
         if len(items) <= 1 or self.max_concurrency == 1:
@@ -121,7 +165,8 @@ class OpenAICompatibleLLM(ChatLLM):
 
         def complete(chat: Chat) -> str:
             reply = self._post("chat/completions", {**body, "messages": list(chat)})
-            return (reply["choices"][0]["message"].get("content") or "").strip()
+            with _expect(reply, self._url("chat/completions"), "choices[0].message.content"):
+                return (reply["choices"][0]["message"].get("content") or "").strip()
 
         return self._map(complete, list(chats))
 
@@ -131,10 +176,11 @@ class OpenAICompatibleLLM(ChatLLM):
 
         def score(chat: Chat) -> float:
             reply = self._post("chat/completions", {**body, "messages": list(chat)})
-            content = (reply["choices"][0].get("logprobs") or {}).get("content") or []
-            top = content[0].get("top_logprobs", []) if content else []
-            p_yes = sum(math.exp(t["logprob"]) for t in top if t["token"].strip().lower() == "yes")
-            p_no = sum(math.exp(t["logprob"]) for t in top if t["token"].strip().lower() == "no")
+            with _expect(reply, self._url("chat/completions"), "choices[0].logprobs.content[0].top_logprobs"):
+                content = (reply["choices"][0].get("logprobs") or {}).get("content") or []
+                top = content[0].get("top_logprobs", []) if content else []
+                p_yes = sum(math.exp(t["logprob"]) for t in top if t["token"].strip().lower() == "yes")
+                p_no = sum(math.exp(t["logprob"]) for t in top if t["token"].strip().lower() == "no")
             return p_yes / (p_yes + p_no) if p_yes + p_no > 0 else 0.5
 
         return self._map(score, list(chats))
@@ -156,17 +202,21 @@ class OpenAICompatibleLLM(ChatLLM):
         return math.ceil(len(text) / CHARS_PER_TOKEN)
 
     def _tokenize_on_server(self, text: str) -> int | None:
-        root = self.base_url.removesuffix("/v1")
         try:
-            response = self._client.post(f"{root}/tokenize", json={"model": self.model_id, "prompt": text, "add_special_tokens": False})
+            response = self._client.post(self._url("tokenize", root=True), json={"model": self.model_id, "prompt": text, "add_special_tokens": False})
         except httpx.HTTPError:
             return None
         if response.status_code != 200:
             if response.status_code < 500:
                 self._server_tokenize = False
             return None
+        try:
+            count = int(response.json()["count"])
+        except (ValueError, KeyError, TypeError):
+            self._server_tokenize = False
+            return None
         self._server_tokenize = True
-        return int(response.json()["count"])
+        return count
 
 
 def _error_text(response: httpx.Response) -> str:
@@ -178,3 +228,54 @@ def _error_text(response: httpx.Response) -> str:
     except ValueError:
         message = response.text
     return " ".join(str(message).split())[:300]
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for errors and logs: user and password (``user:pass@``) and every query value masked."""
+    parts = urlsplit(url)
+    netloc = f"***@{parts.netloc.rpartition('@')[2]}" if "@" in parts.netloc else parts.netloc
+    query = urlencode([(name, "***") for name, _ in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delay in seconds, or an HTTP date); None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def _json_object(response: httpx.Response, shown: str) -> dict[str, Any]:
+    """The JSON object of a 2xx reply; anything else (an HTML page from a proxy, a list) is one clear error."""
+    try:
+        reply = response.json()
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        raise ModelUnavailableError(f"{shown} answered HTTP {response.status_code} with a body that is not a JSON object: {_snippet(response.text)}")
+    return reply
+
+
+@contextmanager
+def _expect(reply: dict[str, Any], url: httpx.URL, fields: str) -> Iterator[None]:
+    """Turn a reply without the expected fields (KeyError, IndexError, ...) into one clear error naming them."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        raise ModelUnavailableError(f"{redact_url(str(url))} answered without {fields}: {_snippet(json.dumps(reply))}") from None
+
+
+def _snippet(text: str) -> str:
+    """The start of a body on one line."""
+    return " ".join(text.split())[:200]

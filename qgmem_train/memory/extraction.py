@@ -3,16 +3,17 @@
 Stage 1 renders each window with its overlap lines marked and enforces the evidence bound on the reply:
 a unit whose start/end turn is not a line of its window, or whose evidence lies only in overlap lines,
 is dropped and counted. Stage 2 indexes the kept units ``index_batch_size`` at a time, keyed by their
-unchanged ids; fact time comes from :func:`~qgmem_train.memory.timeparse.fact_time`, which checks the
-LLM's time items against the rule-based resolver. Windows of one batch share one generate call: a
-constrained backend decodes against a schema enumerating the ids of the whole batch, an unconstrained
-one is parsed with plain-string ids, so one bad id drops one unit, not the window; either way the
-bound is checked per window afterwards.
+unchanged ids; fact time comes from :func:`~qgmem_train.memory.timeparse.fact_time`, which merges the
+LLM's time items with the rule-based resolver run on the unit's own text (:func:`unit_time_text`).
+Windows of one batch share one generate call: a constrained backend decodes against a schema
+enumerating the ids of the whole batch, an unconstrained one is parsed with plain-string ids, so one
+bad id drops one unit, not the window; either way the bound is checked per window afterwards.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,9 +22,12 @@ from qgmem_train.llm.base import Chat, ChatLLM
 from qgmem_train.llm.prompts import MEMORY_UNIT_EXTRACTION, MEMORY_UNIT_INDEX
 from qgmem_train.llm.schemas import ExtractionOutput, IndexOutput, UnitIndex, extraction_schema, index_schema
 from qgmem_train.llm.structured import ParseStats, generate_structured
-from qgmem_train.memory.timeparse import fact_time, normalize_time_item
+from qgmem_train.memory.timeparse import fact_time, normalize_time_item, resolve_time_expressions, split_clauses
 from qgmem_train.memory.types import MemoryUnit, Turn
 from qgmem_train.memory.windows import Window, annotated_content
+from qgmem_train.retrieval.lexical import tokenize
+
+_SPEAKER = re.compile(r"^[^:\n]{1,40}:\s+", re.M)
 
 
 @dataclass
@@ -100,13 +104,31 @@ def _clean(values: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(v.strip() for v in values if v and v.strip()))
 
 
+def unit_time_text(unit: MemoryUnit) -> str:
+    """The text whose time expressions belong to ``unit``, so that units cut from one turn keep their own times.
+
+    The fact text when it states a time (or vague recency); else the evidence clauses sharing the most
+    words with the fact text (all of them on a tie); the whole evidence when no clause shares a word.
+    """
+    resolution = resolve_time_expressions(unit.fact_text, unit.utterance_time)
+    if resolution.spans or resolution.vague:
+        return unit.fact_text
+    clauses = split_clauses(_SPEAKER.sub("", unit.source_text))
+    words = set(tokenize(unit.fact_text))
+    shared = [len(words.intersection(tokenize(clause))) for clause in clauses]
+    best = max(shared, default=0)
+    if best == 0:
+        return unit.source_text
+    return "\n".join(clause for clause, n in zip(clauses, shared) if n == best)
+
+
 def apply_index(unit: MemoryUnit, index: UnitIndex | None) -> None:
     """Set the unit's entities, locations and fact time from its stage-2 record (None: rules only)."""
     if index is not None:
         unit.entities = _clean(index.entities)
         unit.locations = _clean(index.locations)
     items = [normalize_time_item(t.start, t.end, t.granularity) for t in (index.time if index else [])]
-    unit.fact_time = fact_time(unit.source_text, unit.utterance_time, [t for t in items if t is not None])
+    unit.fact_time = fact_time(unit_time_text(unit), unit.utterance_time, [t for t in items if t is not None])
 
 
 def extract_windows(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import InputError
+from qgmem_train.fileio import read_text
 from qgmem_train.memory.timeparse import parse_session_time
 from qgmem_train.memory.types import Conversation, Session, Turn
 
@@ -21,14 +22,11 @@ DATASETS = ("locomo", "beam", "convomem", "jsonl")
 
 
 def read_json(path: Path) -> Any:
-    """Parse a JSON file; a missing, folder-valued or malformed file is an :class:`InputError`."""
+    """Parse a JSON file; a missing, folder-valued, unreadable, non-UTF-8 or malformed file is an :class:`InputError`."""
+    text = read_text(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(str(path), "file not found") from None
-    except IsADirectoryError:
-        raise InputError(str(path), "expected a file, got a folder") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
         raise InputError(str(path), f"not valid JSON: {exc}") from None
 
 
@@ -197,11 +195,7 @@ def load_plain(path: Path) -> list[Conversation]:
     """The plain format (``docs/conversations.md``): a JSON object or list of them, or JSONL, one per line."""
     if path.suffix == ".jsonl":
         conversations = []
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            raise InputError(str(path), "file not found") from None
-        for n, line in enumerate(lines, start=1):
+        for n, line in enumerate(read_text(path).split("\n"), start=1):
             if not line.strip():
                 continue
             try:
@@ -237,8 +231,12 @@ def load_conversations(dataset: str, path: str | Path, conversation_ids: Iterabl
     if dataset not in LOADERS:
         raise InputError("--dataset", f"unknown dataset {dataset!r} (known: {', '.join(DATASETS)})")
     path = Path(path)
-    if not path.exists():
-        raise InputError(str(path), "input not found")
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise InputError(str(path), "input not found") from None
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
     conversations = LOADERS[dataset](path)
     for conversation in conversations:
         _check_unique_turn_ids(conversation, str(path))

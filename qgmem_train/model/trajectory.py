@@ -20,6 +20,7 @@ from typing import Any
 import datasets
 
 from qgmem_train.errors import InputError
+from qgmem_train.fileio import replace_folder
 from qgmem_train.graph.local_graph import LocalGraph
 
 SCHEMA_VERSION = 1
@@ -109,7 +110,11 @@ def _check_graph(graph: LocalGraph, where: str) -> None:
 
 
 def write_trajectory_dataset(splits: Mapping[str, list[TrajectoryExample]], path: str | os.PathLike) -> Path:
-    """Save the non-empty splits of ``{split: examples}`` as a DatasetDict folder at ``path``, atomically (temp folder + rename)."""
+    """Save the non-empty splits of ``{split: examples}`` as a DatasetDict folder at ``path``.
+
+    The folder is written beside ``path`` and then swapped in (:func:`replace_folder`): a reader, or a
+    crash, finds the previous dataset or the new one, never none.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -120,9 +125,7 @@ def write_trajectory_dataset(splits: Mapping[str, list[TrajectoryExample]], path
             {name: datasets.Dataset.from_list(rows, features=TRAJECTORY_FEATURES) for name, rows in table.items()}
         )
         dataset.save_to_disk(str(staging))
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(staging, path)
+        replace_folder(staging, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return path

@@ -3,9 +3,12 @@
 Per DESIGN.md: SemMatch for each query entity (location) is its best cosine with the unit's entities
 (locations), counted when at least ``sem_threshold``; an axis scores the mean over its query items.
 TimeMatch is 1 when a query interval overlaps one of the unit's fact intervals (utterance day for
-``time.utterance``); a unit without a fact time is compared through its utterance day, where an
-unstated event is most likely to lie. With both fact and utterance constraints the time axis is their
-mean. S_ELT averages the non-empty axes; it is 0 when the query has no constraint.
+``time.utterance``), each taken at its granularity (:func:`~qgmem_train.memory.timeparse.calendar_bounds`):
+a month item covers its whole month, so a "December" fact matches a question about December 2023 or
+about a day in it, while a day item is that day only and misses another day of the same month. A unit
+without a fact time is compared through its utterance day, where an unstated event is most likely to
+lie. With both fact and utterance constraints the time axis is their mean. S_ELT averages the non-empty
+axes; it is 0 when the query has no constraint.
 
 Everything is vectorised over units: attribute texts are deduplicated, so a query item is compared
 once per distinct text, and the per-unit maxima come from one ``np.maximum.at`` over matching rows.
@@ -19,6 +22,7 @@ from datetime import date
 import numpy as np
 
 from qgmem_train.memory.store import ENTITY, LOCATION, AttributeIndex
+from qgmem_train.memory.timeparse import calendar_bounds
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.retrieval.intent import QueryIntent
 
@@ -31,8 +35,9 @@ def day_ordinal(iso: str) -> int:
 
 
 def span_ordinals(spans: Sequence[TimeSpan]) -> np.ndarray:
-    """(S, 2) int32 closed day intervals of ``spans``."""
-    return np.array([(day_ordinal(s.start), day_ordinal(s.end)) for s in spans], dtype=np.int32).reshape(-1, 2)
+    """(S, 2) int32 closed day intervals of ``spans``, each widened to whole periods of its granularity."""
+    bounds = [calendar_bounds(s) for s in spans]
+    return np.array([(lo.toordinal(), hi.toordinal()) for lo, hi in bounds], dtype=np.int32).reshape(-1, 2)
 
 
 class AttributeScorer:
@@ -46,8 +51,8 @@ class AttributeScorer:
         self._unit_row = np.asarray(attributes.unit_index, dtype=np.int64)
         self._text_id = text_id.reshape(-1).astype(np.int64)
         self._text_embeddings = np.ascontiguousarray(np.asarray(attributes.embeddings, dtype=np.float32)[first])
-        fact = [(row, day_ordinal(s.start), day_ordinal(s.end)) for row, u in enumerate(units) for s in u.fact_time]
-        fact_rows = np.array(fact, dtype=np.int64).reshape(-1, 3)
+        rows = [row for row, u in enumerate(units) for _ in u.fact_time]
+        fact_rows = np.column_stack([np.array(rows, dtype=np.int64), span_ordinals([s for u in units for s in u.fact_time])])
         self._fact_unit, self._fact_lo, self._fact_hi = fact_rows[:, 0], fact_rows[:, 1], fact_rows[:, 2]
         self._utterance_day = np.array(
             [day_ordinal(u.utterance_time) if u.utterance_time else NO_DAY for u in units], dtype=np.int64

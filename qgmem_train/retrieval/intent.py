@@ -8,8 +8,10 @@ Two parsers give the same :class:`QueryIntent`:
   relative expressions through the construction's time rules. CPU benchmarks and ablations use it,
   and the LLM path falls back to it for an output that stays invalid after repair.
 
-Times are closed date intervals. The question time only resolves relative expressions: a constraint
-that merely repeats the question's own day, without a time expression in the question, is dropped.
+Times are closed date intervals with the precision they were written in. The question time only
+resolves relative expressions, forwards or backwards as the question's tense points ("what did she do
+in December" looks back, "when is she flying to Japan in December" ahead); a constraint that merely
+repeats the question's own day, without a time expression in the question, is dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date
 
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import QUERY_INTENT
@@ -53,14 +54,13 @@ class QueryIntent:
 
 
 def parse_date_range(text: str) -> TimeSpan | None:
-    """``YYYY-MM-DD`` or ``a..b`` (each a day, month or year) as a closed full-date interval; None if not a date."""
+    """``YYYY-MM-DD`` or ``a..b`` (each a day, month or year) as a closed full-date interval; None if not a date.
+
+    Its granularity is the precision written (``2023-12``: month; ``2023-01-14..2023-01-15``: day), so
+    matching never widens a range of days to the week around it.
+    """
     start, _, end = str(text).strip().partition("..")
-    span = normalize_time_item(start, end or start, "day")
-    if span is None:
-        return None
-    days = date.fromisoformat(span.end).toordinal() - date.fromisoformat(span.start).toordinal()
-    span.granularity = "day" if days == 0 else "week" if days < 7 else "month" if days < 31 else "year"
-    return span
+    return normalize_time_item(start, end or start)
 
 
 def _dedupe(items: Sequence[str]) -> list[str]:

@@ -1,5 +1,7 @@
 """Lexical channel: BM25 over memory units, with rank_bm25's BM25Okapi scores at bm25s speed.
 
+Text in any language is tokenised (:func:`tokenize`); scores then depend only on the tokens.
+
 bm25s precomputes one sparse column of per-document scores for each vocabulary term; a query sums
 the columns of its terms. Its "robertson" scores equal BM25Okapi's divided by (k1 + 1), and it floors
 negative idf at 0 where BM25Okapi floors it at ``epsilon`` times the mean idf. We build bm25s's matrix
@@ -10,6 +12,7 @@ with an idf that is never zero (its "lucene" idf) and rescale each term's column
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -26,7 +29,10 @@ STOPWORDS = frozenset(
     under until up very was we were what when where which while who whom why will with would you your yours
     yourself yourselves s t d ll m re ve""".split()
 )
-_WORD = re.compile(r"[a-z0-9]+")
+_CJK = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+"""Kana and Han (CJK ideographs): scripts written without spaces between words."""
+_TOKEN = re.compile(rf"([{_CJK}]+)|([^\W_{_CJK}]+)")
+"""A run of CJK characters, or a word of letters and digits in any other script."""
 _VOWEL = re.compile(r"[aeiouy]")
 
 
@@ -50,8 +56,20 @@ def light_stem(word: str) -> str:
 
 
 def tokenize(text: str) -> list[str]:
-    """Lowercased alphanumeric words without stopwords, lightly stemmed."""
-    return [light_stem(w) for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
+    """BM25 terms of ``text`` in any script: NFKC-normalised and casefolded words of letters and digits.
+
+    Words of space-separated scripts ("Zürich", "Москва") are kept whole, English stopwords dropped and
+    the rest lightly stemmed. Chinese and Japanese put no spaces between words, so a run of Han or Kana
+    gives each character and each pair of adjacent characters: one-character words still match, and a
+    two-character word ("北京", "東京") matches its own pair, so it outranks its characters met apart.
+    """
+    terms = []
+    for cjk, word in _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold()):
+        if cjk:
+            terms += list(cjk) + [cjk[i : i + 2] for i in range(len(cjk) - 1)]
+        elif word not in STOPWORDS:
+            terms.append(light_stem(word))
+    return terms
 
 
 def okapi_idf(doc_freq: np.ndarray, n_docs: int, epsilon: float = 0.25) -> np.ndarray:

@@ -1,0 +1,108 @@
+"""Durable atomic outputs: content is on disk before its name, and a replaced folder is never missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from qgmem_train import fileio
+from qgmem_train.graph.local_graph import LocalGraph
+from qgmem_train.model.trajectory import TrajectoryExample, read_trajectory_dataset, write_trajectory_dataset
+
+
+def example(case: str, answer: str) -> TrajectoryExample:
+    graph = LocalGraph(node_labels=["Alice", "Paris"], edge_src=[0], edge_dst=[1], edge_labels=["moved to"])
+    return TrajectoryExample(
+        case_id=case, question_id=f"{case}/q0", source_dataset="convomem/user_evidence", namespace=case,
+        question="Where does Alice live?", question_time="", context="[F1] Alice | moved to | Paris",
+        answer=answer, reasoning_path="F1", graph=graph, unit_ids=["u1"],
+    )  # fmt: skip
+
+
+def _record_syncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Log ("fsync", inode) and ("replace", inode of the source) in call order."""
+    events: list[tuple[str, int]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.fstat(fd).st_ino))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        events.append(("replace", os.stat(src).st_ino))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+def test_a_file_is_flushed_before_its_rename_and_the_folder_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "out" / "report.json"
+    events = _record_syncs(monkeypatch)
+    fileio.write_json_atomic(target, {"a": 1})
+    file_inode, folder_inode = target.stat().st_ino, target.parent.stat().st_ino
+    replaced = events.index(("replace", file_inode))
+    assert ("fsync", file_inode) in events[:replaced]
+    assert ("fsync", folder_inode) in events[replaced + 1 :]
+    assert target.read_text() == '{\n  "a": 1\n}\n'
+
+
+def _watch_dataset(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """After every rename or folder removal, note it when ``path`` holds no complete dataset."""
+    gaps: list[str] = []
+    real_replace, real_rmtree = os.replace, shutil.rmtree
+
+    def check(step: str) -> None:
+        if not (path / "dataset_dict.json").exists():
+            gaps.append(step)
+
+    def replace(src, dst) -> None:
+        real_replace(src, dst)
+        check(f"replace {Path(src).name} -> {Path(dst).name}")
+
+    def rmtree(target, *args, **kwargs) -> None:
+        real_rmtree(target, *args, **kwargs)
+        check(f"rmtree {Path(target).name}")
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    return gaps
+
+
+def test_replacing_a_trajectory_dataset_never_leaves_the_path_without_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "dataset"
+    write_trajectory_dataset({"train": [example("c1", "Paris")]}, path)
+    gaps = _watch_dataset(path, monkeypatch)
+    write_trajectory_dataset({"train": [example("c1", "Lyon")], "test": [example("c2", "Nice")]}, path)
+    assert gaps == []
+    loaded = read_trajectory_dataset(path)
+    assert [ex.answer for ex in loaded["train"]] == ["Lyon"] and [ex.answer for ex in loaded["test"]] == ["Nice"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset"]
+
+
+def test_without_an_atomic_swap_the_old_folder_goes_only_after_the_new_one_is_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "dataset"
+    write_trajectory_dataset({"train": [example("c1", "Paris")]}, path)
+    monkeypatch.setattr(fileio, "_exchange", lambda a, b: False)
+    write_trajectory_dataset({"train": [example("c1", "Lyon")]}, path)
+    assert [ex.answer for ex in read_trajectory_dataset(path)["train"]] == ["Lyon"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset"]
+
+    real_replace, failed = os.replace, []
+
+    def fail_to_move_in(src, dst) -> None:
+        if Path(dst) == path and not failed:
+            failed.append(src)
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_to_move_in)
+    with pytest.raises(OSError, match="No space left"):
+        write_trajectory_dataset({"train": [example("c1", "Nice")]}, path)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert [ex.answer for ex in read_trajectory_dataset(path)["train"]] == ["Lyon"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset"]
