@@ -33,6 +33,7 @@ def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list
     return {
         "bench_activation": ["--sizes", "10000", "--queries", "20", "--out", str(out)],
         "bench_construction": ["--windows", "1", "--bulk-units", "10000", "--out", str(out)],
+        "bench_store_writers": ["--sessions", "20", "--out", str(out)],
         "bench_llm": ["--prompts", "4", "--max-new-tokens", "16", "--out", str(out / "llm.json")],
         "bench_training": ["--train-steps", "4", "--timing-steps", "2", "--sections", "timing,validation,ablations", "--out", str(out / "training.json")],
         "locomo_retrieval": ["--store", str(work / "locomo_turns"), "--work", str(work / "locomo_retrieval"), "--rerank-limit", "0", "--out", str(out)],

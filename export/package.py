@@ -2,8 +2,11 @@
 
 The folder holds the graph adapter (encoder + projector) as safetensors, the LoRA adapter in peft's
 format when one was trained, ``config.json`` (base model, module hyperparameters, every pipeline
-setting, prompts version), ``prompts.json``, a model card and ``sha256sums.txt``. It is written under a
-temporary name and renamed into place, so a reader sees the previous export or the complete new one.
+setting an export may carry, prompts version), ``prompts.json``, a model card and ``sha256sums.txt``.
+It holds nothing of this machine or of how the pipeline ran here: no training-data path, no server URL,
+key variable, device or cache folder, no permission to run repository code (those are the loader's to
+choose). It is written beside the target, fsync'd, and swapped in atomically
+(:func:`qgmem_train.fileio.replace_folder`), so the target always holds the previous export or the new one.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import torch
 
 from qgmem_train.config import PipelineConfig, load_pipeline_config
 from qgmem_train.errors import InputError
+from qgmem_train.fileio import replace_folder
 from qgmem_train.llm.prompts import ALL_PROMPTS, JSON_RETRY, PROMPTS_VERSION, RERANK
 from qgmem_train.model.checkpoint import ADAPTER_FILE, METADATA_KEY, config_hash, save_adapter
-from qgmem_train.predictor import (
+from qgmem_train.predictor.artifact import (
     CARD_FILE,
     CHECKSUM_FILE,
     CONFIG_FILE,
@@ -35,6 +39,8 @@ from qgmem_train.predictor import (
     LORA_WEIGHTS_FILE,
     PROMPTS_FILE,
     file_sha256,
+    portable_models,
+    portable_module,
 )
 
 GRAPH_PREFIXES = ("encoder.", "projector.")
@@ -161,9 +167,13 @@ def library_versions() -> dict[str, str]:
 
 
 def export_config(cfg: PipelineConfig, hparams: Mapping[str, Any], checkpoint: Mapping[str, Any], has_lora: bool, sources: dict[str, int] | None) -> dict[str, Any]:
-    """The ``config.json`` of an export: everything needed to rebuild the model and its retrieval stack."""
+    """The ``config.json`` of an export: what rebuilds the model and its retrieval stack, nothing of this machine.
+
+    The caller's and the machine's settings (backend, server URL, key variable, repository code, device,
+    cache) are left out; the training data is named by its folder's name only.
+    """
     pipeline = cfg.to_dict()
-    pipeline["models"]["cache_dir"] = None
+    pipeline["models"] = portable_models(pipeline["models"])
     data = checkpoint.get("datamodule_hyper_parameters") or {}
     meta = checkpoint[METADATA_KEY]
     return {
@@ -175,13 +185,13 @@ def export_config(cfg: PipelineConfig, hparams: Mapping[str, Any], checkpoint: M
         "feature_dim": hparams["feature_dim"],
         "graph_tokens": hparams["graph_tokens"],
         "prompts_version": PROMPTS_VERSION,
-        "module": dict(hparams),
+        "module": portable_module(hparams),
         "adapter": {"graph": ADAPTER_FILE, "lora": LORA_WEIGHTS_FILE if has_lora else None, "config_hash": meta["config_hash"]},
         "pipeline": pipeline,
         "training": {
             "global_step": checkpoint.get("global_step"),
             "epoch": checkpoint.get("epoch"),
-            "data": data.get("path"),
+            "data": Path(data["path"]).name if data.get("path") else None,
             "sources": sources,
         },
         "libraries": library_versions(),
@@ -200,35 +210,37 @@ def write_json(path: Path, value: Any) -> None:
 
 
 def write_checksums(folder: Path) -> None:
-    """``sha256sums.txt`` over every other file of the folder, sorted by name."""
-    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUM_FILE)
+    """``sha256sums.txt`` over every other file of the (flat) folder, sorted by name."""
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != CHECKSUM_FILE)
     lines = [f"{file_sha256(folder / name)}  {name}" for name in names]
     (folder / CHECKSUM_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def unsafe_files(folder: Path) -> list[str]:
-    """Files that are not plainly safe to load: anything but readable safetensors, JSON, Markdown or text.
+    """Entries that are not plainly safe to load: anything but readable safetensors, JSON, Markdown or text files.
 
-    An allow-list rather than a pickle detector: no pickled weights, archives or code can slip in.
+    An allow-list rather than a pickle detector: no pickled weights, archives, code or subfolders can slip in.
     """
+    return [str(p.relative_to(folder)) for p in sorted(folder.rglob("*")) if p.is_symlink() or not p.is_file() or not _reads_as_named(p)]
+
+
+def _reads_as_named(path: Path) -> bool:
+    """Whether the file parses as its suffix says: safetensors, JSON, or UTF-8 Markdown/text."""
     from safetensors import safe_open
 
-    found = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        try:
-            if path.suffix == ".safetensors":
-                with safe_open(str(path), framework="pt"):
-                    continue
-            if path.suffix == ".json":
-                json.loads(path.read_text(encoding="utf-8"))
-                continue
-            if path.suffix in TEXT_SUFFIXES:
-                path.read_text(encoding="utf-8")
-                continue
-        except Exception:  # safetensors raises its own error type; any failure means the file is not what it claims
-            pass
-        found.append(str(path.relative_to(folder)))
-    return found
+    try:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt"):
+                return True
+        if path.suffix == ".json":
+            json.loads(path.read_text(encoding="utf-8"))
+            return True
+        if path.suffix in TEXT_SUFFIXES:
+            path.read_text(encoding="utf-8")
+            return True
+    except Exception:  # safetensors raises its own error type; any failure means the file is not what it claims
+        return False
+    return False
 
 
 def read_eval_report(path: str | os.PathLike | None) -> dict[str, Any] | None:
@@ -247,18 +259,13 @@ def read_eval_report(path: str | os.PathLike | None) -> dict[str, Any] | None:
     return {k: v for k, v in report.items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
-def replace_folder(staging: Path, out: Path) -> None:
-    """Move the finished ``staging`` folder to ``out``; an existing export there is replaced, anything else refused."""
+def publish_export(staging: Path, out: Path) -> None:
+    """Swap the finished ``staging`` folder in as ``out``; an existing export (or empty folder) there is replaced, anything else refused."""
     if out.exists():
         if not (out / CONFIG_FILE).is_file() or EXPORT_FORMAT not in (out / CONFIG_FILE).read_text(encoding="utf-8", errors="replace"):
             if not out.is_dir() or any(out.iterdir()):
                 raise InputError(str(out), "exists and is not a QGMem export; choose a new folder")
-        retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-        os.replace(out, retired / out.name)
-        os.replace(staging, out)
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        os.replace(staging, out)
+    replace_folder(staging, out)
 
 
 def export_model(
@@ -299,7 +306,7 @@ def export_model(
             path.chmod(0o644)
         write_checksums(staging)
         os.chmod(staging, 0o755)
-        replace_folder(staging, out)
+        publish_export(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out

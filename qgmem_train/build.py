@@ -1,7 +1,8 @@
 """``python -m qgmem_train build``: build or extend a memory store from conversations.
 
 Rerunning the same command resumes a build that was stopped and, when the input has gained sessions,
-extracts only the new windows and updates only the traces they touch.
+extracts only the new windows and updates only the traces they touch; a session already stored (whole
+or in part) is never stored again. Several builds may write one store at once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from qgmem_train.llm.factory import build_embedder, build_llm
 from qgmem_train.memory.construct import build_conversation, conversation_windows
 from qgmem_train.memory.loaders import DATASETS, load_conversations
 from qgmem_train.memory.store import MemoryStore
+from qgmem_train.memory.store_file import BUSY_TIMEOUT_S
 
 
 def parser() -> argparse.ArgumentParser:
@@ -30,6 +32,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--units", choices=("llm", "turns"), help="llm: the paper's two-stage extraction; turns: every turn a unit, no LLM (default: from config)")
     p.add_argument("--config", help="YAML with a pipeline: section (default: bundled CPU models, paper hyperparameters)")
     p.add_argument("--limit-sessions", type=int, metavar="K", help="only the first K sessions of each conversation")
+    p.add_argument(
+        "--busy-timeout", type=float, default=BUSY_TIMEOUT_S, metavar="SECONDS",
+        help=f"how long a write waits for other writers of the store before giving up (default: {BUSY_TIMEOUT_S:g})",
+    )  # fmt: skip
     return p
 
 
@@ -38,6 +44,8 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.limit_sessions is not None and args.limit_sessions < 1:
         raise InputError("--limit-sessions", "must be at least 1")
+    if args.busy_timeout < 0:
+        raise InputError("--busy-timeout", "must be at least 0")
     cfg = load_pipeline_config(args.config)
     if args.units:
         cfg.construction.units = args.units
@@ -45,9 +53,9 @@ def main(argv: list[str]) -> int:
     if not conversations:
         raise InputError(args.input, "no conversations found")
     started = time.perf_counter()
-    embedder = build_embedder(cfg)
-    llm = build_llm(cfg) if cfg.construction.units == "llm" or cfg.construction.traces else None
-    with MemoryStore.open(args.store, create=True) as store:
+    with MemoryStore.open(args.store, create=True, busy_timeout=args.busy_timeout) as store:
+        embedder = build_embedder(cfg)
+        llm = build_llm(cfg) if cfg.construction.units == "llm" or cfg.construction.traces else None
         windows = {c.id: conversation_windows(c, cfg, args.limit_sessions) for c in conversations}
         total = sum(map(len, windows.values()))
         initial = sum(

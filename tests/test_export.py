@@ -1,12 +1,14 @@
 """Export of a trained checkpoint and the predictor over it: round trip, checksums, push failures, persistence.
 
 One module fixture trains the graph adapter and LoRA for one step on SmolLM2 (the committed trajectory
-fixture) and exports it; every test reads that folder or a copy of it.
+fixture) and exports it with a fit config whose pipeline ran against an internal HTTP server; every test
+reads that folder or a copy of it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,13 +23,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from export.__main__ import main as export_main
 from export.hub import PushError, push_folder
-from export.package import unsafe_files, write_checksums
+from export.package import export_model, unsafe_files, write_checksums
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM, load_pipeline_config
 from qgmem_train.errors import InputError
 from qgmem_train.model.checkpoint import trainable_state_dict
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
-from qgmem_train.predictor import CHECKSUM_FILE, QGMemPredictor, verify_checksums
+from qgmem_train.predictor import CALLER_MODELS, CHECKSUM_FILE, MACHINE_MODELS, QGMemPredictor, verify_checksums
 from tests.tiny_decoder import FIXTURE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +39,8 @@ PIPELINE = {
     "retrieval": {"k": 4},
     "generation": {"max_new_tokens": 16},
 }
+INTERNAL_SERVER = {"backend": "openai", "base_url": "http://10.20.30.40:8000/v1", "api_key_env": "INTERNAL_VLLM_KEY"}
+"""How the trajectories were built on the training cluster: nothing of it belongs in an export."""
 SESSION = [
     {"speaker": "Caroline", "text": "I went to the LGBTQ support group yesterday and it was so powerful."},
     {"speaker": "Melanie", "text": "That's great! I painted a sunrise over the lake last week."},
@@ -61,7 +65,7 @@ def trained(tmp_path_factory):
     )  # fmt: skip
     trainer.fit(model, datamodule=data)
     config = root / "fit.yaml"
-    config.write_text(yaml.safe_dump({"pipeline": PIPELINE}))
+    config.write_text(yaml.safe_dump({"pipeline": {**PIPELINE, "models": {**PIPELINE["models"], **INTERNAL_SERVER}}}))
     out = root / "model"
     assert export_main(["--checkpoint", str(root / "ckpt" / "last.ckpt"), "--config", str(config), "--out", str(out), "--dry-run", "--push", "me/qgmem"]) == 0
     return model.eval(), root / "ckpt" / "last.ckpt", config, out
@@ -80,6 +84,7 @@ def test_export_is_complete_checksummed_and_free_of_pickles(trained, capsys) -> 
     assert set(verify_checksums(out)) == names - {CHECKSUM_FILE}
     config = json.loads((out / "config.json").read_text())
     expected = load_pipeline_config(config_path).to_dict()
+    expected["models"] = {k: v for k, v in expected["models"].items() if k not in CALLER_MODELS + MACHINE_MODELS}
     assert config["pipeline"] == expected and config["base_model"] == {"id": BUNDLED_LLM, "revision": None}
     assert config["module"]["lora_r"] == 2 and config["feature_dim"] == 384 and config["graph_tokens"] == 1
     assert config["training"]["sources"] == {"locomo-sample": 12}
@@ -91,11 +96,65 @@ def test_export_is_complete_checksummed_and_free_of_pickles(trained, capsys) -> 
     assert "CC BY-NC 4.0" in card and "Apache-2.0" in card and "license: cc-by-nc-4.0" in card and 'from_pretrained("me/qgmem")' in card
 
 
+def test_an_export_holds_no_machine_details(trained) -> None:
+    _, checkpoint, _, out = trained
+    config = json.loads((out / "config.json").read_text())
+    assert not set(CALLER_MODELS + MACHINE_MODELS) & set(config["pipeline"]["models"])
+    assert not {"cache_dir", "trust_remote_code"} & set(config["module"])
+    assert config["training"]["data"] == FIXTURE.name
+    for name in ("config.json", "README.md", "adapter_config.json"):
+        text = (out / name).read_text()
+        for detail in ("10.20.30.40", "INTERNAL_VLLM_KEY", str(REPO), str(checkpoint.parents[1])):
+            assert detail not in text, f"{name} holds {detail}"
+
+
+def test_replacing_an_export_always_leaves_a_complete_one_on_disk(trained, tmp_path, monkeypatch) -> None:
+    """Every rename during a re-export finds the target complete, and every exported file and folder is fsync'd."""
+    _, checkpoint, config, out = trained
+    target = _copy(out, tmp_path / "model")
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps({"recall@10": 0.25}))
+    seen: list[str] = []
+    synced: set[tuple[int, int]] = set()
+    real_replace, real_rename, real_fsync = os.replace, os.rename, os.fsync
+
+    def check_target() -> None:
+        try:
+            verify_checksums(target)
+            seen.append("complete")
+        except InputError as exc:
+            seen.append(str(exc))
+
+    def replace(src, dst, **kwargs) -> None:
+        real_replace(src, dst, **kwargs)
+        check_target()
+
+    def rename(src, dst, **kwargs) -> None:
+        real_rename(src, dst, **kwargs)
+        check_target()
+
+    def fsync(fd: int) -> None:
+        stat = os.fstat(fd)
+        synced.add((stat.st_dev, stat.st_ino))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "fsync", fsync)
+    export_model(checkpoint, config, target, eval_report=metrics)
+    monkeypatch.undo()
+    assert seen and set(seen) == {"complete"}, [s for s in seen if s != "complete"]
+    assert "| recall@10 | 0.2500 |" in (target / "README.md").read_text() and set(verify_checksums(target)) == set(verify_checksums(out))
+    on_disk = [target, target.parent, *target.iterdir()]
+    assert all((os.stat(p).st_dev, os.stat(p).st_ino) in synced for p in on_disk), [p.name for p in on_disk if (os.stat(p).st_dev, os.stat(p).st_ino) not in synced]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "model"]
+
+
 ADD_SESSION = """
 from qgmem_train.predictor import QGMemPredictor
 predictor = QGMemPredictor.from_pretrained({model!r}, intent="rules")
 with predictor.memory("chat", {store!r}) as memory:
-    print(memory.add_session({session!r}, time="2023-05-08").units)
+    print(memory.add_session({session!r}, time="2023-05-08", session_id="S1").units)
 """
 
 
@@ -133,7 +192,7 @@ def test_an_api_backbone_answers_on_the_text_path(trained, smollm2, tmp_path) ->
     with OpenAICompatibleServer(smollm2, model_name=BUNDLED_LLM) as server:
         predictor = QGMemPredictor.from_pretrained(trained[3], models={"backend": "openai", "base_url": server.base_url, "max_retries": 0}, intent="rules")
         with predictor.memory("chat", tmp_path / "store") as memory:
-            memory.add_session(SESSION, time="2023-05-08")
+            memory.add_session(SESSION, time="2023-05-08", session_id="S1")
             result = memory.ask(QUESTION)
     assert predictor.model is None and result.path == "text"
     assert result.units[0].id == "S1:2" and result.tokens["prompt"] > result.tokens["context"] > 0 and "generate" in result.seconds
@@ -213,7 +272,6 @@ def test_bad_export_input_is_one_line_and_exit_code_2(trained, tmp_path, capsys)
     (taken / "notes.txt").write_text("not an export")
     cases = [
         (["--checkpoint", str(tmp_path / "missing.ckpt"), "--config", str(config)], "checkpoint not found"),
-        (["--checkpoint", str(config), "--config", str(config)], "weights_only=True"),
         (["--checkpoint", str(checkpoint), "--config", str(other)], "pipeline.models.embedder"),
         (["--checkpoint", str(checkpoint), "--config", str(config), "--push", "no-owner"], "--push"),
     ]
@@ -225,3 +283,26 @@ def test_bad_export_input_is_one_line_and_exit_code_2(trained, tmp_path, capsys)
     assert export_main(["--checkpoint", str(checkpoint), "--config", str(config), "--out", str(taken)]) == 2
     assert "is not a QGMem export" in capsys.readouterr().err and (taken / "notes.txt").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+class _WritesMarker:
+    """Unpickling this object calls ``open(marker, "w")``: code that runs when the file is read with weights_only=False."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickled_checkpoint_that_runs_code_is_refused_without_running_it(trained, tmp_path, capsys) -> None:
+    config = trained[2]
+    marker = tmp_path / "marker"
+    malicious = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "qgmem": _WritesMarker(marker)}, malicious)
+    assert export_main(["--checkpoint", str(malicious), "--config", str(config), "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err
+    assert "weights_only=True" in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert not marker.exists() and not (tmp_path / "never").exists()
+    torch.load(malicious, weights_only=False)  # the same file read unsafely does run its code: the case above is real
+    assert marker.exists()

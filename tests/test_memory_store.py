@@ -1,9 +1,11 @@
-"""The store: bulk load contract, resumable builds (SIGKILL part-way), incremental sessions (turns mode)."""
+"""The store: bulk load contract, resumable builds (SIGKILL part-way), incremental sessions (turns mode),
+schema versions and files that are not stores, write counts and traces overtaken by another writer."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -12,12 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from qgmem_train.__main__ import main
 from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.memory.construct import build_conversation, conversation_windows
 from qgmem_train.memory.loaders import load_conversations
 from qgmem_train.memory.sentences import fact_sentences
-from qgmem_train.memory.store import MemoryStore, NamespaceMemory
+from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, NamespaceMemory, UnitsChanged, WindowResult
+from qgmem_train.memory.store_file import SCHEMA_VERSION
+from qgmem_train.memory.types import MemoryUnit, Trace
 from tests.fakes import ScriptedLLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,3 +192,96 @@ def test_store_refuses_another_embedder_units_mode_or_a_grown_session(tmp_path: 
         conv.sessions[0].turns.append(type(conv.sessions[0].turns[0])("s1:9", "Alex", "One more thing."))
         with pytest.raises(InputError, match="session s1, turn s1:9: session already stored"):
             build_conversation(store, conv, _turns_cfg(), minilm)
+
+
+def _sqlite(path: Path, *statements: str) -> None:
+    db = sqlite3.connect(path, isolation_level=None)
+    for statement in statements:
+        db.execute(statement)
+    db.close()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (["UPDATE meta SET value = 'two' WHERE key = 'schema_version'"], "schema_version: is 'two', not a number"),
+        (["UPDATE meta SET value = '99' WHERE key = 'schema_version'", "DROP TABLE traces"], "schema version 99 is newer than this code reads"),
+        (["DROP TABLE meta", "DROP TABLE units", "CREATE TABLE notes (body TEXT)"], "not a memory store"),
+    ],
+)
+def test_a_store_of_another_version_or_another_database_is_refused_before_anything_is_written(tmp_path: Path, capsys, damage, message) -> None:
+    MemoryStore.open(tmp_path, create=True).close()
+    file = tmp_path / "memory.sqlite"
+    _sqlite(file, *damage, "PRAGMA journal_mode=DELETE")
+    before = file.read_bytes()
+    with pytest.raises(InputError, match=message):
+        MemoryStore.open(tmp_path, create=True)
+    assert main(["ask", "When?", "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message.split(": ")[-1] in err and "\n" not in err
+    assert file.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["memory.sqlite"]
+
+
+def test_an_sqlite_file_of_another_program_is_not_a_store_and_stays_untouched(tmp_path: Path) -> None:
+    file = tmp_path / "memory.sqlite"
+    _sqlite(file, "CREATE TABLE meta (key TEXT, value TEXT)", "CREATE TABLE accounts (id INTEGER)", "INSERT INTO accounts VALUES (1)")
+    before = file.read_bytes()
+    with pytest.raises(InputError, match="not a memory store"):
+        MemoryStore.open(tmp_path, create=True)
+    assert file.read_bytes() == before
+
+
+def test_a_missing_namespace_is_named_alone_without_the_others(tmp_path: Path, minilm) -> None:
+    (conv,) = load_conversations("jsonl", ROOT / "samples" / "plain_chat.jsonl")
+    with MemoryStore.open(tmp_path, create=True) as store:
+        build_conversation(store, conv, _turns_cfg(), minilm, namespace="user-secret-1")
+        with pytest.raises(InputError) as info:
+            store.load_namespace("user-2")
+    assert str(info.value) == f"{tmp_path}: namespace user-2: not in this store"
+
+
+def _tiny_window(session: str, index: int, uid: str) -> WindowResult:
+    unit = MemoryUnit(uid, session, f"Alex went to {uid}.", "Alex", "went to", uid, [uid], f"I went to {uid}.", None, index)
+    vector = np.eye(4, dtype=np.float32)[index % 4]
+    return WindowResult(session, index, [EmbeddedUnit(unit, vector, vector, np.zeros((0, 4), np.float32))])
+
+
+def test_traces_computed_from_units_another_writer_has_since_extended_are_not_stored(tmp_path: Path) -> None:
+    with MemoryStore.open(tmp_path, create=True) as store, MemoryStore.open(tmp_path) as other:
+        store.ensure_namespace("n", "turns", "four-d", 4)
+        store.add_windows("n", [_tiny_window("s", 0, "u0"), _tiny_window("s", 1, "u1")])
+        memory = store.load_namespace("n")
+        assert memory.generation == store.generation("n") == 1 and memory.units_generation == 1
+        other.add_windows("n", [_tiny_window("s", 2, "u2")])
+        trace = Trace("trace:u0", "Alex went to", ["u0", "u1"], "u0, then u1", "u1")
+        with pytest.raises(UnitsChanged):
+            store.put_traces("n", [trace], units_generation=memory.units_generation)
+        with pytest.raises(UnitsChanged):
+            store.finish_traces("n", {trace.id}, units_generation=memory.units_generation)
+        assert store.load_traces("n") == [] and store.traces_stale("n") and store.generation("n") == 2
+        current = store.load_namespace("n").units_generation
+        store.put_traces("n", [trace], units_generation=current)
+        store.finish_traces("n", {trace.id}, units_generation=current)
+        assert other.load_traces("n") == [trace] and not other.traces_stale("n") and other.generation("n") == 4
+
+
+def test_a_store_of_schema_version_1_is_upgraded_in_place(tmp_path: Path) -> None:
+    MemoryStore.open(tmp_path, create=True).close()
+    _sqlite(  # version 1: the same tables, without the namespaces' write counts
+        tmp_path / "memory.sqlite",
+        "ALTER TABLE namespaces DROP COLUMN generation",
+        "ALTER TABLE namespaces DROP COLUMN units_generation",
+        "UPDATE meta SET value = '1' WHERE key = 'schema_version'",
+        "INSERT INTO namespaces VALUES ('alex', 'turns', 0)",
+    )
+    with MemoryStore.open(tmp_path) as store:
+        assert store.namespaces() == ["alex"] and store.generation("alex") == 0
+        store.add_windows("alex", [_tiny_window("s", 0, "u0")])
+        assert store.generation("alex") == 1 and store.traces_stale("alex")
+    with MemoryStore.open(tmp_path) as store:
+        assert store._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _sqlite(empty / "memory.sqlite", "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")  # a creation cut short
+    with MemoryStore.open(empty) as store:
+        assert store.namespaces() == []

@@ -19,7 +19,7 @@ from qgmem_train.__main__ import main
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.llm.local import TransformersLLM
-from qgmem_train.memory.types import Turn
+from qgmem_train.memory.types import Turn, session_fingerprint
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
@@ -57,9 +57,11 @@ def test_sessions_get_ids_and_persist_and_bad_turns_are_one_clear_error(minilm, 
         memory.add_session([Turn("x-1", "Alice", "I moved to Paris in June.")], session_id="trip")
         memory.add_session([{"id": "late", "speaker": "Bob", "text": "See you soon."}])
         stored = memory.store.load_namespace("alice")
-        assert list(stored.turns) == ["S1:1", "S1:2", "x-1", "late"]
-        assert stored.turn_time["S1:1"] == "2023-05-08" and stored.turn_time["x-1"] is None
-        assert {s for s, _ in memory.store.done_windows("alice")} == {"S1", "trip", "S3"}
+        first = session_fingerprint(SESSION, "8 May, 2023")
+        assert list(stored.turns) == [f"{first}:1", f"{first}:2", "x-1", "late"]
+        assert stored.turn_time[f"{first}:1"] == "2023-05-08" and stored.turn_time["x-1"] is None
+        last = session_fingerprint([{"id": "late", "speaker": "Bob", "text": "See you soon."}], None)
+        assert {s for s, _ in memory.store.done_windows("alice")} == {first, "trip", last}
         for turns, time, message in [
             ([{"speaker": "Bob"}], None, "turn 1.text"),
             ([SESSION[0], "hello"], None, "turn 2"),
@@ -78,7 +80,7 @@ def test_text_path_answer_cites_units_with_their_source_turns(minilm, tmp_path) 
     reply = json.dumps({"reasoning_path": "[F1] says Melanie painted a sunrise.", "answer": "a sunrise"})
     predictor = _text_predictor(minilm, [reply])
     with predictor.memory("alice", tmp_path / "store") as memory:
-        memory.add_session(SESSION, time="2023-05-08")
+        memory.add_session(SESSION, time="2023-05-08", session_id="S1")
         result = memory.ask("What did Melanie paint?", question_time="2023-05-20")
     assert result.path == "text" and result.answer == "a sunrise"
     assert [u.id for u in result.cited] == ["S1:2"] and result.units[0].label == "F1"
@@ -114,7 +116,7 @@ def test_graph_path_wiring_and_lora_off_in_the_frozen_pipeline(llm_dir, minilm, 
     base = TransformersLLM(str(llm_dir)).next_token_logprobs([chat])
     assert torch.allclose(frozen, base, atol=1e-5) and not torch.allclose(adapted, base, atol=1e-3)
     with predictor.memory("alice", tmp_path / "store") as memory:
-        memory.add_session(SESSION)
+        memory.add_session(SESSION, session_id="S1")
         result = memory.ask("What did Melanie paint?")
     assert result.path == "graph" and len(result.units) == 2 and result.units[0].id == "S1:2"
     assert result.tokens["prompt"] > result.tokens["context"] and {"graph", "generate"} <= set(result.seconds)
@@ -174,7 +176,7 @@ def test_ask_with_model_answers_from_an_export_folder_with_metrics_in_its_card(l
     card = (out / "README.md").read_text()
     assert "| recall@10 | 0.5000 |" in card and "| n_questions | 3 |" in card and "per_category" not in card
     with QGMemPredictor.from_pretrained(out, intent="rules").memory("alice", tmp_path / "store") as memory:
-        memory.add_session(SESSION)
+        memory.add_session(SESSION, session_id="S1")
     result = ask_with_model(out, tmp_path / "store", "alice", "What did Melanie paint?", intent="rules")
     assert result.path == "graph" and [u.id for u in result.units] == ["S1:2", "S1:1"]
 

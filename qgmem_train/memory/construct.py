@@ -2,7 +2,8 @@
 
 Windows already committed are skipped, so a rerun resumes a killed build and a conversation with new
 sessions only extracts the new windows. Windows go through the LLM ``window_batch_size`` at a time and
-each batch commits in one transaction with its progress rows.
+each batch commits in one transaction with its progress rows. Several builds may write one namespace at
+once: a consolidation overtaken by another build's units is left to that build, which consolidates last.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.structured import ParseStats
 from qgmem_train.memory.extraction import extract_windows
 from qgmem_train.memory.sentences import fact_sentences
-from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
+from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, UnitsChanged, WindowResult
 from qgmem_train.memory.traces import consolidate_traces
 from qgmem_train.memory.turn_units import window_turn_units
 from qgmem_train.memory.types import Conversation, MemoryUnit
@@ -45,7 +46,11 @@ class Progress(Protocol):
 
 @dataclass
 class BuildReport:
-    """Counts of one conversation's build: windows, units, traces, dropped outputs, parse statistics."""
+    """Counts of one conversation's build: windows, units, traces, dropped outputs, parse statistics.
+
+    ``traces_updated``: this build brought the namespace's traces up to date; ``traces_deferred``: another
+    writer added units while it consolidated, so the consolidation was left to that writer.
+    """
 
     namespace: str
     windows_total: int = 0
@@ -55,6 +60,8 @@ class BuildReport:
     dropped: int = 0
     parse: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    traces_updated: bool = False
+    traces_deferred: bool = False
 
 
 def conversation_windows(conversation: Conversation, cfg: PipelineConfig, limit_sessions: int | None = None) -> list[Window]:
@@ -134,7 +141,11 @@ def build_conversation(
             progress.set_postfix(units=report.units, dropped=report.dropped)
     if cc.traces and store.traces_stale(namespace):
         trace_stats = ParseStats() if llm is not None else None
-        consolidate_traces(store, namespace, cfg, llm, trace_stats)
+        try:
+            consolidate_traces(store, namespace, cfg, llm, trace_stats)
+            report.traces_updated = True
+        except UnitsChanged:
+            report.traces_deferred = True  # the build that added the units consolidates them with ours
         if trace_stats is not None:
             report.dropped += trace_stats.dropped
             stats.merge(trace_stats)

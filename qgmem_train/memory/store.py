@@ -2,6 +2,9 @@
 
 Every build step commits in one transaction together with its progress record, so a build killed at any
 moment leaves a store that opens, and the next build resumes at the first window not yet committed.
+Many processes and threads may write at once: each write decides from what it reads inside its own
+transaction (see :mod:`qgmem_train.memory.store_file`), and every namespace counts its writes
+(:meth:`MemoryStore.generation`) so that caches and trace consolidation notice other writers.
 Embeddings are float32 blobs, one per unit (fact, relation) plus one stacked blob of its attributes, so a
 namespace loads with one query (:meth:`MemoryStore.load_namespace`); the sentences of multi-sentence
 facts have their own rows in ``sentences``.
@@ -19,37 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from qgmem_train.errors import InputError
+from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, StoreFile
 from qgmem_train.memory.types import Conversation, MemoryUnit, TimeSpan, Trace, Turn
 
-SCHEMA_VERSION = 1
 STORE_FILE = "memory.sqlite"
 ENTITY, LOCATION = 0, 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS namespaces (
-  name TEXT PRIMARY KEY, units_mode TEXT NOT NULL, traces_stale INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS turns (
-  namespace TEXT NOT NULL, id TEXT NOT NULL, session_id TEXT NOT NULL, position INTEGER NOT NULL,
-  speaker TEXT NOT NULL, text TEXT NOT NULL, time TEXT, PRIMARY KEY (namespace, id));
-CREATE TABLE IF NOT EXISTS windows (
-  namespace TEXT NOT NULL, session_id TEXT NOT NULL, idx INTEGER NOT NULL, units INTEGER NOT NULL,
-  dropped INTEGER NOT NULL, PRIMARY KEY (namespace, session_id, idx));
-CREATE TABLE IF NOT EXISTS units (
-  namespace TEXT NOT NULL, id TEXT NOT NULL, serial INTEGER NOT NULL, sub INTEGER NOT NULL,
-  session_id TEXT NOT NULL, fact_text TEXT NOT NULL, subject TEXT NOT NULL, predicate TEXT NOT NULL,
-  object TEXT NOT NULL, source_turn_ids TEXT NOT NULL, source_text TEXT NOT NULL, utterance_time TEXT,
-  fact_time TEXT NOT NULL, entities TEXT NOT NULL, locations TEXT NOT NULL,
-  fact_emb BLOB NOT NULL, relation_emb BLOB NOT NULL, attr_emb BLOB NOT NULL,
-  PRIMARY KEY (namespace, id));
-CREATE INDEX IF NOT EXISTS units_order ON units (namespace, serial, sub, id);
-CREATE TABLE IF NOT EXISTS sentences (
-  namespace TEXT NOT NULL, unit_id TEXT NOT NULL, idx INTEGER NOT NULL, emb BLOB NOT NULL,
-  PRIMARY KEY (namespace, unit_id, idx));
-CREATE TABLE IF NOT EXISTS traces (
-  namespace TEXT NOT NULL, id TEXT NOT NULL, relation_text TEXT NOT NULL, member_ids TEXT NOT NULL,
-  trajectory TEXT NOT NULL, current_id TEXT NOT NULL, PRIMARY KEY (namespace, id));
-"""
 
 
 @dataclass
@@ -81,6 +58,10 @@ class NamespaceMemory:
     """(S,) row in ``units`` of each sentence embedding."""
     previous_turn: dict[str, str] = field(default_factory=dict)
     """Id of the turn before each turn in the same session (first turns have none)."""
+    generation: int = 0
+    """The namespace's write count when it was read (see :meth:`MemoryStore.generation`)."""
+    units_generation: int = 0
+    """Its count of unit writes then: traces computed from these units are stored only while it holds."""
 
 
 @dataclass
@@ -109,43 +90,42 @@ def _blob(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=np.float32).tobytes()
 
 
-class MemoryStore:
-    """A directory holding ``memory.sqlite``; namespaces separate users or conversations."""
+class UnitsChanged(Exception):
+    """Traces computed from a namespace's units were not stored: another writer has added units since they were read."""
 
-    def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
+
+class MemoryStore:
+    """A directory holding ``memory.sqlite``; namespaces separate users or conversations.
+
+    One handle may serve many threads (each gets its own connection); many processes may open the same store.
+    """
+
+    def __init__(self, path: Path, file: StoreFile) -> None:
         self.path = path
-        self._db = connection
+        self._file = file
 
     @classmethod
-    def open(cls, path: str | Path, *, create: bool = False) -> MemoryStore:
-        """Open the store in directory ``path``; ``create`` makes it when missing."""
+    def open(cls, path: str | Path, *, create: bool = False, busy_timeout: float = BUSY_TIMEOUT_S) -> MemoryStore:
+        """Open the store in directory ``path``; ``create`` makes it when missing.
+
+        A write waits up to ``busy_timeout`` seconds for other writers, then fails with
+        :class:`~qgmem_train.memory.store_file.StoreLockedError` (an :class:`InputError`).
+        """
         path = Path(path)
         file = path / STORE_FILE
         if not file.exists():
             if not create:
                 raise InputError(str(path), f"no memory store here (expected {STORE_FILE}); build one with `python -m qgmem_train build`")
             path.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(file, isolation_level=None, check_same_thread=False)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            db.close()
-            raise InputError(str(file), f"not a memory store: {exc}") from None
-        store = cls(path, db)
-        version = store._meta("schema_version")
-        if version is None:
-            with store.transaction():
-                db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(version) != SCHEMA_VERSION:
-            db.close()
-            raise InputError(str(file), f"store schema version {version}, this code reads version {SCHEMA_VERSION}")
-        return store
+        return cls(path, StoreFile.open(file, busy_timeout))
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        return self._file.db
 
     def close(self) -> None:
-        """Close the database connection."""
-        self._db.close()
+        """Close the database connections of every thread."""
+        self._file.close()
 
     def __enter__(self) -> MemoryStore:
         return self
@@ -155,14 +135,15 @@ class MemoryStore:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write: everything inside commits together or not at all."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        """One atomic write holding the write lock from its first read: everything inside commits together or not at all."""
+        with self._file.transaction() as db:
+            yield db
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """Reads inside see one state of the store, whatever other writers commit meanwhile."""
+        with self._file.snapshot() as db:
+            yield db
 
     def _meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -185,20 +166,28 @@ class MemoryStore:
 
     def ensure_namespace(self, namespace: str, units_mode: str, embedder_id: str, dim: int) -> None:
         """Create ``namespace`` (and record the embedder); refuse a different embedder or units mode."""
-        known_embedder = self.embedder_id
-        if known_embedder is not None and (known_embedder != embedder_id or self.dim != dim):
-            raise InputError(str(self.path), f"store was built with embedder {known_embedder} ({self.dim}-d), not {embedder_id} ({dim}-d)")
-        row = self._db.execute("SELECT units_mode FROM namespaces WHERE name = ?", (namespace,)).fetchone()
-        if row and row[0] != units_mode:
-            raise InputError(f"{self.path}: namespace {namespace}", f"built with --units {row[0]}, not {units_mode}")
         with self.transaction() as db:
+            known_embedder = self.embedder_id
+            if known_embedder is not None and (known_embedder != embedder_id or self.dim != dim):
+                raise InputError(str(self.path), f"store was built with embedder {known_embedder} ({self.dim}-d), not {embedder_id} ({dim}-d)")
+            row = db.execute("SELECT units_mode FROM namespaces WHERE name = ?", (namespace,)).fetchone()
+            if row and row[0] != units_mode:
+                raise InputError(f"{self.path}: namespace {namespace}", f"built with --units {row[0]}, not {units_mode}")
             db.execute("INSERT OR IGNORE INTO meta VALUES ('embedder_id', ?)", (embedder_id,))
             db.execute("INSERT OR IGNORE INTO meta VALUES ('dim', ?)", (str(dim),))
             db.execute("INSERT OR IGNORE INTO namespaces (name, units_mode) VALUES (?, ?)", (namespace, units_mode))
 
     def put_turns(self, namespace: str, conversation: Conversation) -> dict[str, int]:
-        """Record the conversation's turns (new ones after the existing ones); return every turn's position."""
-        rows = self._db.execute("SELECT id, session_id, text, position FROM turns WHERE namespace = ?", (namespace,)).fetchall()
+        """Record the conversation's turns (new ones after the existing ones); return every turn's position.
+
+        Turns already stored with the same session and text are kept as they are, so a retried call adds nothing.
+        """
+        with self.transaction() as db:
+            return self._put_turns(db, namespace, conversation)
+
+    @staticmethod
+    def _put_turns(db: sqlite3.Connection, namespace: str, conversation: Conversation) -> dict[str, int]:
+        rows = db.execute("SELECT id, session_id, text, position FROM turns WHERE namespace = ?", (namespace,)).fetchall()
         known = {r[0]: r for r in rows}
         stored_sessions = {r[1] for r in rows}
         position = max((r[3] for r in rows), default=-1) + 1
@@ -218,9 +207,9 @@ class MemoryStore:
                 new.append((namespace, turn.id, session.id, position, turn.speaker, turn.text, session.time))
                 position += 1
         if new:
-            with self.transaction() as db:
-                db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)", new)
-        return {r[0]: r[1] for r in self._db.execute("SELECT id, position FROM turns WHERE namespace = ?", (namespace,))}
+            db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)", new)
+            db.execute("UPDATE namespaces SET generation = generation + 1 WHERE name = ?", (namespace,))
+        return {r[0]: r[1] for r in db.execute("SELECT id, position FROM turns WHERE namespace = ?", (namespace,))}
 
     def done_windows(self, namespace: str) -> set[tuple[str, int]]:
         """(session id, window index) of every window already committed."""
@@ -248,7 +237,10 @@ class MemoryStore:
                 "INSERT OR REPLACE INTO windows VALUES (?, ?, ?, ?, ?)",
                 [(namespace, r.session_id, r.index, len(r.units), r.dropped) for r in results],
             )
-            db.execute("UPDATE namespaces SET traces_stale = 1 WHERE name = ?", (namespace,))
+            db.execute(
+                "UPDATE namespaces SET traces_stale = 1, generation = generation + 1, units_generation = units_generation + 1 WHERE name = ?",
+                (namespace,),
+            )
 
     def count_units(self, namespace: str) -> int:
         """Number of units stored in ``namespace``."""
@@ -262,6 +254,11 @@ class MemoryStore:
         """Outputs dropped over all committed windows of ``namespace``."""
         return int(self._db.execute("SELECT COALESCE(SUM(dropped), 0) FROM windows WHERE namespace = ?", (namespace,)).fetchone()[0])
 
+    def generation(self, namespace: str) -> int:
+        """How many writes ``namespace`` has had, by any process: equal generations mean the same content."""
+        row = self._db.execute("SELECT generation FROM namespaces WHERE name = ?", (namespace,)).fetchone()
+        return int(row[0]) if row else 0
+
     def traces_stale(self, namespace: str) -> bool:
         """Whether units were added since the traces were last consolidated."""
         row = self._db.execute("SELECT traces_stale FROM namespaces WHERE name = ?", (namespace,)).fetchone()
@@ -272,20 +269,33 @@ class MemoryStore:
         blobs = [r[0] for r in self._db.execute("SELECT relation_emb FROM units WHERE namespace = ? ORDER BY serial, sub, id", (namespace,))]
         return np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1) if blobs else np.zeros((0, self.dim or 0), np.float32)
 
-    def put_traces(self, namespace: str, traces: Sequence[Trace]) -> None:
-        """Insert or replace ``traces`` in one transaction."""
+    def put_traces(self, namespace: str, traces: Sequence[Trace], *, units_generation: int | None = None) -> None:
+        """Insert or replace ``traces`` in one transaction.
+
+        ``units_generation``: that of the units the traces were computed from (:attr:`NamespaceMemory.units_generation`);
+        when another writer has added units since, nothing is written and :class:`UnitsChanged` is raised.
+        """
         with self.transaction() as db:
+            self._require_units_generation(db, namespace, units_generation)
             db.executemany(
                 "INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?, ?, ?)",
                 [(namespace, t.id, t.relation_text, json.dumps(t.member_ids), t.trajectory, t.current_id) for t in traces],
             )
+            db.execute("UPDATE namespaces SET generation = generation + 1 WHERE name = ?", (namespace,))
 
-    def finish_traces(self, namespace: str, keep_ids: set[str]) -> None:
-        """Delete traces not in ``keep_ids`` and mark the namespace's traces up to date, atomically."""
+    def finish_traces(self, namespace: str, keep_ids: set[str], *, units_generation: int | None = None) -> None:
+        """Delete traces not in ``keep_ids`` and mark the namespace's traces up to date, atomically (``units_generation``: as in :meth:`put_traces`)."""
         with self.transaction() as db:
+            self._require_units_generation(db, namespace, units_generation)
             stale = [r[0] for r in db.execute("SELECT id FROM traces WHERE namespace = ?", (namespace,)) if r[0] not in keep_ids]
             db.executemany("DELETE FROM traces WHERE namespace = ? AND id = ?", [(namespace, t) for t in stale])
-            db.execute("UPDATE namespaces SET traces_stale = 0 WHERE name = ?", (namespace,))
+            db.execute("UPDATE namespaces SET traces_stale = 0, generation = generation + 1 WHERE name = ?", (namespace,))
+
+    @staticmethod
+    def _require_units_generation(db: sqlite3.Connection, namespace: str, expected: int | None) -> None:
+        row = db.execute("SELECT units_generation FROM namespaces WHERE name = ?", (namespace,)).fetchone()
+        if expected is not None and (row is None or row[0] != expected):
+            raise UnitsChanged(f"namespace {namespace}: units changed since the traces were computed")
 
     def load_traces(self, namespace: str) -> list[Trace]:
         """The namespace's traces, ordered by id."""
@@ -302,10 +312,16 @@ class MemoryStore:
         """All units, embeddings, attributes, traces and turns of ``namespace``.
 
         With ``embedder_id``, a namespace built with another embedder is refused (its vectors would not
-        compare with the queries').
+        compare with the queries'). A missing namespace is named alone: the store's other namespaces are
+        other users' and stay unlisted. Everything is read in one snapshot, consistent while others write.
         """
-        if self._db.execute("SELECT 1 FROM namespaces WHERE name = ?", (namespace,)).fetchone() is None:
-            raise InputError(f"{self.path}: namespace {namespace}", f"not in this store (namespaces: {', '.join(self.namespaces()) or 'none'})")
+        with self.snapshot():
+            return self._load_namespace(namespace, embedder_id)
+
+    def _load_namespace(self, namespace: str, embedder_id: str | None) -> NamespaceMemory:
+        generations = self._db.execute("SELECT generation, units_generation FROM namespaces WHERE name = ?", (namespace,)).fetchone()
+        if generations is None:
+            raise InputError(f"{self.path}: namespace {namespace}", "not in this store")
         if embedder_id is not None and self.embedder_id != embedder_id:
             raise InputError(f"{self.path}: namespace {namespace}", f"built with embedder {self.embedder_id!r}, configured {embedder_id!r}")
         dim = self.dim or 0
@@ -353,6 +369,8 @@ class MemoryStore:
             sentence_embeddings=sentence_embeddings,
             sentence_unit=sentence_unit,
             previous_turn=previous_turn,
+            generation=generations[0],
+            units_generation=generations[1],
         )
 
     def _load_sentences(self, namespace: str, row_of: dict[str, int], dim: int) -> tuple[np.ndarray, np.ndarray]:

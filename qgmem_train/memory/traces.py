@@ -110,11 +110,13 @@ def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, 
     """Recompute the namespace's clusters, ask the LLM only about new or changed ones; return the trace count.
 
     Each batch of trajectories commits on its own, and the namespace is marked up to date last, so a
-    killed consolidation resumes with the clusters still missing.
+    killed consolidation resumes with the clusters still missing. When another writer adds units
+    meanwhile, the next write raises :class:`~qgmem_train.memory.store.UnitsChanged` and stores nothing.
     """
     cc = cfg.construction
-    memory = store.load_namespace(namespace)
-    relations = store.relation_embeddings(namespace)
+    with store.snapshot():
+        memory = store.load_namespace(namespace)
+        relations = store.relation_embeddings(namespace)
     linkable = None
     if cc.units == "turns":
         linkable = np.array([u.predicate != FALLBACK_PREDICATE for u in memory.units], bool)
@@ -140,7 +142,7 @@ def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, 
         for (relation, members), output in zip(batch, outputs):
             text = output.trajectory.strip() if output is not None and output.trajectory.strip() else rule_trajectory(members)
             traces.append(Trace(f"trace:{members[0].id}", relation, [u.id for u in members], text, members[-1].id))
-        store.put_traces(namespace, traces)
+        store.put_traces(namespace, traces, units_generation=memory.units_generation)
         keep.update(t.id for t in traces)
-    store.finish_traces(namespace, keep)
+    store.finish_traces(namespace, keep, units_generation=memory.units_generation)
     return len(keep)

@@ -7,7 +7,11 @@ writes to the store and activation reads back. Times are ISO strings (``YYYY-MM-
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -26,6 +30,26 @@ class Session:
     id: str
     time: str | None
     turns: list[Turn]
+
+
+def session_fingerprint(turns: Sequence[Turn | Mapping[str, Any]], time: str | None) -> str:
+    """The default id of a session added without one: ``s-`` and 16 hex digits of SHA-256 over its turns and time.
+
+    Turns count by (id when given, speaker, text), as :class:`Turn` objects or ``{id?, speaker, text}``
+    dicts, and the time as given; so a retried call with the same turns and time names the same session
+    (and resumes it) rather than storing it twice. Values that are not turns are hashed as text: the
+    caller refuses them afterwards.
+    """
+
+    def canonical(turn: object) -> object:
+        if isinstance(turn, Turn):
+            return [turn.id, turn.speaker, turn.text]
+        if isinstance(turn, Mapping):
+            return [str(turn["id"]) if turn.get("id") else None, turn.get("speaker"), turn.get("text")]
+        return repr(turn)
+
+    content = json.dumps({"time": time, "turns": [canonical(t) for t in turns]}, ensure_ascii=False, default=repr)
+    return "s-" + hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass

@@ -1,0 +1,186 @@
+"""The memory store's SQLite file: its schema and version, a connection per thread, and write transactions.
+
+Opening reads the file before writing anything to it, so an SQLite file of another program, or a store
+whose schema version is not a number or is newer than this code, is refused and left as it was; an older
+store is upgraded in one transaction. Every write takes the write lock first (``BEGIN IMMEDIATE``) and
+waits up to ``busy_timeout`` seconds for another writer; past that it ends in :class:`StoreLockedError`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from qgmem_train.errors import InputError
+
+SCHEMA_VERSION = 2
+BUSY_TIMEOUT_S = 30.0
+"""Seconds a write waits for other writers before the store counts as locked."""
+
+_SCHEMA = [
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE namespaces (name TEXT PRIMARY KEY, units_mode TEXT NOT NULL, traces_stale INTEGER NOT NULL DEFAULT 0, "
+    "generation INTEGER NOT NULL DEFAULT 0, units_generation INTEGER NOT NULL DEFAULT 0)",
+    "CREATE TABLE turns (namespace TEXT NOT NULL, id TEXT NOT NULL, session_id TEXT NOT NULL, position INTEGER NOT NULL, "
+    "speaker TEXT NOT NULL, text TEXT NOT NULL, time TEXT, PRIMARY KEY (namespace, id))",
+    "CREATE TABLE windows (namespace TEXT NOT NULL, session_id TEXT NOT NULL, idx INTEGER NOT NULL, units INTEGER NOT NULL, "
+    "dropped INTEGER NOT NULL, PRIMARY KEY (namespace, session_id, idx))",
+    "CREATE TABLE units (namespace TEXT NOT NULL, id TEXT NOT NULL, serial INTEGER NOT NULL, sub INTEGER NOT NULL, "
+    "session_id TEXT NOT NULL, fact_text TEXT NOT NULL, subject TEXT NOT NULL, predicate TEXT NOT NULL, object TEXT NOT NULL, "
+    "source_turn_ids TEXT NOT NULL, source_text TEXT NOT NULL, utterance_time TEXT, fact_time TEXT NOT NULL, "
+    "entities TEXT NOT NULL, locations TEXT NOT NULL, fact_emb BLOB NOT NULL, relation_emb BLOB NOT NULL, "
+    "attr_emb BLOB NOT NULL, PRIMARY KEY (namespace, id))",
+    "CREATE INDEX units_order ON units (namespace, serial, sub, id)",
+    "CREATE TABLE sentences (namespace TEXT NOT NULL, unit_id TEXT NOT NULL, idx INTEGER NOT NULL, emb BLOB NOT NULL, "
+    "PRIMARY KEY (namespace, unit_id, idx))",
+    "CREATE TABLE traces (namespace TEXT NOT NULL, id TEXT NOT NULL, relation_text TEXT NOT NULL, member_ids TEXT NOT NULL, "
+    "trajectory TEXT NOT NULL, current_id TEXT NOT NULL, PRIMARY KEY (namespace, id))",
+]
+_TABLES = {"meta", "namespaces", "turns", "windows", "units", "sentences", "traces"}
+_UPGRADES: dict[int, list[str]] = {
+    1: [
+        "ALTER TABLE namespaces ADD COLUMN generation INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE namespaces ADD COLUMN units_generation INTEGER NOT NULL DEFAULT 0",
+    ],
+}
+"""Statements that bring a store of schema version ``key`` to ``key + 1``."""
+
+
+class StoreLockedError(InputError):
+    """Another writer held the store's write lock for longer than the busy timeout."""
+
+
+class StoreFile:
+    """One SQLite file with a connection per thread: SQLite connections must not be shared by threads mid-transaction."""
+
+    def __init__(self, file: Path, busy_timeout: float = BUSY_TIMEOUT_S) -> None:
+        self.file = file
+        self.busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(cls, file: Path, busy_timeout: float = BUSY_TIMEOUT_S) -> StoreFile:
+        """Open ``file`` (an empty or missing file becomes a new store); refuse anything that is not a store this code reads."""
+        handle = cls(file, busy_timeout)
+        try:
+            if handle._version() != SCHEMA_VERSION:
+                handle._create_or_upgrade()
+        except BaseException:
+            handle.close()
+            raise
+        return handle
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The calling thread's connection, opened on its first use."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            with self._lock:
+                if self._closed:
+                    raise sqlite3.ProgrammingError(f"{self.file}: the store is closed")
+                db = sqlite3.connect(self.file, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+                db.execute("PRAGMA synchronous=NORMAL")
+                self._connections.append(db)
+            self._local.db = db
+        return db
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._lock:
+            self._closed = True
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+
+    @contextmanager
+    def busy_as_error(self) -> Iterator[None]:
+        """Turn SQLite's "database is locked" past the busy timeout into a :class:`StoreLockedError`."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", None)
+            if (code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)) if code is not None else "locked" in str(exc):
+                raise StoreLockedError(
+                    str(self.file),
+                    f"locked by another writer for more than {self.busy_timeout:g} s; retry later or open the store with a longer busy_timeout",
+                ) from None
+            raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write holding the write lock from its first read: it commits whole or not at all."""
+        db = self.db
+        with self.busy_as_error():
+            db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            with self.busy_as_error():
+                db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """Reads that see one consistent state of the store, whatever other writers commit meanwhile."""
+        db = self.db
+        if db.in_transaction:
+            yield db
+            return
+        db.execute("BEGIN")
+        try:
+            yield db
+        finally:
+            db.execute("COMMIT")
+
+    def _version(self) -> int | None:
+        """The stored schema version, ``None`` for a new (empty) file; anything that is not a store is an error."""
+        try:
+            with self.busy_as_error():
+                tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if not tables:
+                    return None
+                if "meta" not in tables or not tables <= _TABLES:
+                    raise InputError(str(self.file), "not a memory store: an SQLite database with other tables")
+                value = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                if value is None:
+                    if all(self.db.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() is None for t in tables):
+                        return None  # created by a build killed before its first write: empty, made anew
+                    raise InputError(str(self.file), "not a memory store: no schema version")
+        except sqlite3.DatabaseError as exc:
+            action = "cannot open" if str(exc).startswith("unable to open") else "not a memory store"
+            raise InputError(str(self.file), f"{action}: {exc}") from None
+        try:
+            version = int(value[0])
+        except ValueError:
+            raise InputError(f"{self.file}: schema_version", f"is {value[0]!r}, not a number: not a store this code can read") from None
+        if version > SCHEMA_VERSION:
+            raise InputError(str(self.file), f"schema version {version} is newer than this code reads ({SCHEMA_VERSION}); open it with a newer qgmem")
+        if version < 1:
+            raise InputError(f"{self.file}: schema_version", f"is {version}, not a store version")
+        return version
+
+    def _create_or_upgrade(self) -> None:
+        """Make a new store, or bring an older one to :data:`SCHEMA_VERSION`, in one transaction."""
+        with self.busy_as_error():
+            self.db.execute("PRAGMA journal_mode=WAL")
+        with self.transaction() as db:
+            version = self._version()  # again under the write lock: another process may have done it meanwhile
+            if version is None:
+                for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+                    db.execute(f"DROP TABLE {table}")
+                for statement in _SCHEMA:
+                    db.execute(statement)
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif version < SCHEMA_VERSION:
+                for step in range(version, SCHEMA_VERSION):
+                    for statement in _UPGRADES[step]:
+                        db.execute(statement)
+                db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))

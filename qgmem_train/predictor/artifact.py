@@ -1,0 +1,255 @@
+"""The trust boundary of an export: find it, prove each file is the one exported, read what it may decide.
+
+An export (a folder, or a Hub repo anyone can write to, checksum file included) describes a model: its
+base model, module hyperparameters, adapter files and pipeline settings. It never decides what code runs,
+which server is called or which secret is sent: a config.json that sets :data:`CALLER_MODELS` or
+:data:`CALLER_MODULE` to anything but the default is refused, and those settings come only from the
+caller. Every file of the folder must be listed by a plain file name in the checksum file and match it.
+
+This module also defines the export format (file names, checksum file) that ``python -m export`` writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import ipaddress
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_type_hints
+from urllib.parse import urlsplit
+
+from qgmem_train.config import ModelsConfig, PipelineConfig, pipeline_from_dict, settings_from_dict
+from qgmem_train.errors import InputError, ModelUnavailableError
+from qgmem_train.fileio import read_text
+from qgmem_train.llm.prompts import PROMPTS_VERSION
+
+EXPORT_FORMAT = "qgmem-export"
+EXPORT_FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+PROMPTS_FILE = "prompts.json"
+CARD_FILE = "README.md"
+CHECKSUM_FILE = "sha256sums.txt"
+"""SHA-256 of every other file, one ``<hex>  <name>`` line each (``sha256sum -c`` reads it)."""
+LORA_WEIGHTS_FILE = "adapter_model.safetensors"
+LORA_CONFIG_FILE = "adapter_config.json"
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", CHECKSUM_FILE]
+"""Files fetched when loading from the Hub: never anything pickled."""
+
+CALLER_MODELS = ("backend", "base_url", "api_key_env", "trust_remote_code")
+"""``pipeline.models`` settings that decide what runs, which server is called and which key it gets: the caller's alone."""
+CALLER_MODULE = ("trust_remote_code",)
+"""Module hyperparameters that decide what runs: the caller's alone."""
+MACHINE_MODELS = ("device", "cache_dir")
+"""``pipeline.models`` settings of the loading machine: the caller's arguments; an export's values are ignored."""
+MACHINE_MODULE = ("cache_dir",)
+"""Module hyperparameters of the loading machine: the caller's argument; an export's value is ignored."""
+MODULE_AT_LEAST = {"feature_dim": 1, "graph_tokens": 0, "gnn_hidden": 1, "gnn_layers": 1, "gnn_heads": 1, "projector_hidden": 1, "lora_r": 0}
+"""Smallest value of the module's count hyperparameters."""
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelsConfig)}
+_HOW_TO_PASS = {
+    "backend": "models={'backend': ...}",
+    "base_url": "models={'base_url': ...}",
+    "api_key_env": "models={'api_key_env': ...}",
+    "trust_remote_code": "trust_remote_code=True",
+}
+
+
+@dataclass(frozen=True)
+class Export:
+    """A verified export: its folder and config.json, less every setting that is the caller's to decide."""
+
+    folder: Path
+    config: dict[str, Any]
+    """config.json as read."""
+    pipeline: PipelineConfig
+    """The exported pipeline settings; caller and machine settings at their defaults."""
+    module: dict[str, Any]
+    """Module hyperparameters without caller and machine settings (typed by :func:`module_arguments`)."""
+    graph_adapter: str
+    """File name of the graph adapter."""
+    lora_adapter: str | None
+    """File name of the peft LoRA weights, ``None`` without LoRA."""
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_plain_name(name: str) -> bool:
+    """Whether ``name`` names a file directly inside a folder: no separator, not ``.`` or ``..``, not empty."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
+def portable_models(models: Mapping[str, Any]) -> dict[str, Any]:
+    """``pipeline.models`` without the caller's and the machine's settings: what an export may carry."""
+    return {k: v for k, v in models.items() if k not in CALLER_MODELS + MACHINE_MODELS}
+
+
+def portable_module(module: Mapping[str, Any]) -> dict[str, Any]:
+    """Module hyperparameters without the caller's and the machine's settings: what an export may carry."""
+    return {k: v for k, v in module.items() if k not in CALLER_MODULE + MACHINE_MODULE}
+
+
+def read_checksums(folder: Path) -> dict[str, str]:
+    """``{file name: hex digest}`` from the folder's checksum file; a missing or malformed file is an error."""
+    path = folder / CHECKSUM_FILE
+    if not path.is_file():
+        raise InputError(str(path), "checksum file missing: not a complete QGMem export")
+    sums: dict[str, str] = {}
+    for number, line in enumerate(read_text(path, kind="checksum file").splitlines(), start=1):
+        digest, _, name = line.partition("  ")
+        where = f"{path}: line {number}"
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise InputError(where, "expected '<sha256>  <file name>'")
+        if not is_plain_name(name):
+            raise InputError(where, f"{name!r} is not a plain file name (no folders, no '..'): an export is one flat folder")
+        if name in sums:
+            raise InputError(where, f"{name} is listed twice")
+        sums[name] = digest
+    return sums
+
+
+def verify_checksums(folder: Path) -> dict[str, str]:
+    """Check that the checksum file lists every file of the folder and that each matches; one error otherwise."""
+    sums = read_checksums(folder)
+    for required in (CONFIG_FILE, PROMPTS_FILE):
+        if required not in sums:
+            raise InputError(str(folder / CHECKSUM_FILE), f"{required} is not listed: not a complete QGMem export")
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if name != CHECKSUM_FILE and name not in sums and not (path.is_dir() and not path.is_symlink()):
+            raise InputError(str(path), f"not listed in the checksum file: an export holds only the files {CHECKSUM_FILE} lists")
+    for name, expected in sums.items():
+        path = folder / name
+        if not path.is_file():
+            raise InputError(str(path), "listed in the checksum file but missing")
+        if file_sha256(path) != expected:
+            raise InputError(str(path), "SHA-256 differs from the checksum file: the file changed after export; refusing to load it")
+    return sums
+
+
+def locate_export(ref: str | Path, *, revision: str | None = None) -> Path:
+    """The local folder of an export: ``ref`` itself when it is a folder, else a Hub snapshot of repo ``ref``."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    text = str(ref)
+    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise InputError(text, "not an export folder (and not a Hub repo id of the form owner/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(text, revision=revision, allow_patterns=HUB_PATTERNS))
+    except Exception as exc:  # offline mode, missing repo, network, auth: all end as one line for the user
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelUnavailableError(f"export {text!r}{'@' + revision if revision else ''} unavailable: {why}") from None
+
+
+def read_export(folder: Path) -> Export:
+    """Verify the folder's checksums, then read and check its config.json; anything malformed is one :class:`InputError`."""
+    listed = verify_checksums(folder)
+    path = folder / CONFIG_FILE
+    try:
+        config = json.loads(read_text(path, kind="export config"))
+    except json.JSONDecodeError as exc:
+        raise InputError(str(path), f"not valid JSON: {exc}") from None
+    if not isinstance(config, dict) or config.get("format") != EXPORT_FORMAT:
+        raise InputError(f"{path}: format", f"not a {EXPORT_FORMAT} config")
+    if config.get("format_version") != EXPORT_FORMAT_VERSION:
+        raise InputError(f"{path}: format_version", f"is {config.get('format_version')!r}, this code reads {EXPORT_FORMAT_VERSION}")
+    if config.get("prompts_version") != PROMPTS_VERSION:
+        raise InputError(f"{path}: prompts_version", f"exported with prompts {config.get('prompts_version')!r}, this code has {PROMPTS_VERSION!r}")
+    module = _section(config, "module", path)
+    pipeline = _section(config, "pipeline", path)
+    models = _section(pipeline, "models", path, "pipeline.models") if "models" in pipeline else {}
+    _refuse_caller_settings(module, CALLER_MODULE, f"{path}: module")
+    _refuse_caller_settings(models, CALLER_MODELS, f"{path}: pipeline.models")
+    portable = pipeline_from_dict({**pipeline, "models": portable_models(models)}, f"{path}: pipeline")
+    adapter = _section(config, "adapter", path)
+    graph = _adapter_file(adapter.get("graph"), "graph", listed, path)
+    lora = _adapter_file(adapter["lora"], "lora", listed, path) if adapter.get("lora") is not None else None
+    return Export(folder, config, portable, portable_module(module), graph, lora)
+
+
+def _section(values: Mapping[str, Any], key: str, path: Path, name: str | None = None) -> dict[str, Any]:
+    """``values[key]``, which must be a JSON object."""
+    section = values.get(key)
+    if not isinstance(section, dict):
+        raise InputError(f"{path}: {name or key}", f"missing or not a mapping (got {type(section).__name__})")
+    return section
+
+
+def _refuse_caller_settings(values: Mapping[str, Any], keys: Collection[str], where: str) -> None:
+    """Refuse an export that sets one of ``keys`` (the caller's to decide) to anything but the default."""
+    for key in keys:
+        if key in values and values[key] != _DEFAULTS[key]:
+            raise InputError(
+                f"{where}.{key}",
+                f"is {values[key]!r}, but an export cannot decide what runs, which server is called or which key is sent; "
+                f"the caller passes it: QGMemPredictor.from_pretrained(..., {_HOW_TO_PASS[key]})",
+            )
+
+
+def _adapter_file(name: Any, key: str, listed: Collection[str], path: Path) -> str:
+    """The adapter file name config.json gives: a plain name of a file the checksum file lists."""
+    where = f"{path}: adapter.{key}"
+    if not isinstance(name, str) or not is_plain_name(name):
+        raise InputError(where, f"{name!r} is not a plain file name of the export folder")
+    if name not in listed:
+        raise InputError(where, f"{name} is not a file of the export (the checksum file does not list it)")
+    return name
+
+
+def module_arguments(export: Export) -> dict[str, Any]:
+    """The exported module hyperparameters, checked against :class:`GraphAugmentedLM`'s arguments (names, types, counts).
+
+    The arguments become a settings dataclass so that the pipeline's own checker types them.
+    """
+    from qgmem_train.model.module import GraphAugmentedLM
+
+    where = f"{export.folder / CONFIG_FILE}: module"
+    hints = get_type_hints(GraphAugmentedLM.__init__)
+    signature = inspect.signature(GraphAugmentedLM.__init__).parameters.values()
+    parameters = [p for p in signature if p.name != "self" and p.name not in CALLER_MODULE + MACHINE_MODULE]
+    fields = []
+    for p in parameters:
+        required = p.default is inspect.Parameter.empty
+        if required and p.name not in export.module:
+            raise InputError(f"{where}.{p.name}", "missing")
+        fields.append((p.name, hints[p.name], dataclasses.field(default=None if required else p.default)))
+    settings = dataclasses.make_dataclass("ModuleSettings", fields)
+    settings_from_dict(settings, export.module, where, at_least=MODULE_AT_LEAST, unit_interval=frozenset())
+    return dict(export.module)
+
+
+def check_base_url(url: str | None, *, allow_insecure_http: bool) -> None:
+    """Refuse an HTTP backend endpoint that is not http(s), or plain http to another machine without the caller's opt-in."""
+    where = "models.base_url"
+    if not url:
+        raise InputError(where, "required with models.backend openai")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(where, f"not an http(s) URL with a host (scheme {parts.scheme!r})")
+    if parts.scheme == "http" and not allow_insecure_http and not _is_loopback(parts.hostname):
+        raise InputError(
+            where, f"plain http to {parts.hostname} would send the API key and your data unencrypted; use https, or pass allow_insecure_http=True"
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine: ``localhost`` or a loopback address."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

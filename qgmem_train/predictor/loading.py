@@ -1,0 +1,220 @@
+"""Build a :class:`QGMemPredictor` from a verified export (or a module in memory) and the caller's settings.
+
+What runs and where (backend, server, API key variable, repository code, device, cache) comes from the
+caller's arguments; the export contributes its base model, hyperparameters, adapters and pipeline
+settings (:mod:`qgmem_train.predictor.artifact` refuses anything else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from qgmem_train.config import PipelineConfig, pipeline_from_dict
+from qgmem_train.errors import InputError
+from qgmem_train.predictor.artifact import CONFIG_FILE, Export, check_base_url, locate_export, module_arguments, read_export
+from qgmem_train.predictor.memory import PredictorMemory
+
+if TYPE_CHECKING:
+    from qgmem_train.llm.base import ChatLLM
+    from qgmem_train.llm.embedder import Embedder
+    from qgmem_train.model.module import GraphAugmentedLM
+    from qgmem_train.predictor.results import AskResult
+    from qgmem_train.retrieval.rerank import Reranker
+
+IntentMode = Literal["llm", "rules"]
+
+
+def _not_an_adapter(path: Path, exc: Exception) -> InputError:
+    """The one-line error for an adapter file that safetensors (or its metadata's JSON) cannot read."""
+    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return InputError(str(path), f"not a safetensors adapter: {why}")
+
+
+def read_adapter_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Tensors and qgmem metadata of a safetensors adapter; a file that is not one is an :class:`InputError`."""
+    from safetensors import SafetensorError
+
+    from qgmem_train.model.checkpoint import load_adapter
+
+    try:
+        state, metadata = load_adapter(path)
+    except (SafetensorError, OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _not_an_adapter(path, exc) from None
+    if not isinstance(metadata, dict):
+        raise InputError(str(path), "its qgmem metadata is not a JSON object")
+    return state, metadata
+
+
+def load_exported_module(export: Export, *, cache_dir: str | None = None, device: str = "auto", trust_remote_code: bool = False) -> GraphAugmentedLM:
+    """Build the module on ``device`` from the exported hyperparameters and load exactly its adapter (and LoRA) parameters."""
+    from qgmem_train.model.checkpoint import check_compatible, trainable_state_dict
+    from qgmem_train.model.module import GraphAugmentedLM
+
+    model = GraphAugmentedLM(**module_arguments(export), cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+    model.load_backbone(None if device == "auto" else device)
+    expected = trainable_state_dict(model)
+    adapter = export.folder / export.graph_adapter
+    state, metadata = read_adapter_file(adapter)
+    graph_keys = {k for k in expected if not k.startswith("llm.")}
+    check_compatible(metadata, model.checkpoint_metadata(), set(state), graph_keys, str(adapter))
+    model.load_state_dict(state, strict=False)
+    lora_expected = {k for k in expected if k.startswith("llm.")}
+    if bool(export.lora_adapter) != bool(lora_expected):
+        where = f"{export.folder / CONFIG_FILE}: adapter.lora"
+        raise InputError(where, f"is {export.lora_adapter!r} but the module has {len(lora_expected)} LoRA parameters")
+    if export.lora_adapter:
+        _load_lora(model, export.folder / export.lora_adapter)
+    model.eval()
+    return model
+
+
+def _load_lora(model: GraphAugmentedLM, path: Path) -> None:
+    """Load peft-format LoRA weights into the module's LoRA-wrapped LLM; any missing or extra tensor is refused."""
+    from peft import set_peft_model_state_dict
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise _not_an_adapter(path, exc) from None
+    result = set_peft_model_state_dict(model.llm, weights)
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if result.unexpected_keys or missing:
+        raise InputError(str(path), f"LoRA parameters differ: unexpected {sorted(result.unexpected_keys)[:3]}, missing {sorted(missing)[:3]}")
+
+
+class QGMemPredictor:
+    """An exported (or in-memory) QGMem model with its frozen retrieval stack, ready to build memory and answer."""
+
+    def __init__(
+        self,
+        model: GraphAugmentedLM | None,
+        pipeline: PipelineConfig,
+        *,
+        llm: ChatLLM,
+        embedder: Embedder,
+        reranker: Reranker | None,
+        intent: IntentMode = "llm",
+    ) -> None:
+        """Prefer :meth:`from_pretrained` or :meth:`from_module`; ``model`` is ``None`` on the text path."""
+        if intent not in ("llm", "rules"):
+            raise InputError("intent", f"unknown intent parser {intent!r} (llm, rules)")
+        self.model = model
+        self.pipeline = pipeline
+        self.llm = llm
+        self.embedder = embedder
+        self.reranker = reranker
+        self.intent = intent
+
+    @property
+    def path(self) -> Literal["graph", "text"]:
+        """``graph`` when a local module answers, ``text`` for an API backbone."""
+        return "graph" if self.model is not None else "text"
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        dir_or_repo_id: str | Path,
+        *,
+        revision: str | None = None,
+        cache_dir: str | None = None,
+        device: str = "auto",
+        models: Mapping[str, Any] | None = None,
+        trust_remote_code: bool = False,
+        allow_insecure_http: bool = False,
+        intent: IntentMode = "llm",
+        max_new_tokens: int | None = None,
+    ) -> QGMemPredictor:
+        """Load an export folder or Hub repo after verifying its checksums and config.
+
+        The export describes the model; the caller decides how it runs. An export whose config.json sets
+        ``pipeline.models.backend``, ``base_url``, ``api_key_env`` or ``trust_remote_code`` (module or
+        pipeline) to anything but the default is refused, not silently overridden: such a repo tries to
+        run code or reach a server its user did not choose. Its ``device`` and ``cache_dir`` are ignored.
+
+        Args:
+            dir_or_repo_id: export folder, or ``owner/name`` on the Hugging Face Hub.
+            revision: Hub revision (branch, tag or commit) of a repo id.
+            cache_dir: cache of converted bundled models.
+            device: torch device of local models (auto: cuda when available).
+            models: the caller's ``pipeline.models`` settings over the exported ones, e.g. ``{"backend": "openai",
+                "base_url": ..., "api_key_env": ...}`` to answer through an API backbone on the text path.
+            trust_remote_code: let the base model, embedder and reranker repositories run their own Python code.
+            allow_insecure_http: allow a plain-http ``base_url`` to a host other than this machine (the API key
+                would travel unencrypted).
+            intent: query-intent parser: the paper's LLM prompt, or rules without an LLM.
+            max_new_tokens: graph-path answer budget (default: the exported module's; the text path uses
+                ``generation.max_new_tokens``).
+        """
+        export = read_export(locate_export(dir_or_repo_id, revision=revision))
+        values = export.pipeline.to_dict()
+        values["models"].update({"device": device, "cache_dir": cache_dir, "trust_remote_code": trust_remote_code, **(models or {})})
+        pipeline = pipeline_from_dict(values, "from_pretrained: pipeline")
+        if pipeline.models.backend == "openai":
+            from qgmem_train.llm.factory import build_embedder, build_llm
+            from qgmem_train.retrieval.rerank import build_reranker
+
+            check_base_url(pipeline.models.base_url, allow_insecure_http=allow_insecure_http)
+            llm = build_llm(pipeline)
+            embedder = build_embedder(pipeline)
+            reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
+            return cls(None, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent)
+        model = load_exported_module(export, cache_dir=cache_dir, device=device, trust_remote_code=pipeline.models.trust_remote_code)
+        if max_new_tokens is not None:
+            model.hparams.max_new_tokens = max_new_tokens
+        return cls.from_module(model, pipeline, intent=intent)
+
+    @classmethod
+    def from_module(cls, model: GraphAugmentedLM, pipeline: PipelineConfig, *, intent: IntentMode = "llm") -> QGMemPredictor:
+        """A predictor around a module in memory; its LLM (adapters off) also serves intents, reranking and construction."""
+        from qgmem_train.llm.factory import build_embedder
+        from qgmem_train.llm.local import TransformersLLM
+        from qgmem_train.retrieval.rerank import build_reranker
+
+        g = pipeline.generation
+        llm = TransformersLLM(
+            model.hparams.llm, revision=model.hparams.llm_revision, loaded=(model.llm, model.tokenizer),
+            max_new_tokens=g.max_new_tokens, batch_size=g.batch_size, temperature=g.temperature, constrained=g.constrained,
+        )  # fmt: skip
+        embedder = build_embedder(pipeline)
+        if embedder.dim != model.hparams.feature_dim:
+            raise InputError("pipeline.models.embedder", f"{embedder.model_id} is {embedder.dim}-d; the model's graph features are {model.hparams.feature_dim}-d")
+        model.eval()
+        reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
+        return cls(model, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent)
+
+    @contextlib.contextmanager
+    def frozen_pipeline(self) -> Iterator[None]:
+        """LoRA adapters off while the shared LLM parses intents, reranks or builds memory (the pipeline is frozen)."""
+        disable = getattr(self.model.llm, "disable_adapter", None) if self.model is not None else None
+        with disable() if disable is not None else contextlib.nullcontext():
+            yield
+
+    def memory(self, namespace: str, store_dir: str | Path) -> PredictorMemory:
+        """A handle on ``namespace`` of the persistent store in ``store_dir`` (created when missing)."""
+        from qgmem_train.memory.store import MemoryStore
+
+        if not namespace or not namespace.strip():
+            raise InputError("namespace", "empty namespace")
+        return PredictorMemory(self, namespace, MemoryStore.open(store_dir, create=True))
+
+
+def ask_with_model(
+    model_dir: str | Path,
+    store_dir: str | Path,
+    namespace: str,
+    question: str,
+    question_time: str | None = None,
+    *,
+    device: str = "auto",
+    intent: IntentMode = "llm",
+) -> AskResult:
+    """Load the exported model and answer one question over ``namespace`` of the store (``qgmem_train ask --model``)."""
+    predictor = QGMemPredictor.from_pretrained(model_dir, device=device, intent=intent)
+    with predictor.memory(namespace, store_dir) as memory:
+        return memory.ask(question, question_time)

@@ -1,0 +1,172 @@
+"""A user's memory behind the predictor: add sessions as they happen, ask questions with cited evidence.
+
+:class:`PredictorMemory` is a handle on one namespace of a persistent
+:class:`~qgmem_train.memory.store.MemoryStore`: ``add_session`` extends it incrementally, ``ask``
+activates the working memory and answers. Local backbones answer through graph tokens; API backbones
+through the text path, with the local graph written as facts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from qgmem_train.errors import InputError
+from qgmem_train.memory.types import Conversation, Session, Turn, session_fingerprint
+from qgmem_train.predictor.results import AskResult, EvidenceUnit, SourceTurn
+
+if TYPE_CHECKING:
+    from qgmem_train.graph.local_graph import LocalGraph
+    from qgmem_train.llm.schemas import AnswerOutput
+    from qgmem_train.memory.construct import BuildReport
+    from qgmem_train.memory.store import MemoryStore, NamespaceMemory
+    from qgmem_train.predictor.loading import QGMemPredictor
+    from qgmem_train.retrieval.activation import ActivationIndex
+
+
+class PredictorMemory:
+    """One user's (or conversation's) memory: add sessions as they happen, ask questions at any time."""
+
+    def __init__(self, predictor: QGMemPredictor, namespace: str, store: MemoryStore) -> None:
+        self.predictor = predictor
+        self.namespace = namespace
+        self.store = store
+        self._loaded: tuple[int, NamespaceMemory, ActivationIndex] | None = None
+
+    def close(self) -> None:
+        """Close the store."""
+        self.store.close()
+
+    def __enter__(self) -> PredictorMemory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add_session(self, turns: Sequence[Turn | Mapping[str, Any]], time: str | None = None, session_id: str | None = None) -> BuildReport:
+        """Add one session and build its units (and update traces); rerunning a killed call resumes it.
+
+        ``turns`` are :class:`Turn` objects or dicts ``{id?, speaker, text}``; a missing id becomes
+        ``<session_id>:<n>``. ``session_id`` defaults to :func:`~qgmem_train.memory.types.session_fingerprint`
+        of the turns and time, so a retried call stores the session once; ``time`` is the session's date
+        (ISO or a recognised date format).
+        """
+        from qgmem_train.memory.construct import build_conversation
+        from qgmem_train.memory.loaders import session_time
+
+        session_id = session_id or session_fingerprint(turns, time)
+        where = f"namespace {self.namespace}, session {session_id}"
+        if not turns:
+            raise InputError(where, "no turns")
+        session = Session(session_id, session_time(time, f"{where}: time"), [_turn(t, session_id, n, where) for n, t in enumerate(turns, start=1)])
+        predictor = self.predictor
+        cfg = predictor.pipeline
+        llm = predictor.llm if cfg.construction.units == "llm" or cfg.construction.traces else None
+        with predictor.frozen_pipeline():
+            report = build_conversation(self.store, Conversation(self.namespace, [session]), cfg, predictor.embedder, namespace=self.namespace, llm=llm)
+        self._loaded = None
+        return report
+
+    def _activation_state(self) -> tuple[NamespaceMemory, ActivationIndex]:
+        """The namespace and its search index, reloaded only when the store's content changed."""
+        from qgmem_train.retrieval.activation import ActivationIndex
+
+        version = self.store.generation(self.namespace)
+        if self._loaded is None or self._loaded[0] != version:
+            memory = self.store.load_namespace(self.namespace, embedder_id=self.predictor.embedder.model_id)
+            self._loaded = (version, memory, ActivationIndex(memory, self.predictor.pipeline.retrieval, self.predictor.embedder))
+        return self._loaded[1], self._loaded[2]
+
+    def ask(self, question: str, question_time: str | None = None) -> AskResult:
+        """Activate the working memory for ``question`` and answer it with the model, citing units and turns."""
+        from qgmem_train.graph.local_graph import local_graph_from_units
+        from qgmem_train.retrieval.activation import activate
+        from qgmem_train.retrieval.serialization import cited_unit_ids, serialize_working_memory
+
+        if not question.strip():
+            raise InputError("question", "empty question")
+        predictor = self.predictor
+        cfg = predictor.pipeline
+        started = time.perf_counter()
+        memory, index = self._activation_state()
+        seconds = {"memory": time.perf_counter() - started}
+        with predictor.frozen_pipeline():
+            wm = activate(
+                question, question_time, memory, cfg=cfg.retrieval, llm=predictor.llm if predictor.intent == "llm" else None,
+                embedder=predictor.embedder, reranker=predictor.reranker, index=index,
+            )  # fmt: skip
+            seconds.update(wm.timings)
+            start = time.perf_counter()
+            context = serialize_working_memory(wm.units, memory, predictor.llm)
+            graph = local_graph_from_units(wm.units, max_edges=cfg.retrieval.k)
+            seconds["serialize"] = time.perf_counter() - start
+        generate = self._generate_graph if predictor.model is not None else self._generate_text
+        generated, parsed, prompt_tokens, generated_tokens = generate(question, question_time, context.text, graph, seconds)
+        cited = set(cited_unit_ids(parsed.reasoning_path, context.labels)) if parsed else set()
+        label_of = {uid: label for label, uid in context.labels.items()}
+        units = [
+            EvidenceUnit(u.id, label_of.get(u.id, ""), u.fact_text, score, u.id in cited, [self._source_turn(memory, t) for t in u.source_turn_ids])
+            for u, score in zip(wm.units, wm.scores)
+        ]
+        seconds["total"] = time.perf_counter() - started
+        return AskResult(
+            question=question, question_time=question_time, answer=parsed.answer if parsed else None,
+            reasoning_path=parsed.reasoning_path if parsed else None, generated=generated, path=predictor.path, units=units,
+            tokens={"context": context.n_tokens, "prompt": prompt_tokens, "generated": generated_tokens}, seconds=seconds,
+        )  # fmt: skip
+
+    def _generate_graph(self, question: str, question_time: str | None, context: str, graph: LocalGraph, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
+        """Graph-token path: embed the local graph, generate with the module, parse strictly."""
+        from torch_geometric.data import Batch
+
+        from qgmem_train.graph.local_graph import graph_to_data
+        from qgmem_train.model.answers import parse_answer
+        from qgmem_train.model.trajectory import TrajectoryExample
+
+        model, embedder = self.predictor.model, self.predictor.embedder
+        start = time.perf_counter()
+        example = TrajectoryExample(
+            case_id=self.namespace, question_id="", source_dataset="", namespace=self.namespace, question=question,
+            question_time=question_time or "", context=context, answer="", reasoning_path="", graph=graph,
+        )  # fmt: skip
+        batch = Batch.from_data_list([graph_to_data(graph, embedder.encode, embedder.dim)])
+        seconds["graph"] = time.perf_counter() - start
+        start = time.perf_counter()
+        generated = model.generate([example], batch)[0]
+        seconds["generate"] = time.perf_counter() - start
+        prompt_tokens = len(model.prompt_ids(example).ids) + model.hparams.graph_tokens
+        return generated, parse_answer(generated), prompt_tokens, self.predictor.llm.count_tokens(generated)
+
+    def _generate_text(self, question: str, question_time: str | None, context: str, graph: LocalGraph, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
+        """Text path (API backbones): the local graph as labelled facts in the prompt, a schema-checked answer."""
+        from qgmem_train.llm.schemas import AnswerOutput
+        from qgmem_train.llm.structured import generate_structured
+        from qgmem_train.model.prompt import final_answer_chat
+
+        llm = self.predictor.llm
+        chat = final_answer_chat(question, question_time, context, graph, text_path=True)
+        start = time.perf_counter()
+        parsed = generate_structured(llm, [chat], AnswerOutput, max_new_tokens=self.predictor.pipeline.generation.max_new_tokens)[0]
+        seconds["generate"] = time.perf_counter() - start
+        generated = parsed.model_dump_json() if parsed is not None else ""
+        prompt_tokens = sum(llm.count_tokens(message["content"]) for message in chat)
+        return generated, parsed, prompt_tokens, llm.count_tokens(generated) if generated else 0
+
+    @staticmethod
+    def _source_turn(memory: NamespaceMemory, turn_id: str) -> SourceTurn:
+        turn = memory.turns.get(turn_id)
+        return SourceTurn(turn_id, turn.speaker if turn else None, turn.text if turn else None, memory.turn_time.get(turn_id))
+
+
+def _turn(value: Turn | Mapping[str, Any], session_id: str, number: int, where: str) -> Turn:
+    """A :class:`Turn` from a Turn or a ``{id?, speaker, text}`` dict; a missing or mistyped field is an error."""
+    if isinstance(value, Turn):
+        return value
+    twhere = f"{where}, turn {number}"
+    if not isinstance(value, Mapping):
+        raise InputError(twhere, f"expected a Turn or a dict with speaker and text, got {type(value).__name__}")
+    for key in ("speaker", "text"):
+        if not isinstance(value.get(key), str) or not value[key].strip():
+            raise InputError(f"{twhere}.{key}", "missing or not a non-empty string")
+    return Turn(str(value.get("id") or f"{session_id}:{number}"), value["speaker"], value["text"])
