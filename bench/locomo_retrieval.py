@@ -25,7 +25,7 @@ from machine import cpu_model
 
 from qgmem_train.__main__ import main as cli
 from qgmem_train.eval.retrieval_metrics import question_metrics
-from qgmem_train.evaluate import load_locomo_questions, spread_subset
+from qgmem_train.eval.benchmarks import load_locomo_questions, spread_subset
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.lexical import BM25Index

@@ -15,6 +15,7 @@ import logging
 import sys
 
 from qgmem_train.errors import InputError, ModelUnavailableError
+from qgmem_train.logging_setup import setup_output
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -39,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run or merge; bad input and unavailable models are one line and exit 2."""
-    args = parser().parse_args(argv)
+    args = parser().parse_args(setup_output(argv))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from data_prep.config import load_data_prep_config
     from data_prep.merge import merge

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from qgmem_train.errors import InputError, ModelUnavailableError
+from qgmem_train.logging_setup import setup_output
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     """Export, then push unless it is a dry run; 0 on success, 2 with one line on any known failure."""
     from export.hub import PushError
 
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(setup_output(argv))
     try:
         if args.push is not None and args.push.count("/") != 1:
             raise InputError("--push", f"{args.push!r} is not a repo id of the form owner/name")

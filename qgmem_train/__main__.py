@@ -1,7 +1,8 @@
 """``python -m qgmem_train``: one entry that dispatches LightningCLI's and the project's subcommands.
 
 Each subcommand lives in its own module exposing ``main(argv) -> int``; modules are imported only when
-their command runs, so ``--help`` is instant. Bad input anywhere ends as one line on stderr and exit 2.
+their command runs, so ``--help`` is instant. Output is quiet unless ``-v``/``--verbose`` is given anywhere
+(:mod:`qgmem_train.logging_setup`). Bad input anywhere ends as one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import importlib
 import sys
 
 from qgmem_train.errors import InputError, ModelUnavailableError
+from qgmem_train.logging_setup import LOG_LEVEL_ENV, setup_output
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("qgmem_train.lightning_cli", "train the graph encoder and projector (LightningCLI)"),
@@ -18,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("qgmem_train.lightning_cli", "write predictions for a trajectory dataset as JSONL (LightningCLI)"),
     "build": ("qgmem_train.build", "build or extend a memory store from conversations"),
     "ask": ("qgmem_train.ask", "answer a question over a memory store, citing its source turns"),
-    "eval": ("qgmem_train.evaluate", "retrieval and answer evaluation with metrics.json and plots"),
+    "eval": ("qgmem_train.eval.cli", "retrieval and answer evaluation with metrics.json and plots"),
     "doctor": ("qgmem_train.doctor", "check the configured models: one constrained JSON record and a few embeddings"),
 }
 
@@ -26,15 +28,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def usage() -> str:
     """The top-level help: every subcommand with a line each."""
     width = max(map(len, COMMANDS))
-    lines = ["usage: python -m qgmem_train COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: python -m qgmem_train COMMAND [ARGS...] [-v]", "", "commands:"]
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
-    lines += ["", "Run `python -m qgmem_train COMMAND --help` for the options of one command."]
+    lines += [
+        "",
+        "-v, --verbose (anywhere): also show the libraries' logs, warnings and progress bars",
+        f"  ({LOG_LEVEL_ENV}=DEBUG|INFO|WARNING|ERROR sets the level of the libraries' logs).",
+        "Run `python -m qgmem_train COMMAND --help` for the options of one command.",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch ``argv[0]`` to its module; map known failures to exit code 2."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Set the output policy, dispatch ``argv[0]`` to its module; map known failures to exit code 2."""
+    argv = setup_output(argv)
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(usage())
         return 0

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import warnings
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from qgmem_train.config import PipelineConfig
+from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
@@ -54,10 +56,39 @@ class QGMemCLI(LightningCLI):
         )
 
 
+def summary(subcommand: str, trainer: Trainer) -> str | None:
+    """The line a run ends with: steps, validation loss and last checkpoint after fit, the file after predict.
+
+    validate and test end with Lightning's own table of metrics.
+    """
+    if subcommand == "fit":
+        loss = trainer.callback_metrics.get("val/loss")
+        checkpoint = trainer.checkpoint_callback
+        parts = [f"fit: {trainer.global_step} steps"]
+        if loss is not None:
+            parts.append(f"val/loss {float(loss):.4f}")
+        if isinstance(checkpoint, ModelCheckpoint) and checkpoint.last_model_path:
+            parts.append(f"last checkpoint {checkpoint.last_model_path}")
+        return ", ".join(parts)
+    if subcommand == "predict":
+        writer = next(c for c in trainer.callbacks if isinstance(c, JsonlPredictionWriter))
+        return f"predict: wrote {writer.target(trainer)}"
+    return None
+
+
 def main(argv: list[str]) -> int:
-    """Run one LightningCLI subcommand (``argv[0]`` is fit, validate, test or predict)."""
+    """Run one LightningCLI subcommand (``argv[0]`` is fit, validate, test or predict) and print its summary line.
+
+    Lightning's logs follow the output policy; quiet runs (the default) also leave out its model summary
+    table, which ``-v`` shows.
+    """
+    route_to_root("lightning")
     with warnings.catch_warnings():
         # The dispatcher passes sys.argv on as ``args`` on purpose; LightningCLI warns about exactly that.
         warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
-        QGMemCLI(GraphAugmentedLM, TrajectoryDataModule, args=argv, save_config_kwargs={"overwrite": True})
+        trainer_defaults = {"enable_model_summary": False} if is_quiet() else {}
+        cli = QGMemCLI(GraphAugmentedLM, TrajectoryDataModule, args=argv, save_config_kwargs={"overwrite": True}, trainer_defaults=trainer_defaults)
+    line = summary(cli.subcommand, cli.trainer) if cli.subcommand else None
+    if line and cli.trainer.is_global_zero:
+        print(line)
     return 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole pipeline on small slices of the bundled data with the bundled CPU models (make demo).
 # Every stage runs for real: build (turn units and LLM units), activate + ask, retrieval eval,
-# data prep, fit, export, and ask through the exported model. Outputs go to $DEMO_OUT.
+# data prep, fit, export, and ask through the exported model. Outputs go to $DEMO_OUT. Each command prints
+# its own progress bars and summary lines; QGMEM_LOG_LEVEL=INFO make demo also shows the libraries' logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

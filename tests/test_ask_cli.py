@@ -1,12 +1,15 @@
-"""``ask`` end to end with SmolLM2 over a small turns-mode store, and its bad-input paths."""
+"""``ask`` end to end with SmolLM2 over a small turns-mode store, its ``--json`` object, and its bad-input paths."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 
 from qgmem_train.__main__ import main
+from tests.fakes import ScriptedLLM
 
 SAMPLE = Path(__file__).parent.parent / "samples" / "locomo_sample.json"
 
@@ -30,8 +33,29 @@ def test_ask_prints_answer_and_cited_turns(small_store: tuple[Path, Path], capsy
                  "What did Caroline go to yesterday?"])
     assert code == 0
     out = capsys.readouterr().out
-    assert out.startswith("answer: ") and "cited units (" in out
+    assert out.startswith("answer: ") and re.search(r"\n(cited units|working memory \(nothing cited\)) \(\d+ of \d+ units", out)
     assert "    D1:" in out and "(2023-05-08" in out
+
+
+def test_ask_json_prints_one_object_with_the_cited_units(small_store: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The answering LLM is scripted to cite F1 and F2: the JSON must carry exactly those units with their source turns."""
+    from qgmem_train.llm import factory
+
+    store, config = small_store
+    reply = json.dumps({"reasoning_path": "F1 and F2 say where Caroline went.", "answer": "an LGBTQ support group"})
+    monkeypatch.setattr(factory, "build_llm", lambda cfg: ScriptedLLM(lambda chat: reply))
+    code = main(["ask", "--store", str(store), "--config", str(config), "--reranker", "none", "--intent", "rules", "--time", "2023-05-09",
+                 "--json", "What did Caroline go to yesterday?"])  # fmt: skip
+    assert code == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["answer"] == "an LGBTQ support group" and record["reasoning_path"].startswith("F1 and F2")
+    assert [unit["label"] for unit in record["cited"]] == ["F1", "F2"]
+    assert record["cited"] == [unit for unit in record["units"] if unit["cited"]]
+    for unit in record["cited"]:
+        assert unit["fact_text"] and unit["source_turns"]
+        assert all(turn["id"].startswith("D1:") and turn["speaker"] and turn["text"] and turn["time"].startswith("2023-05-08") for turn in unit["source_turns"])
+    assert record["tokens"]["context"] > 0 and record["tokens"]["generated"] > 0 and record["seconds"]["total"] > 0
 
 
 @pytest.mark.parametrize(

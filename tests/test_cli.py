@@ -41,3 +41,9 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "pipeline.models.llmm: unknown setting" in result.stderr
+
+
+def test_verbose_flag_is_taken_before_dispatch() -> None:
+    result = run("-v", "frobnicate", "--verbose")
+    assert result.returncode == 2
+    assert "unknown command 'frobnicate'" in result.stderr and "-v, --verbose" in result.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from qgmem_train.__main__ import main
 from qgmem_train.eval.retrieval_metrics import aggregate, ndcg_at_k, precision_at_k, question_metrics, recall_at_k, recall_curve, sufficiency_at_k
-from qgmem_train.evaluate import load_locomo_questions, spread_subset
+from qgmem_train.eval.benchmarks import load_locomo_questions, spread_subset
 
 SAMPLE = Path(__file__).parent.parent / "samples" / "locomo_sample.json"
 RANKED = [["D1:1"], ["D1:5", "D1:6"], ["D2:3"], ["D1:2"]]
@@ -99,6 +99,57 @@ def test_eval_retrieval_bad_input_exits_2(sample_store: Path, tmp_path: Path, ca
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and not (tmp_path / "o").exists()
+
+
+@pytest.fixture
+def two_conversations(tmp_path: Path) -> Path:
+    """The sample's conversation and a second one the sample store was not built from."""
+    data = json.loads(SAMPLE.read_text())
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps([data[0], {**data[0], "sample_id": "conv-unbuilt"}]))
+    return path
+
+
+def test_eval_retrieval_evaluates_the_conversations_the_store_holds(sample_store: Path, two_conversations: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    out = tmp_path / "report"
+    code = main(["eval", "retrieval", "--dataset", "locomo", "--input", str(two_conversations), "--store", str(sample_store), "--out", str(out),
+                 "--reranker", "none", "--intent", "rules", "--limit", "6"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert f"evaluating 1 of 2 conversations; not in {sample_store}, skipped: conv-unbuilt" in printed
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["settings"]["conversations"] == ["conv-26"] and metrics["settings"]["skipped_conversations"] == ["conv-unbuilt"]
+    records = [json.loads(line) for line in (out / "questions.jsonl").read_text().splitlines()]
+    assert metrics["n_questions"] == len(records) == 6 and {r["conversation"] for r in records} == {"conv-26"}
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--conversation", "conv-unbuilt"], "namespace conv-unbuilt: not in the store"),
+        (["--conversation", "conv-26", "conv-unbuilt"], "namespace conv-unbuilt: not in the store"),
+    ],
+)
+def test_eval_retrieval_of_a_named_conversation_missing_from_the_store_exits_2(
+    sample_store: Path, two_conversations: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+) -> None:
+    code = main(["eval", "retrieval", "--dataset", "locomo", "--input", str(two_conversations), "--store", str(sample_store),
+                 "--out", str(tmp_path / "o"), "--reranker", "none", "--intent", "rules", *extra])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and not (tmp_path / "o").exists()
+
+
+def test_eval_retrieval_over_a_store_of_none_of_the_conversations_exits_2(sample_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads(SAMPLE.read_text())
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([{**data[0], "sample_id": "conv-unbuilt"}]))
+    code = main(["eval", "retrieval", "--dataset", "locomo", "--input", str(other), "--store", str(sample_store), "--out", str(tmp_path / "o"),
+                 "--reranker", "none", "--intent", "rules"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds none of the input's conversations (conv-unbuilt)" in err[0]
 
 
 def test_eval_retrieval_missing_store_and_input_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -76,6 +76,14 @@ class _InConversation(Protocol):
 Q = TypeVar("Q", bound=_InConversation)
 
 
+def spread_subset(items: Sequence[Any], limit: int | None) -> list[Any]:
+    """``limit`` items evenly spaced over ``items`` (all of them when ``limit`` is None or larger)."""
+    if limit is None or limit >= len(items):
+        return list(items)
+    step = len(items) / limit
+    return [items[int(i * step)] for i in range(limit)]
+
+
 def group_by_conversation(questions: Iterable[Q]) -> dict[str, list[Q]]:
     """Questions grouped by conversation id, in order of first appearance (one namespace load per group)."""
     groups: dict[str, list[Q]] = {}

@@ -173,6 +173,9 @@ def quantization_config(quantization: str, device: str, compute_dtype: Any) -> A
         raise ModelUnavailableError(f"unknown quantization {quantization!r} (none, 4bit, 8bit)")
     if not device.startswith("cuda"):
         raise ModelUnavailableError(f"quantization {quantization} needs a CUDA device (bitsandbytes); this run uses {device!r}: set models.quantization: none")
+    from qgmem_train.logging_setup import allow_bitsandbytes
+
+    allow_bitsandbytes()
     from transformers import BitsAndBytesConfig
 
     if quantization == "8bit":
