@@ -34,10 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def pick_namespace(available: list[str], wanted: str | None, store: Path) -> str:
-    """The namespace to search: ``wanted`` if present, else the only one."""
+    """The namespace to search: ``wanted`` if present, else the only one; a missing ``wanted`` names no other."""
     if wanted is not None:
         if wanted not in available:
-            raise InputError(f"{store}: --namespace {wanted}", f"no such namespace (known: {', '.join(available[:10]) or 'none'})")
+            raise InputError(f"{store}: --namespace {wanted}", "not in this store")  # other namespaces are other users' ids
         return wanted
     if len(available) != 1:
         raise InputError(f"{store}", f"holds {len(available)} namespaces; pick one with --namespace ({', '.join(available[:10])})")

@@ -73,6 +73,19 @@ def test_ask_bad_input_exits_2(small_store: tuple[Path, Path], capsys: pytest.Ca
     assert len(err) == 1 and needle in err[0]
 
 
+def test_ask_for_a_missing_namespace_names_no_other(small_store: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """A store holds many users' namespaces: asking for one it lacks must not reveal the ids of the others."""
+    from qgmem_train.memory.store import MemoryStore
+
+    store, config = small_store
+    with MemoryStore.open(store) as opened:
+        held = opened.namespaces()
+    assert held
+    assert main(["ask", "--store", str(store), "--config", str(config), "--namespace", "nobody", "q?"]) == 2
+    err = capsys.readouterr().err
+    assert "nobody" in err and not any(name in err for name in held)
+
+
 def test_ask_missing_store_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ask", "--store", str(tmp_path / "none"), "q?"]) == 2
     assert "no memory store" in capsys.readouterr().err
