@@ -1,13 +1,19 @@
 """Activation latency per query without LLM calls, on synthetic namespaces of 10k, 100k and 1M units.
 
 Measures each channel (BM25, dense, attributes) and the fusion, p50 and p95 over random queries, on
-one thread (numpy/BLAS and torch threads set to 1 before import), plus the memory the search structures
-take, and our BM25 against rank_bm25's BM25Okapi on the same 100k documents and queries (a ratio
-measured side by side). Query parsing, embedding and reranking are model calls and are left out.
+one thread (numpy/BLAS, faiss and torch threads set to 1 before import), plus the memory the search
+structures take, and our BM25 against rank_bm25's BM25Okapi on the same 100k documents and queries (a
+ratio measured side by side). Query parsing, embedding and reranking are model calls and are left out.
+
+The dense channel is also timed both ways side by side on the same queries: the float32 scan of every
+vector (before) and the int8 scan with exact float32 rescoring (after; what ``scan="auto"`` picks from
+50k vectors on), with the share of the exact top 10 and top 100 that the int8 scan returns.
+``--locomo-store`` adds recall@10 on LoCoMo questions with each scan (dense channel alone and fused).
 
     python bench/bench_activation.py                 # 10k, 100k, 1M (about 3 minutes, ~8 GB RAM)
     python bench/bench_activation.py --sizes 10000   # quick
     python bench/bench_activation.py --sentences-per-unit 0 3 --sizes 10000 100000   # turns-mode-like stores too
+    python bench/bench_activation.py --sentences-per-unit 3 --locomo-store out/reranker/locomo_turns
 
 Facts from LLM extraction are one sentence each and have no sentence vectors; turns-mode units (whole
 turns) average about three (LoCoMo), which the dense channel searches as well.
@@ -32,9 +38,11 @@ from machine import cpu_model  # noqa: E402
 import numpy as np  # noqa: E402
 
 from qgmem_train.config import RetrievalConfig  # noqa: E402
+from qgmem_train.fileio import write_report_atomic  # noqa: E402
 from qgmem_train.memory.store import AttributeIndex, NamespaceMemory  # noqa: E402
 from qgmem_train.memory.types import MemoryUnit, TimeSpan  # noqa: E402
 from qgmem_train.retrieval.activation import ActivationIndex, lexical_text, search_channels  # noqa: E402
+from qgmem_train.retrieval.dense import DenseIndex  # noqa: E402
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion  # noqa: E402
 from qgmem_train.retrieval.intent import QueryIntent  # noqa: E402
 from qgmem_train.retrieval.lexical import tokenize  # noqa: E402
@@ -134,7 +142,9 @@ def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bo
     built = time.perf_counter()
     with_index = rss_mb()
     rng = np.random.default_rng(1)
-    timings: dict[str, list[float]] = {name: [] for name in ("bm25", "dense", "attr", "fusion", "channels+fusion")}
+    timings: dict[str, list[float]] = {name: [] for name in ("bm25", "dense", "attr", "fusion", "channels+fusion", "dense_float32", "dense_int8")}
+    scans = dense_scans(memory, index)
+    agreement: dict[str, list[float]] = {"top10": [], "top100": []}
     for q in range(queries):
         target = int(rng.integers(n))
         query_vector = memory.fact_embeddings[target] + 0.5 * rng.standard_normal(DIM, dtype=np.float32)
@@ -157,11 +167,19 @@ def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bo
             timings[name].append(step[name])
         timings["fusion"].append(end - fusion_start)
         timings["channels+fusion"].append(end - start)
+        found = {}
+        for name, dense_index in scans.items():
+            scan_start = time.perf_counter()
+            found[name] = dense_index.search(query_vector, cfg.n)[0]
+            timings[f"dense_{name}"].append(time.perf_counter() - scan_start)
+        for size in (10, 100):
+            agreement[f"top{size}"].append(len(set(found["int8"][:size].tolist()) & set(found["float32"][:size].tolist())) / size)
     result = {
         "units": n,
         "sentences_per_unit": sentences_per_unit,
         "queries": queries,
         "latency": {name: percentiles(values) for name, values in timings.items()},
+        "dense_scan": {"channel_uses": index.dense.scan, "int8_share_of_exact": {k: round(float(np.mean(v)), 4) for k, v in agreement.items()}},
         "memory_mb": {
             "units_and_embeddings": round(with_data - base, 1),
             "search_structures": round(with_index - with_data, 1),
@@ -171,9 +189,51 @@ def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bo
     }
     if compare_rank_bm25:
         result["bm25_vs_rank_bm25"] = compare_bm25(memory, index, query_words[:20])
-    del memory, index
+    del memory, index, scans
     gc.collect()
     return result
+
+
+def dense_scans(memory: NamespaceMemory, index: ActivationIndex) -> dict[str, DenseIndex]:
+    """The float32 scan and the int8 scan over the namespace's vectors (the channel's own index where it is one of them)."""
+    vectors = (memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit)
+    return {name: index.dense if index.dense.scan == name else DenseIndex(*vectors, scan=name) for name in ("float32", "int8")}
+
+
+def locomo_recall(input_path: Path, store: Path) -> dict:
+    """Recall@10 of the dense channel alone and of the fused ranking on LoCoMo, with the float32 and the int8 dense scan."""
+    from qgmem_train.config import PipelineConfig
+    from qgmem_train.eval.benchmarks import group_by_conversation, last_session_time, load_locomo_questions
+    from qgmem_train.eval.retrieval_metrics import recall_at_k
+    from qgmem_train.llm.factory import build_embedder
+    from qgmem_train.memory.loaders import load_conversations
+    from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.retrieval.activation import activate, encode_queries
+    from qgmem_train.retrieval.intent import parse_intent_rules
+
+    cfg = PipelineConfig()
+    embedder = build_embedder(cfg)
+    questions = load_locomo_questions(input_path)
+    dialogues = {c.id: c for c in load_conversations("locomo", input_path)}
+    recalls: dict[str, list[float]] = {f"{part} {scan}": [] for part in ("dense", "fused") for scan in ("float32", "int8")}
+    with MemoryStore.open(store) as memory_store:
+        for cid, items in group_by_conversation(questions).items():
+            memory = memory_store.load_namespace(cid, embedder_id=embedder.model_id)
+            index = ActivationIndex(memory, cfg.retrieval, embedder)
+            sources = {u.id: u.source_turn_ids for u in memory.units}
+            asked = last_session_time(dialogues[cid])
+            intents = [parse_intent_rules(q.question, asked) for q in items]
+            vectors = encode_queries(embedder, [q.question for q in items], intents)
+            for scan, dense_index in dense_scans(memory, index).items():
+                index.dense = dense_index
+                for q, intent, query_vectors in zip(items, intents, vectors):
+                    wm = activate(q.question, asked, memory, cfg=cfg.retrieval, llm=None, embedder=embedder, reranker=None,
+                                  index=index, intent=intent, query_vectors=query_vectors)
+                    for part, ranking in (("dense", wm.channels["dense"]), ("fused", wm.fused)):
+                        recalls[f"{part} {scan}"].append(recall_at_k([sources[u] for u in ranking], set(q.evidence), 10))
+    means = {name: round(float(np.mean(values)), 4) for name, values in recalls.items()}
+    return {"input": str(input_path), "store": str(store), "n_questions": len(questions), "recall@10": means,
+            "int8_minus_float32": {part: round(means[f"{part} int8"] - means[f"{part} float32"], 4) for part in ("dense", "fused")}}
 
 
 def compare_bm25(memory: NamespaceMemory, index: ActivationIndex, query_words: list[str]) -> dict:
@@ -206,25 +266,42 @@ def compare_bm25(memory: NamespaceMemory, index: ActivationIndex, query_words: l
 def markdown(report: dict) -> str:
     """The results as a Markdown table."""
     lines = [
-        f"# Activation latency (one thread; {report['machine']['cpu']}, {report['machine']['cores']} cores; "
-        f"dense search {'faiss HNSW' if report['settings']['approximate'] else 'exact'})",
+        f"# Activation latency (one thread; {report['machine']['cpu']}, {report['machine']['cores']} cores, load average "
+        f"{report['machine'].get('load_average_1m')} at start; dense search {'faiss HNSW' if report['settings']['approximate'] else 'scan'})",
         "",
-        "| units | sentence vectors a unit | bm25 p50/p95 | dense p50/p95 | attr p50/p95 | fusion p50/p95 | 3 channels + fusion p50/p95 | index MB |",
+        "| units | sentence vectors a unit | bm25 p50/p95 | dense p50/p95 (scan) | attr p50/p95 | fusion p50/p95 | 3 channels + fusion p50/p95 | index MB |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    cell = lambda r, name: f"{r['latency'][name]['p50_ms']} / {r['latency'][name]['p95_ms']} ms"  # noqa: E731
     for r in report["results"]:
-        cell = lambda name: f"{r['latency'][name]['p50_ms']} / {r['latency'][name]['p95_ms']} ms"  # noqa: E731
         lines.append(
-            f"| {r['units']:,} | {r.get('sentences_per_unit', 0)} | {cell('bm25')} | {cell('dense')} | {cell('attr')} | {cell('fusion')} | "
-            f"{cell('channels+fusion')} | {r['memory_mb']['search_structures']} (+{r['memory_mb']['units_and_embeddings']} data) |"
+            f"| {r['units']:,} | {r.get('sentences_per_unit', 0)} | {cell(r, 'bm25')} | {cell(r, 'dense')} ({r['dense_scan']['channel_uses']}) | "
+            f"{cell(r, 'attr')} | {cell(r, 'fusion')} | {cell(r, 'channels+fusion')} | "
+            f"{r['memory_mb']['search_structures']} (+{r['memory_mb']['units_and_embeddings']} data) |"
         )
+    lines += ["", "Dense scan before and after, same queries: float32 scan of every vector vs int8 codes with the best "
+              "max(512, 8n) vectors rescored exactly in float32 (n = 100).", "",
+              "| units | sentence vectors a unit | float32 scan p50/p95 | int8 scan + rescoring p50/p95 | speed-up (p50) | "
+              "exact top 10 found | exact top 100 found |", "|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        share = r["dense_scan"]["int8_share_of_exact"]
+        speedup = r["latency"]["dense_float32"]["p50_ms"] / max(r["latency"]["dense_int8"]["p50_ms"], 1e-9)
+        lines.append(f"| {r['units']:,} | {r.get('sentences_per_unit', 0)} | {cell(r, 'dense_float32')} | {cell(r, 'dense_int8')} | "
+                     f"{speedup:.1f}x | {share['top10']:.4f} | {share['top100']:.4f} |")
+    if "locomo" in report:
+        loc = report["locomo"]
+        rec = loc["recall@10"]
+        lines += ["", f"LoCoMo ({loc['n_questions']} questions of {Path(loc['input']).name}, turns mode), recall@10 with the float32 / "
+                  f"int8 scan: dense channel {rec['dense float32']:.4f} / {rec['dense int8']:.4f}, fused {rec['fused float32']:.4f} / "
+                  f"{rec['fused int8']:.4f} (differences {loc['int8_minus_float32']['dense']:+.4f}, {loc['int8_minus_float32']['fused']:+.4f})."]
     for r in report["results"]:
         if "bm25_vs_rank_bm25" in r:
             c = r["bm25_vs_rank_bm25"]
             lines += ["", f"BM25 at {r['units']:,} units: ours {c['ours_p50_ms']} ms vs rank_bm25 {c['rank_bm25_p50_ms']} ms "
                       f"per query (p50, full score vector): **{c['speedup']}x**; max relative score difference "
                       f"{c['max_relative_score_difference']:.1e}."]
-    lines += ["", "Targets (three channels together, p50): < 50 ms at 100k units, < 300 ms at 1M units."]
+    lines += ["", "Targets (three channels together, p50): < 50 ms at 100k units, < 300 ms at 1M units. Dense scan (one thread, "
+              "3 sentence vectors a unit): p50 < 20 ms at 100k and < 200 ms at 1M units, LoCoMo recall@10 within 0.005 of exact."]
     return "\n".join(lines) + "\n"
 
 
@@ -235,9 +312,13 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200, help="queries per size (1M runs a quarter as many)")
     parser.add_argument("--sentences-per-unit", type=int, nargs="+", default=[0], help="extra dense vectors per unit (turns mode: about 3)")
     parser.add_argument("--approximate", action="store_true", help="search the dense channel through faiss HNSW")
+    parser.add_argument("--locomo-store", type=Path, help="turns-mode LoCoMo store: also measure recall@10 with each dense scan")
+    parser.add_argument("--locomo-input", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json",
+                        help="LoCoMo file of --locomo-store (default: ../shared/data/locomo/locomo_dev.json)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     args = parser.parse_args()
     cfg = RetrievalConfig(approximate=args.approximate)
+    started_load = os.getloadavg()[0]
     results = []
     for spu in args.sentences_per_unit:
         for n in args.sizes:
@@ -246,13 +327,15 @@ def main() -> None:
             results.append(bench_size(n, queries, cfg, compare_rank_bm25=(n == 100_000 and spu == 0), sentences_per_unit=spu))
             print(json.dumps(results[-1], indent=1), flush=True)
     report = {
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads_used": 1, "numpy": np.__version__},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads_used": 1, "numpy": np.__version__,
+                    "load_average_1m": round(started_load, 2)},
         "settings": {"n": cfg.n, "kappa": cfg.kappa, "sem_threshold": cfg.sem_threshold, "dim": DIM, "approximate": cfg.approximate},
         "results": results,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "activation.json").write_text(json.dumps(report, indent=2))
-    (args.out / "activation.md").write_text(markdown(report))
+    if args.locomo_store:
+        print("LoCoMo recall@10 with each dense scan ...", flush=True)
+        report["locomo"] = locomo_recall(args.locomo_input, args.locomo_store)
+    write_report_atomic(args.out / "activation.json", report, markdown(report))
     print(markdown(report))
 
 
