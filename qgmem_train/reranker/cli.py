@@ -1,0 +1,94 @@
+"""``python -m qgmem_train fit-reranker --config configs/reranker-cpu.yaml``: train the cross-encoder reranker.
+
+LightningCLI over :class:`CrossEncoderModule` and :class:`RerankDataModule` (``seed_everything``,
+``trainer``, ``model``, ``data`` sections, overridable as ``--model.learning_rate 3e-5``), plus
+``--out``: the folder the trained CrossEncoder is written to. The run validates once before training
+and once after; the folder is published atomically with ``training.json`` beside the weights (the
+split, both validation losses, steps and seconds), so a later evaluation knows which conversations
+the model never saw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from qgmem_train.fileio import replace_folder
+from qgmem_train.logging_setup import is_quiet
+from qgmem_train.reranker.datamodule import RerankDataModule
+from qgmem_train.reranker.module import CrossEncoderModule
+
+DEFAULT_OUT = "checkpoints/reranker-cpu/model"
+TRAINING_RECORD = "training.json"
+"""File written beside the CrossEncoder weights: how and on what the model was trained."""
+
+
+class RerankerCLI(LightningCLI):
+    """LightningCLI with ``--out``, the folder the trained CrossEncoder goes to."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--out", default=DEFAULT_OUT, help="folder for the trained CrossEncoder (replaced atomically)")
+
+
+def _metrics(trainer: Any) -> dict[str, float]:
+    return {key: round(float(value), 4) for key, value in trainer.callback_metrics.items() if key.startswith("val/")}
+
+
+def training_record(cli: RerankerCLI, before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, Any]:
+    """What the saved folder records about its training run."""
+    data: RerankDataModule = cli.datamodule
+    return {
+        "base_model": cli.model.hparams.base_model,
+        "hyperparameters": dict(cli.model.hparams),
+        "seed": cli.config.get("seed_everything"),
+        "input": str(data.input),
+        "input_sha256": hashlib.sha256(data.input.read_bytes()).hexdigest()[:16],
+        "store": str(data.store),
+        "train_conversations": data.train_data.conversations,
+        "val_conversations": data.val_data.conversations,
+        "train_questions": len(data.train_data.examples),
+        "val_questions": len(data.val_data.examples),
+        "negatives": data.negatives,
+        "batch_size": data.batch_size,
+        "steps": cli.trainer.global_step,
+        "epochs": cli.trainer.current_epoch,
+        "validation_before": before,
+        "validation_after": after,
+        "seconds": round(seconds, 1),
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Validate, fit, validate, then publish the CrossEncoder folder and print one summary line."""
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+        trainer_defaults = {"enable_model_summary": False, "enable_checkpointing": False} if is_quiet() else {"enable_checkpointing": False}
+        cli = RerankerCLI(CrossEncoderModule, RerankDataModule, args=argv, run=False, save_config_callback=None, trainer_defaults=trainer_defaults)
+    trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    trainer.validate(model, datamodule=data, verbose=False)
+    before = _metrics(trainer)
+    trainer.fit(model, datamodule=data)
+    trainer.validate(model, datamodule=data, verbose=False)
+    after = _metrics(trainer)
+    out = Path(cli.config.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save(staging)
+        record = training_record(cli, before, after, time.perf_counter() - started)
+        (staging / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        replace_folder(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"fit-reranker: {record['steps']} steps in {record['seconds'] / 60:.1f} min, val/loss {before.get('val/loss')} -> "
+          f"{after.get('val/loss')}, val/top1 {before.get('val/top1')} -> {after.get('val/top1')}; saved {out}")
+    return 0

