@@ -33,6 +33,13 @@ def _yaml_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def reranker_source(reranker: Mapping[str, Any]) -> str:
+    """Where the reranker comes from, as the card's table shows it: bundled files, a model id, or nothing."""
+    if reranker.get("bundled"):
+        return " (bundled: the `reranker.*` files, a sentence-transformers CrossEncoder)"
+    return f" ({reranker['model']})" if reranker.get("model") else ""
+
+
 def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | None, repo_id: str | None) -> str:
     """Markdown with Hub front matter, from an export's ``config.json`` and an optional flat metrics dict."""
     base = config["base_model"]
@@ -60,7 +67,7 @@ def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | No
         "|---|---|",
         f"| base LLM (frozen) | `{base['id']}` (revision `{base['revision'] or 'default'}`) |",
         f"| embedder (retrieval, graph features) | `{config['embedder']['id']}` ({config['feature_dim']}-d) |",
-        f"| reranker | `{config['reranker']['kind']}`{' (' + config['reranker']['model'] + ')' if config['reranker']['model'] else ''} |",
+        f"| reranker | `{config['reranker']['kind']}`{reranker_source(config['reranker'])} |",
         f"| graph encoder | TransformerConv, {module['gnn_layers']} layers, hidden {module['gnn_hidden']}, {module['gnn_heads']} heads |",
         f"| projector | MLP hidden {module['projector_hidden']} → {config['graph_tokens']} token(s) |",
         f"| LoRA | {lora} |",

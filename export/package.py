@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -38,11 +39,14 @@ from qgmem_train.predictor.artifact import (
     LORA_CONFIG_FILE,
     LORA_WEIGHTS_FILE,
     PROMPTS_FILE,
+    RERANKER_PREFIX,
     file_sha256,
     portable_models,
     portable_module,
 )
+from qgmem_train.retrieval.rerank import names_missing_folder
 
+log = logging.getLogger(__name__)
 GRAPH_PREFIXES = ("encoder.", "projector.")
 """State-dict prefixes of the graph adapter; every other trainable parameter is LoRA inside ``llm.``."""
 TEXT_SUFFIXES = (".md", ".txt")
@@ -166,14 +170,17 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def export_config(cfg: PipelineConfig, hparams: Mapping[str, Any], checkpoint: Mapping[str, Any], has_lora: bool, sources: dict[str, int] | None) -> dict[str, Any]:
+def export_config(
+    cfg: PipelineConfig, hparams: Mapping[str, Any], checkpoint: Mapping[str, Any], has_lora: bool, sources: dict[str, int] | None, reranker: dict[str, Any]
+) -> dict[str, Any]:
     """The ``config.json`` of an export: what rebuilds the model and its retrieval stack, nothing of this machine.
 
     The caller's and the machine's settings (backend, server URL, key variable, repository code, device,
-    cache) are left out; the training data is named by its folder's name only.
+    cache) are left out; the training data is named by its folder's name only. ``reranker`` is what
+    :func:`bundle_reranker` returned; the pipeline's reranker settings follow it.
     """
     pipeline = cfg.to_dict()
-    pipeline["models"] = portable_models(pipeline["models"])
+    pipeline["models"] = {**portable_models(pipeline["models"]), "reranker": reranker["kind"], "reranker_model": reranker["model"]}
     data = checkpoint.get("datamodule_hyper_parameters") or {}
     meta = checkpoint[METADATA_KEY]
     return {
@@ -181,7 +188,7 @@ def export_config(cfg: PipelineConfig, hparams: Mapping[str, Any], checkpoint: M
         "format_version": EXPORT_FORMAT_VERSION,
         "base_model": {"id": hparams["llm"], "revision": hparams["llm_revision"]},
         "embedder": {"id": cfg.models.embedder, "revision": data.get("embedder_revision"), "dim": hparams["feature_dim"]},
-        "reranker": {"kind": cfg.models.reranker, "model": cfg.models.reranker_model},
+        "reranker": reranker,
         "feature_dim": hparams["feature_dim"],
         "graph_tokens": hparams["graph_tokens"],
         "prompts_version": PROMPTS_VERSION,
@@ -196,6 +203,30 @@ def export_config(cfg: PipelineConfig, hparams: Mapping[str, Any], checkpoint: M
         },
         "libraries": library_versions(),
     }
+
+
+def bundle_reranker(cfg: PipelineConfig, staging: Path) -> dict[str, Any]:
+    """Copy a local cross-encoder folder into the export as flat ``reranker.*`` files; return config.json's reranker record.
+
+    A hub id is recorded by name. A local folder that has not been built yet is left out with one warning
+    line: the export then has no reranker, as the pipeline that names it runs without one.
+    """
+    kind, ref = cfg.models.reranker, cfg.models.reranker_model
+    if kind != "cross" or not ref:
+        return {"kind": kind, "model": ref, "bundled": False}
+    if names_missing_folder(ref):
+        log.warning("warning: cross-encoder folder %s not found (build it with `make reranker`); the export has no reranker", ref)
+        return {"kind": "none", "model": None, "bundled": False}
+    folder = Path(ref).expanduser()
+    if not folder.is_dir():
+        return {"kind": kind, "model": ref, "bundled": False}
+    entries = sorted(folder.iterdir())
+    nested = [p.name for p in entries if not p.is_file()]
+    if nested:
+        raise InputError(str(folder), f"a cross-encoder folder to bundle must be flat; it holds {nested}")
+    for path in entries:
+        shutil.copyfile(path, staging / f"{RERANKER_PREFIX}{path.name}")
+    return {"kind": kind, "model": None, "bundled": True}
 
 
 def prompts_record() -> dict[str, Any]:
@@ -295,7 +326,8 @@ def export_model(
         if lora_state:
             save_lora(checkpoint, hparams, staging)
         sources = training_sources((checkpoint.get("datamodule_hyper_parameters") or {}).get("path"))
-        config = export_config(cfg, hparams, checkpoint, bool(lora_state), sources)
+        reranker = bundle_reranker(cfg, staging)
+        config = export_config(cfg, hparams, checkpoint, bool(lora_state), sources, reranker)
         write_json(staging / CONFIG_FILE, config)
         write_json(staging / PROMPTS_FILE, prompts_record())
         (staging / CARD_FILE).write_text(render_model_card(config, metrics, repo_id), encoding="utf-8")

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -306,3 +307,60 @@ def test_a_pickled_checkpoint_that_runs_code_is_refused_without_running_it(train
     assert not marker.exists() and not (tmp_path / "never").exists()
     torch.load(malicious, weights_only=False)  # the same file read unsafely does run its code: the case above is real
     assert marker.exists()
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_dir(tmp_path_factory) -> Path:
+    """A CrossEncoder folder as fit-reranker writes it: the bundled MiniLM with a fresh scoring head (seeded)."""
+    from qgmem_train.reranker.module import load_cross_encoder, save_cross_encoder
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("reranker") / "model"
+    save_cross_encoder(load_cross_encoder(BUNDLED_EMBEDDER, max_length=64), folder)
+    return folder
+
+
+def _fit_config(trained, tmp_path: Path, **models) -> Path:
+    config = tmp_path / "fit.yaml"
+    config.write_text(yaml.safe_dump({"pipeline": {**PIPELINE, "models": {**PIPELINE["models"], **models}}}))
+    return config
+
+
+def test_export_bundles_a_local_cross_encoder_and_the_predictor_reranks_with_it(trained, cross_encoder_dir, tmp_path) -> None:
+    """The trained reranker travels inside the export (flat, checksummed files) and scores as the original folder does."""
+    from qgmem_train.retrieval.rerank import CrossEncoderReranker
+
+    config = _fit_config(trained, tmp_path, reranker="cross", reranker_model=str(cross_encoder_dir))
+    out = export_model(trained[1], config, tmp_path / "model")
+    bundled = sorted(p.name for p in out.iterdir() if p.name.startswith("reranker."))
+    assert "reranker.model.safetensors" in bundled and "reranker.config.json" in bundled and unsafe_files(out) == []
+    assert set(bundled) <= set(verify_checksums(out))
+    exported = json.loads((out / "config.json").read_text())
+    assert exported["reranker"]["kind"] == "cross" and exported["reranker"]["bundled"] is True
+    assert str(cross_encoder_dir) not in (out / "config.json").read_text() and str(tmp_path) not in (out / "README.md").read_text()
+
+    predictor = QGMemPredictor.from_pretrained(out, intent="rules", device="cpu")
+    assert isinstance(predictor.reranker, CrossEncoderReranker)
+    pairs = [(QUESTION, "Fact: Melanie painted a sunrise over the lake."), (QUESTION, "Fact: Caroline went to a support group.")]
+    original = CrossEncoderReranker(str(cross_encoder_dir), device="cpu")
+    assert np.allclose(predictor.reranker.model.predict(pairs), original.model.predict(pairs), atol=1e-5)
+
+
+def test_a_reranker_folder_not_built_yet_exports_without_a_reranker_and_says_so(trained, tmp_path, caplog) -> None:
+    config = _fit_config(trained, tmp_path, reranker="cross", reranker_model=str(tmp_path / "not-built"))
+    out = export_model(trained[1], config, tmp_path / "model")
+    exported = json.loads((out / "config.json").read_text())
+    assert exported["reranker"] == {"kind": "none", "model": None, "bundled": False}
+    assert exported["pipeline"]["models"]["reranker"] == "none" and exported["pipeline"]["models"]["reranker_model"] is None
+    assert not any(p.name.startswith("reranker.") for p in out.iterdir())
+    assert any("not-built" in r.getMessage() and "no reranker" in r.getMessage() for r in caplog.records)
+
+
+def test_an_export_whose_bundled_reranker_files_are_missing_is_refused(trained, cross_encoder_dir, tmp_path) -> None:
+    config = _fit_config(trained, tmp_path, reranker="cross", reranker_model=str(cross_encoder_dir))
+    out = export_model(trained[1], config, tmp_path / "model")
+    (out / "reranker.model.safetensors").unlink()
+    sums = [line for line in (out / CHECKSUM_FILE).read_text().splitlines() if not line.endswith("reranker.model.safetensors")]
+    (out / CHECKSUM_FILE).write_text("\n".join(sums) + "\n")
+    with pytest.raises(InputError, match="reranker.model.safetensors"):
+        QGMemPredictor.from_pretrained(out, intent="rules", device="cpu")

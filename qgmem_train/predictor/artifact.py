@@ -5,6 +5,7 @@ base model, module hyperparameters, adapter files and pipeline settings. It neve
 which server is called or which secret is sent: a config.json that sets :data:`CALLER_MODELS` or
 :data:`CALLER_MODULE` to anything but the default is refused, and those settings come only from the
 caller. Every file of the folder must be listed by a plain file name in the checksum file and match it.
+A trained cross-encoder travels as flat ``reranker.*`` files and is loaded only after that check.
 
 This module also defines the export format (file names, checksum file) that ``python -m export`` writes.
 """
@@ -16,6 +17,8 @@ import hashlib
 import inspect
 import ipaddress
 import json
+import shutil
+import tempfile
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,10 @@ CHECKSUM_FILE = "sha256sums.txt"
 """SHA-256 of every other file, one ``<hex>  <name>`` line each (``sha256sum -c`` reads it)."""
 LORA_WEIGHTS_FILE = "adapter_model.safetensors"
 LORA_CONFIG_FILE = "adapter_config.json"
+RERANKER_PREFIX = "reranker."
+"""Name prefix of a bundled cross-encoder's files (``reranker.model.safetensors``...): the folder stays flat."""
+RERANKER_REQUIRED = ("config.json", "model.safetensors")
+"""Files a bundled cross-encoder cannot load without (names inside its own folder)."""
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", CHECKSUM_FILE]
 """Files fetched when loading from the Hub: never anything pickled."""
 
@@ -73,6 +80,8 @@ class Export:
     """File name of the graph adapter."""
     lora_adapter: str | None
     """File name of the peft LoRA weights, ``None`` without LoRA."""
+    reranker_files: tuple[str, ...] = ()
+    """File names of the bundled cross-encoder (each starts with :data:`RERANKER_PREFIX`); empty when none is bundled."""
 
 
 def file_sha256(path: Path) -> str:
@@ -177,7 +186,47 @@ def read_export(folder: Path) -> Export:
     adapter = _section(config, "adapter", path)
     graph = _adapter_file(adapter.get("graph"), "graph", listed, path)
     lora = _adapter_file(adapter["lora"], "lora", listed, path) if adapter.get("lora") is not None else None
-    return Export(folder, config, portable, portable_module(module), graph, lora)
+    return Export(folder, config, portable, portable_module(module), graph, lora, _bundled_reranker_files(config, listed, path))
+
+
+def bundled_reranker_folder(export: Export, cache_dir: str | Path | None = None) -> Path | None:
+    """A CrossEncoder folder holding the export's bundled reranker, ``None`` when it bundles none.
+
+    The verified ``reranker.*`` files are copied once, under their own names, into
+    ``<cache>/rerankers/<digest of their checksums>``; a cached copy is used only while every file
+    still matches the export's checksums, else it is written again (atomically).
+    """
+    if not export.reranker_files:
+        return None
+    from qgmem_train.fileio import replace_folder
+    from qgmem_train.llm.resolver import default_cache_dir
+
+    sums = read_checksums(export.folder)
+    wanted = {name[len(RERANKER_PREFIX):]: sums[name] for name in export.reranker_files}
+    digest = hashlib.sha256("".join(f"{sums[n]}  {n}\n" for n in export.reranker_files).encode()).hexdigest()[:16]
+    final = default_cache_dir(cache_dir) / "rerankers" / digest
+    if final.is_dir() and {p.name for p in final.iterdir()} == set(wanted) and all(file_sha256(final / n) == d for n, d in wanted.items()):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{digest}.", dir=final.parent))
+    try:
+        for name in wanted:
+            shutil.copyfile(export.folder / (RERANKER_PREFIX + name), staging / name)
+        replace_folder(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def _bundled_reranker_files(config: Mapping[str, Any], listed: Collection[str], path: Path) -> tuple[str, ...]:
+    """The listed files of the bundled cross-encoder, when config.json says one is bundled; its required files must be there."""
+    reranker = config.get("reranker")
+    if not isinstance(reranker, dict) or reranker.get("bundled") is not True:
+        return ()
+    for name in RERANKER_REQUIRED:
+        if RERANKER_PREFIX + name not in listed:
+            raise InputError(f"{path}: reranker", f"says a cross-encoder is bundled, but {RERANKER_PREFIX + name} is not in the export")
+    return tuple(sorted(name for name in listed if name.startswith(RERANKER_PREFIX)))
 
 
 def _section(values: Mapping[str, Any], key: str, path: Path, name: str | None = None) -> dict[str, Any]:

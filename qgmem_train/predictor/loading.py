@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from qgmem_train.config import PipelineConfig, pipeline_from_dict
 from qgmem_train.errors import InputError
-from qgmem_train.predictor.artifact import CONFIG_FILE, Export, check_base_url, locate_export, module_arguments, read_export
+from qgmem_train.predictor.artifact import (
+    CONFIG_FILE,
+    Export,
+    bundled_reranker_folder,
+    check_base_url,
+    locate_export,
+    module_arguments,
+    read_export,
+)
 from qgmem_train.predictor.memory import PredictorMemory
 
 if TYPE_CHECKING:
@@ -153,6 +161,9 @@ class QGMemPredictor:
         """
         export = read_export(locate_export(dir_or_repo_id, revision=revision))
         values = export.pipeline.to_dict()
+        reranker_dir = bundled_reranker_folder(export, cache_dir)
+        if reranker_dir is not None:
+            values["models"]["reranker_model"] = str(reranker_dir)
         values["models"].update({"device": device, "cache_dir": cache_dir, "trust_remote_code": trust_remote_code, **(models or {})})
         pipeline = pipeline_from_dict(values, "from_pretrained: pipeline")
         if pipeline.models.backend == "openai":
