@@ -203,36 +203,28 @@ def dense_scans(memory: NamespaceMemory, index: ActivationIndex) -> dict[str, De
 def locomo_recall(input_path: Path, store: Path) -> dict:
     """Recall@10 of the dense channel alone and of the fused ranking on LoCoMo, with the float32 and the int8 dense scan."""
     from qgmem_train.config import PipelineConfig
-    from qgmem_train.eval.benchmarks import group_by_conversation, last_session_time, load_locomo_questions
+    from qgmem_train.eval.question_batches import locomo_question_batches
     from qgmem_train.eval.retrieval_metrics import recall_at_k
     from qgmem_train.llm.factory import build_embedder
-    from qgmem_train.memory.loaders import load_conversations
     from qgmem_train.memory.store import MemoryStore
-    from qgmem_train.retrieval.activation import activate, encode_queries
-    from qgmem_train.retrieval.intent import parse_intent_rules
+    from qgmem_train.retrieval.activation import activate
 
     cfg = PipelineConfig()
     embedder = build_embedder(cfg)
-    questions = load_locomo_questions(input_path)
-    dialogues = {c.id: c for c in load_conversations("locomo", input_path)}
     recalls: dict[str, list[float]] = {f"{part} {scan}": [] for part in ("dense", "fused") for scan in ("float32", "int8")}
     with MemoryStore.open(store) as memory_store:
-        for cid, items in group_by_conversation(questions).items():
-            memory = memory_store.load_namespace(cid, embedder_id=embedder.model_id)
-            index = ActivationIndex(memory, cfg.retrieval, embedder)
-            sources = {u.id: u.source_turn_ids for u in memory.units}
-            asked = last_session_time(dialogues[cid])
-            intents = [parse_intent_rules(q.question, asked) for q in items]
-            vectors = encode_queries(embedder, [q.question for q in items], intents)
-            for scan, dense_index in dense_scans(memory, index).items():
-                index.dense = dense_index
-                for q, intent, query_vectors in zip(items, intents, vectors):
-                    wm = activate(q.question, asked, memory, cfg=cfg.retrieval, llm=None, embedder=embedder, reranker=None,
-                                  index=index, intent=intent, query_vectors=query_vectors)
+        for batch in locomo_question_batches(input_path, memory_store, embedder, cfg.retrieval):
+            sources = {u.id: u.source_turn_ids for u in batch.memory.units}
+            for scan, dense_index in dense_scans(batch.memory, batch.index).items():
+                batch.index.dense = dense_index
+                for q, intent, query_vectors in batch.items():
+                    wm = activate(q.question, batch.question_time, batch.memory, cfg=cfg.retrieval, llm=None, embedder=embedder,
+                                  reranker=None, index=batch.index, intent=intent, query_vectors=query_vectors)
                     for part, ranking in (("dense", wm.channels["dense"]), ("fused", wm.fused)):
                         recalls[f"{part} {scan}"].append(recall_at_k([sources[u] for u in ranking], set(q.evidence), 10))
     means = {name: round(float(np.mean(values)), 4) for name, values in recalls.items()}
-    return {"input": str(input_path), "store": str(store), "n_questions": len(questions), "recall@10": means,
+    n_questions = len(recalls["dense float32"])
+    return {"input": str(input_path), "store": str(store), "n_questions": n_questions, "recall@10": means,
             "int8_minus_float32": {part: round(means[f"{part} int8"] - means[f"{part} float32"], 4) for part in ("dense", "fused")}}
 
 

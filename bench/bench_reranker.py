@@ -26,16 +26,15 @@ import numpy as np
 from machine import machine_info
 
 from qgmem_train.config import PipelineConfig
-from qgmem_train.eval.benchmarks import LOCOMO_CATEGORY_NAMES, group_by_conversation, last_session_time, load_locomo_questions
+from qgmem_train.eval.benchmarks import LOCOMO_CATEGORY_NAMES
+from qgmem_train.eval.question_batches import locomo_question_batches
 from qgmem_train.eval.retrieval_metrics import aggregate, question_metrics, recall_at_k
 from qgmem_train.fileio import write_report_atomic
 from qgmem_train.llm.factory import build_embedder
-from qgmem_train.memory.loaders import load_conversations
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.reranker.cli import TRAINING_RECORD
 from qgmem_train.reranker.data import ensure_turns_store
-from qgmem_train.retrieval.activation import ActivationIndex, activate, encode_queries
-from qgmem_train.retrieval.intent import parse_intent_rules
+from qgmem_train.retrieval.activation import activate
 from qgmem_train.retrieval.rerank import CrossEncoderReranker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,24 +74,19 @@ def evaluate(input_path: Path, store: Path, model: Path, conversations: list[str
     rrf.rerank_mode = "rrf"
     embedder = build_embedder(cfg)
     reranker = ScoreOnce(CrossEncoderReranker(str(model), batch_size=batch_size, device="cpu"))
-    questions = load_locomo_questions(input_path, conversations)
-    dialogues = {c.id: c for c in load_conversations("locomo", input_path, conversations)}
     records = []
     with MemoryStore.open(store) as memory_store:
-        for cid, items in group_by_conversation(questions).items():
-            memory = memory_store.load_namespace(cid, embedder_id=embedder.model_id)
-            index = ActivationIndex(memory, cfg.retrieval, embedder)
-            sources = {u.id: u.source_turn_ids for u in memory.units}
-            asked = last_session_time(dialogues[cid])
-            intents = [parse_intent_rules(q.question, asked) for q in items]
-            for q, intent, vectors in zip(items, intents, encode_queries(embedder, [q.question for q in items], intents)):
-                run = lambda settings, ranker: activate(q.question, asked, memory, cfg=settings, llm=None, embedder=embedder,  # noqa: E731
-                                                        reranker=ranker, index=index, intent=intent, query_vectors=vectors)
+        for batch in locomo_question_batches(input_path, memory_store, embedder, cfg.retrieval, conversations):
+            sources = {u.id: u.source_turn_ids for u in batch.memory.units}
+            for q, intent, vectors in batch.items():
+                run = lambda settings, ranker: activate(q.question, batch.question_time, batch.memory, cfg=settings, llm=None,  # noqa: E731
+                                                        embedder=embedder, reranker=ranker, index=batch.index, intent=intent,
+                                                        query_vectors=vectors)
                 orders = {"fused": run(replace, None).reranked, "reranked, replace": run(replace, reranker).reranked,
                           "reranked, rrf": run(rrf, reranker).reranked}
                 gold = set(q.evidence)
                 n_relevant = sum(1 for s in sources.values() if gold.intersection(s))
-                record = {"conversation": cid, "qa_index": q.index, "category": q.category,
+                record = {"conversation": batch.conversation_id, "qa_index": q.index, "category": q.category,
                           "pool_recall@100": recall_at_k([sources[u] for u in orders["fused"]], gold, 100)}
                 for name, order in orders.items():
                     for key, value in question_metrics([sources[u] for u in order], gold, K, n_relevant).items():

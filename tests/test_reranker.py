@@ -137,8 +137,8 @@ def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def trained(sample_data, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny real training run (MiniLM encoder, new head) through ``fit-reranker``; returns the saved folder."""
+def trained_run(sample_data, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A tiny real training run (MiniLM encoder, new head) through ``fit-reranker``: the saved folder and the finished process."""
     source, store, _ = sample_data
     folder = tmp_path_factory.mktemp("fit")
     out = folder / "model"
@@ -151,7 +151,21 @@ def trained(sample_data, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "fit-reranker:" in result.stdout and str(out) in result.stdout
-    return out
+    return out, result
+
+
+@pytest.fixture(scope="module")
+def trained(trained_run) -> Path:
+    """The folder the tiny training run saved."""
+    return trained_run[0]
+
+
+def test_training_output_is_quiet_by_default(trained_run) -> None:
+    """Lightning's set-up lines and tips stay out of a run without ``-v``; its own summary line is there."""
+    output = trained_run[1].stdout + trained_run[1].stderr
+    for line in ("litlogger", "GPU available", "TPU available", "LOCAL_RANK"):
+        assert line not in output, output[-2000:]
+    assert "fit-reranker:" in output
 
 
 def test_tiny_training_lowers_validation_loss_and_records_its_split(trained: Path) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from qgmem_train.fileio import replace_folder
-from qgmem_train.logging_setup import is_quiet
+from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.reranker.datamodule import RerankDataModule
 from qgmem_train.reranker.module import CrossEncoderModule
 
@@ -69,6 +69,7 @@ def training_record(cli: RerankerCLI, before: dict[str, float], after: dict[str,
 def main(argv: list[str]) -> int:
     """Validate, fit, validate, then publish the CrossEncoder folder and print one summary line."""
     started = time.perf_counter()
+    route_to_root("lightning")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
         trainer_defaults = {"enable_model_summary": False, "enable_checkpointing": False} if is_quiet() else {"enable_checkpointing": False}

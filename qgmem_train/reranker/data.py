@@ -5,7 +5,7 @@ is activated without a reranker (rule-based intent, the configured channels and 
 of ``retrieval.n`` units is kept in order, and every unit whose source turns hold gold evidence is a
 positive. Negatives are the pool minus the gold units, drawn half from the pool's first
 :data:`HARD_TOP` ranks and half from below (a model shown only top-ranked negatives ranks the bottom
-half of the pool into its top 10). Documents are :func:`~qgmem_train.retrieval.rerank.rerank_document`,
+half of the pool into its top 10). Documents are :meth:`~qgmem_train.retrieval.activation.ActivationIndex.document`,
 exactly what the reranker reads at inference; the token budget is applied by the model's tokenizer.
 Splits are by conversation, so no validation question shares a dialogue with a training one.
 """
@@ -130,42 +130,32 @@ def data_source(input_path: Path, store: Path, embedder: str, retrieval: Retriev
 
 def build_rerank_data(input_path: Path, store: Path, cfg: PipelineConfig, conversations: Sequence[str] | None = None) -> RerankData:
     """Fused pools and gold units of every LoCoMo question of the stored conversations (rule-based intents, no reranker)."""
-    from qgmem_train.eval.benchmarks import group_by_conversation, last_session_time, load_locomo_questions
+    from qgmem_train.eval.question_batches import locomo_question_batches
     from qgmem_train.llm.factory import build_embedder
-    from qgmem_train.memory.loaders import load_conversations
     from qgmem_train.memory.store import MemoryStore
-    from qgmem_train.retrieval.activation import ActivationIndex, activate, encode_queries
-    from qgmem_train.retrieval.intent import parse_intent_rules
-    from qgmem_train.retrieval.rerank import rerank_document
+    from qgmem_train.retrieval.activation import activate
 
-    questions = load_locomo_questions(Path(input_path), conversations)
-    if not questions:
-        raise InputError(str(input_path), "no questions of categories 1-4 with gold evidence")
-    dialogues = {c.id: c for c in load_conversations("locomo", input_path, conversations)}
     embedder = build_embedder(cfg)
     examples: list[RerankExample] = []
     documents: dict[str, dict[str, str]] = {}
     with MemoryStore.open(store) as memory_store:
-        by_conversation = group_by_conversation(questions)
-        memory_store.require_namespaces(by_conversation)
-        for cid, items in by_conversation.items():
-            memory = memory_store.load_namespace(cid, embedder_id=embedder.model_id)
-            index = ActivationIndex(memory, cfg.retrieval, embedder)
+        for batch in locomo_question_batches(Path(input_path), memory_store, embedder, cfg.retrieval, conversations):
+            cid, memory, index = batch.conversation_id, batch.memory, batch.index
             units = {u.id: u for u in memory.units}
-            asked = last_session_time(dialogues[cid])
-            intents = [parse_intent_rules(q.question, asked) for q in items]
             docs = documents.setdefault(cid, {})
-            for q, intent, vectors in zip(items, intents, encode_queries(embedder, [q.question for q in items], intents)):
+            for q, intent, vectors in batch.items():
                 evidence = set(q.evidence)
                 gold = [u.id for u in memory.units if evidence.intersection(u.source_turn_ids)]
                 if not gold:
                     continue
-                wm = activate(q.question, asked, memory, cfg=cfg.retrieval, llm=None, embedder=embedder, reranker=None,
+                wm = activate(q.question, batch.question_time, memory, cfg=cfg.retrieval, llm=None, embedder=embedder, reranker=None,
                               index=index, intent=intent, query_vectors=vectors)
                 examples.append(RerankExample(cid, q.index, q.category, q.question, wm.fused, gold))
                 for uid in (*wm.fused, *gold):
                     if uid not in docs:
-                        docs[uid] = rerank_document(units[uid], index.trajectory_of(units[uid]))
+                        docs[uid] = index.document(units[uid])
+    if not examples:
+        raise InputError(str(input_path), "no questions of categories 1-4 with gold evidence in the stored units")
     return RerankData(examples, documents, data_source(Path(input_path), Path(store), embedder.model_id, cfg.retrieval))
 
 
