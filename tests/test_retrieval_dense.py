@@ -79,3 +79,32 @@ def test_int8_scan_of_a_tiny_index_returns_every_unit() -> None:
     reference_rows, reference_scores = DenseIndex(facts, sentences, owners, scan="float32").search(queries[0], 100)
     assert rows.tolist() == reference_rows.tolist() and len(rows) == 30
     np.testing.assert_allclose(scores, reference_scores, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["hnsw", "int8"])
+def test_a_search_returns_n_units_when_a_few_units_hold_most_of_the_nearest_vectors(mode: str) -> None:
+    """Ten units with 120 sentence vectors each right at the query fill any fixed number of nearest vectors; n units still come back."""
+    rng = np.random.default_rng(1)
+    dim, units = 32, 300
+    facts = _unit_rows(rng, units, dim)
+    query = _unit_rows(rng, 1, dim)[0]
+    crowded = query + 0.05 * rng.standard_normal((10 * 120, dim), dtype=np.float32) / np.sqrt(dim)
+    crowded /= np.linalg.norm(crowded, axis=1, keepdims=True)
+    owners = np.repeat(np.arange(10), 120)
+    index = DenseIndex(facts, crowded, owners, approximate=mode == "hnsw", scan="int8" if mode == "int8" else "float32")
+    assert index.scan == mode
+    exact_rows, exact_scores = DenseIndex(facts, crowded, owners, scan="float32").search(query, 100)
+    rows, scores = index.search(query, 100)
+    assert len(rows) == 100 and len(set(rows.tolist())) == 100
+    assert set(rows[:10].tolist()) == set(range(10)) and np.allclose(np.sort(scores)[::-1][:10], exact_scores[:10], atol=1e-5)
+
+
+def test_no_hnsw_graph_or_int8_codes_are_built_when_the_dense_channel_is_off(minilm) -> None:
+    from qgmem_train.config import RetrievalConfig
+    from qgmem_train.retrieval.activation import ActivationIndex
+    from tests.test_retrieval_activation import make_memory
+
+    memory = make_memory(minilm)
+    with_dense = ActivationIndex(memory, RetrievalConfig(approximate=True), minilm)
+    without = ActivationIndex(memory, RetrievalConfig(approximate=True, channels=["bm25", "attr"]), minilm)
+    assert with_dense.dense.scan == "hnsw" and without.dense.scan == "float32"

@@ -101,7 +101,11 @@ class ActivationIndex:
         self.bm25 = None
         if "bm25" in self.channels:
             self.bm25 = BM25Index([tokenize(lexical_text(u, preceding_turns(memory, u, cfg.lexical_context_turns))) for u in units])
-        self.dense = DenseIndex(memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit, approximate=cfg.approximate)
+        dense_channel = "dense" in self.channels
+        self.dense = DenseIndex(
+            memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit,
+            approximate=cfg.approximate and dense_channel, scan="auto" if dense_channel else "float32",
+        )  # fmt: skip
         self.attributes = None
         if "attr" in self.channels:
             attributes = with_subject_entities(memory.attributes, units, embedder) if units else memory.attributes

@@ -9,7 +9,8 @@ cosine over all its vectors. Three ways to search, all returning exact float32 c
   :func:`rescore_count` vectors; their units are then rescored exactly in float32. The scan reads
   memory at a quarter of the float32 cost; only units whose best vector falls outside the candidates
   can be missed;
-- **HNSW** (``approximate``): a faiss graph over inner products, for millions of units.
+- **HNSW** (``approximate``): faiss graphs over inner products, one of the facts (so ``n`` units always
+  come back) and one of the sentences; the units found are rescored exactly. For millions of units.
 
 The int8 scan and HNSW need faiss-cpu (the optional ``ann`` extra); without it ``scan="auto"``
 keeps the float32 scan.
@@ -36,6 +37,8 @@ RESCORE_MIN = 512
 """Fewest vectors the int8 scan hands to the exact float32 rescoring."""
 RESCORE_PER_RESULT = 8
 """Vectors rescored per unit asked for: a unit may hold several of the best vectors (its sentences)."""
+WIDEN_FACTOR = 4
+"""How much a search widens its candidate vectors when they belong to fewer than the units asked for."""
 _ADD_CHUNK = 65_536
 """Vectors encoded into int8 codes at a time (bounds the temporary float32 copy)."""
 
@@ -76,10 +79,11 @@ class DenseIndex:
         self._group_unit = owners[self._group_start]
         # Unit row of each vector of a faiss index: the facts, then the sentences.
         self._vector_unit = np.concatenate([np.arange(len(self.embeddings), dtype=np.int64), owners])
-        self._hnsw = self._codes = None
+        self._hnsw = self._hnsw_sentences = self._codes = None
         self._code_scale = 1.0
         if approximate and len(self.embeddings):
-            self._hnsw = _build_hnsw(self._all_vectors())
+            self._hnsw = _build_hnsw(self.embeddings)
+            self._hnsw_sentences = _build_hnsw(self.sentences) if self.sentences is not None else None
         elif _wants_int8(scan, len(self._vector_unit)):
             self._codes, self._code_scale = _build_int8_codes(self.embeddings, self.sentences)
 
@@ -92,9 +96,6 @@ class DenseIndex:
     def scan(self) -> str:
         """The search :meth:`search` runs: ``hnsw``, ``int8`` or ``float32``."""
         return "hnsw" if self._hnsw is not None else "int8" if self._codes is not None else "float32"
-
-    def _all_vectors(self) -> np.ndarray:
-        return self.embeddings if self.sentences is None else np.concatenate([self.embeddings, self.sentences])
 
     def similarities(self, query: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Exact best cosine of the query with every unit, or with the units at ``rows``."""
@@ -131,20 +132,29 @@ class DenseIndex:
         if self._hnsw is None:
             return top_n(self.similarities(query), n)
         n = min(n, len(self.embeddings))
-        vectors = self._hnsw.ntotal
-        wanted = n if self.sentences is None else min(vectors, 2 * n)
-        scores, hits = self._hnsw.search(query[None, :], wanted)
-        keep = hits[0] >= 0
-        units = self._vector_unit[hits[0][keep]]
-        first = np.sort(np.unique(units, return_index=True)[1])[:n]
-        return units[first], scores[0][keep][first]
+        _, fact_hits = self._hnsw.search(query[None, :], n)
+        candidates = fact_hits[0][fact_hits[0] >= 0]
+        if self._hnsw_sentences is not None:
+            _, sentence_hits = self._hnsw_sentences.search(query[None, :], min(self._hnsw_sentences.ntotal, 2 * n))
+            candidates = np.union1d(candidates, self._owners[sentence_hits[0][sentence_hits[0] >= 0]])
+        rows, scores = top_n(self._exact(query, candidates), n)
+        return candidates[rows], scores
 
     def _search_int8(self, query: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Best :func:`rescore_count` vectors by their int8 codes, their units rescored exactly in float32."""
+        """Best :func:`rescore_count` vectors by their int8 codes, their units rescored exactly in float32.
+
+        When those vectors belong to fewer than ``n`` units (units with many close sentences), the scan widens.
+        """
+        n = min(n, len(self.embeddings))
         wanted = min(self._codes.ntotal, rescore_count(n))
         # Codes hold round(scale * x) + 128; for unit vectors the L2 order to the scaled query is the cosine order.
-        _, hits = self._codes.search((query * self._code_scale + 128.0)[None, :], wanted)
-        candidates = np.unique(self._vector_unit[hits[0][hits[0] >= 0]])
+        scaled = (query * self._code_scale + 128.0)[None, :]
+        while True:
+            _, hits = self._codes.search(scaled, wanted)
+            candidates = np.unique(self._vector_unit[hits[0][hits[0] >= 0]])
+            if len(candidates) >= n or wanted >= self._codes.ntotal:
+                break
+            wanted = min(self._codes.ntotal, WIDEN_FACTOR * wanted)
         rows, scores = top_n(self._exact(query, candidates), n)
         return candidates[rows], scores
 
