@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
 from qgmem_train.errors import InputError, ModelUnavailableError
@@ -41,7 +40,6 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run or merge; bad input and unavailable models are one line and exit 2."""
     args = parser().parse_args(setup_output(argv))
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     from data_prep.config import load_data_prep_config
     from data_prep.merge import merge
     from data_prep.run import run_shard

@@ -21,19 +21,18 @@ from typing import Any
 from data_prep.config import DataPrepConfig
 from data_prep.convomem import ConvoMemCase
 from data_prep.targets import cites, gold_reasoning_path
+from qgmem_train.answer.evidence import answer_evidence
+from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
 from qgmem_train.config import PipelineConfig
 from qgmem_train.eval.judge import JudgeItem, judge
-from qgmem_train.graph.local_graph import local_graph_from_units
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.embedder import Embedder
 from qgmem_train.llm.schemas import AnswerOutput
-from qgmem_train.llm.structured import ParseStats, generate_structured
+from qgmem_train.llm.structured import ParseStats
 from qgmem_train.memory.construct import build_conversation
 from qgmem_train.memory.store import MemoryStore
-from qgmem_train.model.prompt import final_answer_chat
 from qgmem_train.retrieval.activation import ActivationIndex, activate
 from qgmem_train.retrieval.rerank import Reranker
-from qgmem_train.retrieval.serialization import serialize_working_memory
 
 BUILD_STAGES = ("construction", "activation")
 """Stages every run goes through; the judge target adds ``answer`` and ``judge``."""
@@ -77,16 +76,15 @@ def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg
         activate(q.question, None, memory, cfg=pipeline.retrieval, llm=intent_llm, embedder=models.embedder, reranker=models.reranker, index=index)
         for q in case.questions
     ]
-    serialized = [serialize_working_memory(wm.units, memory, models.llm) for wm in working]
-    graphs = [local_graph_from_units(wm.units, max_edges=pipeline.retrieval.k) for wm in working]
+    evidence = [answer_evidence(wm.units, memory, models.llm, max_edges=pipeline.retrieval.k) for wm in working]
     seconds["activation"] = time.perf_counter() - start
 
-    chats = [final_answer_chat(q.question, None, s.text, g, text_path=True) for q, s, g in zip(case.questions, serialized, graphs)]
+    chats = [frozen_answer_chat(q.question, None, e) for q, e in zip(case.questions, evidence)]
     answers: list[AnswerOutput | None] = [None] * len(chats)
     verdicts: list[Any] = [None] * len(chats)
     if "answer" in stages:
         start = time.perf_counter()
-        answers = generate_structured(models.llm, chats, AnswerOutput, max_new_tokens=pipeline.generation.max_new_tokens, stats=stats)
+        answers = answer_chats(models.llm, chats, max_new_tokens=pipeline.generation.max_new_tokens, stats=stats)
         seconds["answer"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -97,7 +95,7 @@ def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg
         seconds["judge"] = time.perf_counter() - start
 
     questions = []
-    for number, (q, wm, ser, graph, chat, ans, verdict) in enumerate(zip(case.questions, working, serialized, graphs, chats, answers, verdicts)):
+    for number, (q, wm, found, chat, ans, verdict) in enumerate(zip(case.questions, working, evidence, chats, answers, verdicts)):
         evidence_units = {u.id for u in wm.units if cites(u.source_text, q.evidence_texts)}
         questions.append(
             {
@@ -110,13 +108,13 @@ def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg
                     {"id": u.id, "fact_text": u.fact_text, "source_turn_ids": u.source_turn_ids, "source_text": u.source_text}
                     for u in wm.units
                 ],
-                "context": ser.text,
-                "context_tokens": ser.n_tokens,
-                "prompt_tokens": sum(models.llm.count_tokens(m["content"]) for m in chat),
-                "graph": dataclasses.asdict(graph),
+                "context": found.context.text,
+                "context_tokens": found.context.n_tokens,
+                "prompt_tokens": chat_tokens(models.llm, chat),
+                "graph": dataclasses.asdict(found.graph),
                 "answer": ans.answer if ans else None,
                 "reasoning_path": ans.reasoning_path if ans else None,
-                "gold_reasoning_path": gold_reasoning_path(ser.labels, evidence_units),
+                "gold_reasoning_path": gold_reasoning_path(found.context.labels, evidence_units),
                 "judgments": verdict.judgments if verdict else [],
                 "judge_reasons": verdict.reasons if verdict else [],
                 "correct": bool(verdict and verdict.correct) if "judge" in stages else None,

@@ -1,9 +1,10 @@
 """``python -m qgmem_train ask``: answer one question over a memory store and show the evidence it cites.
 
 Activation (intent, three channels, RRF, reranker) selects the working memory; the configured LLM answers
-from its serialization (text path), or an exported model with its graph token (``--model``). The answer
-is printed first, then the units its reasoning path cites (MU#/F# labels; the whole working memory when
-it cites none), each with its source turns. ``--json`` prints one JSON object instead, for scripts.
+from its serialization and its local graph's facts (the text path, :mod:`qgmem_train.answer`), or an
+exported model with its graph token (``--model``). The answer is printed first, then the units its
+reasoning path cites (MU#/F# labels; the whole working memory when it cites none), each with its source
+turns. ``--json`` prints one JSON object instead, for scripts.
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch_geometric.data import Batch
 
+from qgmem_train.answer.prompt import GRAPH_FACTS_HEADING, final_answer_chat
 from qgmem_train.graph.facts import graph_facts_text
 from qgmem_train.graph.local_graph import LocalGraph, graph_to_data, local_graph_from_units, normalize_label
 from qgmem_train.memory.types import MemoryUnit
-from qgmem_train.model.prompt import GRAPH_FACTS_HEADING, final_answer_chat
 
 
 def unit(i: int, subject: str, predicate: str, obj: str) -> MemoryUnit:

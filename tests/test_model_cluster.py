@@ -16,13 +16,13 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import FSDPStrategy
 
+from qgmem_train.answer.prompt import final_answer_chat
 from qgmem_train.errors import InputError
 from qgmem_train.llm.resolver import pick_device
 from qgmem_train.model import module as module_file
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.fusion import chat_prompt_ids
 from qgmem_train.model.module import GraphAugmentedLM
-from qgmem_train.model.prompt import final_answer_chat
 from qgmem_train.graph.local_graph import LocalGraph
 from tests.test_configs import CONFIGS, _parse
 from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs

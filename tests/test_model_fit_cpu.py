@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from qgmem_train.__main__ import main
-from qgmem_train.model.answers import parse_answer
+from qgmem_train.answer.parsing import parse_answer
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 

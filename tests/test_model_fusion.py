@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from qgmem_train.answer.parsing import parse_answer
 from qgmem_train.model.datamodule import TrajectoryDataModule
-from qgmem_train.model.answers import parse_answer
 from qgmem_train.model.fusion import IGNORE_INDEX
 from qgmem_train.model.module import GraphAugmentedLM
 from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs

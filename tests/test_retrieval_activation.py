@@ -1,4 +1,4 @@
-"""Activation end to end on a small crafted namespace with MiniLM; rerankers; serialization; answering."""
+"""Activation end to end on a small crafted namespace with MiniLM; rerankers; serialization."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ import pytest
 
 from qgmem_train.config import RetrievalConfig
 from qgmem_train.llm.prompts import RERANK
-from qgmem_train.llm.schemas import AnswerOutput
 from qgmem_train.memory.store import AttributeIndex, NamespaceMemory
 from qgmem_train.memory.types import MemoryUnit, TimeSpan, Trace, Turn
 from qgmem_train.retrieval.activation import ActivationIndex, activate
-from qgmem_train.retrieval.answer import answer_questions
 from qgmem_train.retrieval.intent import parse_intents
 from qgmem_train.retrieval.rerank import CrossEncoderReranker, LLMReranker, rerank_document
 from qgmem_train.retrieval.serialization import cited_unit_ids, serialize_working_memory
@@ -167,18 +165,9 @@ def test_serialization_clusters_then_facts_with_labels(memory) -> None:
     assert none.text.splitlines()[:2] == ["Evidence Clusters:", "(none)"]
 
 
-def test_intent_and_answer_parsing_paths() -> None:
+def test_intent_parsing_paths() -> None:
     llm = ScriptedLLM(['{"entities": ["Melanie"], "locations": ["lake"], "time": {"fact": ["2022"], "utterance": []}}', "no json", "still none"])
     good, dropped = parse_intents([("What did Melanie paint at the lake in 2022?", "2023-08-01"), ("Where is Caroline?", None)], llm)
     assert good.entities == ["Melanie"] and good.locations == ["lake"] and good.parser == "llm"
     assert (good.fact_times[0].start, good.fact_times[0].end) == ("2022-01-01", "2022-12-31")
     assert dropped.parser == "rules-fallback" and dropped.entities == ["Caroline"]
-    answer = ScriptedLLM(['{"reasoning_path": "F1 says a sunrise", "answer": "a sunrise"}'])
-    out = answer_questions(answer, [("What did Melanie paint?", None, serialize_working_memory([], make_memory_stub()))])
-    assert out == [AnswerOutput(reasoning_path="F1 says a sunrise", answer="a sunrise")]
-    assert "Question: What did Melanie paint?" in answer.calls[0][-1]["content"]
-
-
-def make_memory_stub() -> NamespaceMemory:
-    """An empty namespace for serialization edge cases."""
-    return NamespaceMemory("empty", [], np.zeros((0, 4), np.float32), AttributeIndex(np.zeros(0, np.int64), np.zeros(0, np.int8), [], np.zeros((0, 4), np.float32)), [], {}, {}, {}, "none")

@@ -200,10 +200,6 @@ def score_summary(benchmark: str, answered: Sequence[AnsweredQuestion]) -> dict[
     return out
 
 
-def _chat_tokens(llm: ChatLLM, chat: Sequence[dict[str, str]]) -> int:
-    return sum(llm.count_tokens(m["content"]) for m in chat if m.get("content"))
-
-
 def without_traces(memory: Any) -> Any:
     """The namespace memory with its traces removed: every unit serializes as a plain fact."""
     return dataclasses.replace(memory, traces=[], trace_of={})
@@ -219,21 +215,19 @@ def answer_text_path(
     llm: ChatLLM,
     stats: ParseStats,
 ) -> list[AnsweredQuestion]:
-    """Activate and answer every question with the configured LLM over the serialized working memory (text path).
+    """Activate and answer every question with the configured LLM on the text path (:mod:`qgmem_train.answer.text_path`).
 
     Per question: context tokens of MEMORY_CONTEXT; online tokens = intent and answer prompts plus their
     (re-serialized) outputs; seconds = its activation plus its share of the batched intent and answer calls.
     """
+    from qgmem_train.answer.evidence import answer_evidence
+    from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
     from qgmem_train.llm.factory import build_embedder
-    from qgmem_train.graph.local_graph import LocalGraph
     from qgmem_train.llm.prompts import QUERY_INTENT
     from qgmem_train.memory.store import MemoryStore
-    from qgmem_train.model.prompt import final_answer_chat
     from qgmem_train.retrieval.activation import ActivationIndex, activate, encode_queries
-    from qgmem_train.retrieval.answer import answer_questions
     from qgmem_train.retrieval.intent import INTENT_MAX_NEW_TOKENS, parse_intent_rules, parse_intents
     from qgmem_train.retrieval.rerank import build_reranker
-    from qgmem_train.retrieval.serialization import serialize_working_memory
 
     retrieval = dataclasses.replace(cfg.retrieval, channels=variant.channels or cfg.retrieval.channels)
     kind = variant.reranker or cfg.models.reranker
@@ -254,36 +248,36 @@ def answer_text_path(
             if intent_mode == "llm":
                 budget = min(INTENT_MAX_NEW_TOKENS, cfg.generation.max_new_tokens)
                 intents = parse_intents(pairs, llm, max_new_tokens=budget, stats=stats)
-                intent_tokens = [_chat_tokens(llm, QUERY_INTENT.render(query=q, question_time=t or "unknown"))
+                intent_tokens = [chat_tokens(llm, QUERY_INTENT.render(query=q, question_time=t or "unknown"))
                                  + llm.count_tokens(json.dumps(i.as_dict())) for (q, t), i in zip(pairs, intents)]
             else:
                 intents = [parse_intent_rules(*p) for p in pairs]
                 intent_tokens = [0] * len(items)
             intent_share = (time.perf_counter() - started) / len(items)
             vectors = encode_queries(embedder, [q.question for q in items], intents)
-            contexts, units, seconds = [], [], []
+            evidence, chats, units, seconds = [], [], [], []
             for q, intent, query_vectors in zip(items, intents, vectors):
                 started = time.perf_counter()
                 wm = activate(q.question, q.question_time, memory, cfg=retrieval, llm=llm, embedder=embedder, reranker=reranker,
                               index=index, intent=intent, query_vectors=query_vectors)
-                contexts.append(serialize_working_memory(wm.units, memory, llm))
+                evidence.append(answer_evidence(wm.units, memory, llm, max_edges=retrieval.k))
+                chats.append(frozen_answer_chat(q.question, q.question_time, evidence[-1]))
                 units.append([u.id for u in wm.units])
                 seconds.append(time.perf_counter() - started + intent_share)
             outputs = []
-            for start in range(0, len(items), max(1, cfg.generation.batch_size)):
-                chunk = slice(start, start + cfg.generation.batch_size)
+            batch_size = max(1, cfg.generation.batch_size)
+            for start in range(0, len(items), batch_size):
+                batch = chats[start : start + batch_size]
                 began = time.perf_counter()
-                batch = [(q.question, q.question_time, c) for q, c in zip(items[chunk], contexts[chunk])]
-                outputs += answer_questions(llm, batch, max_new_tokens=cfg.generation.max_new_tokens, stats=stats)
+                outputs += answer_chats(llm, batch, max_new_tokens=cfg.generation.max_new_tokens, stats=stats)
                 share = (time.perf_counter() - began) / len(batch)
                 for i in range(start, start + len(batch)):
                     seconds[i] += share
-            for i, (q, context, output) in enumerate(zip(items, contexts, outputs)):
-                prompt = final_answer_chat(q.question, q.question_time, context.text, LocalGraph(), text_path=False)
+            for i, (q, output) in enumerate(zip(items, outputs)):
                 generated = llm.count_tokens(output.model_dump_json()) if output is not None else 0
                 answered.append(AnsweredQuestion(
-                    q, output.answer if output else "", output.reasoning_path if output else "", units[i], context.n_tokens,
-                    intent_tokens[i] + _chat_tokens(llm, prompt) + generated, round(seconds[i], 4),
+                    q, output.answer if output else "", output.reasoning_path if output else "", units[i], evidence[i].context.n_tokens,
+                    intent_tokens[i] + chat_tokens(llm, chats[i]) + generated, round(seconds[i], 4),
                 ))  # fmt: skip
                 progress.update()
     progress.close()

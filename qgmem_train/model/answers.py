@@ -1,5 +1,5 @@
-"""Scoring generated final answers: strict JSON validity against AnswerOutput, and the deterministic answer
-metrics LoCoMo and Mem0 report beside the judge: exact match, token F1 and BLEU-1 over normalised tokens.
+"""Scoring final answers: the deterministic answer metrics LoCoMo and Mem0 report beside the judge, exact
+match, token F1 and BLEU-1 over normalised tokens (parsing the answer JSON: :mod:`qgmem_train.answer.parsing`).
 
 One normalisation (:func:`normalize_answer`) serves all three. It is LoCoMo's minus two details of its
 script: LoCoMo also drops the word "and" and Porter-stems each token before F1; we keep SQuAD's article
@@ -13,20 +13,8 @@ import re
 import string
 from collections import Counter
 
-from pydantic import ValidationError
-
-from qgmem_train.llm.schemas import AnswerOutput
-
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
-
-
-def parse_answer(text: str) -> AnswerOutput | None:
-    """The generated JSON as :class:`AnswerOutput`, or ``None`` when it is not exactly such a JSON object."""
-    try:
-        return AnswerOutput.model_validate_json(text.strip())
-    except ValidationError:
-        return None
 
 
 def normalize_answer(text: str) -> str:

@@ -16,13 +16,15 @@ import lightning as L
 import torch
 from torch_geometric.data import Batch
 
+from qgmem_train.answer.parsing import parse_answer
+from qgmem_train.answer.prompt import final_answer_chat
 from qgmem_train.config import BUNDLED_LLM
 from qgmem_train.errors import InputError
 from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.llm.schemas import AnswerOutput
 from qgmem_train.llm.structured import strict_json_schema
-from qgmem_train.model.answers import answer_scores, parse_answer
+from qgmem_train.model.answers import answer_scores
 from qgmem_train.model.backbone import describe_backbone
 from qgmem_train.model.checkpoint import METADATA_KEY, check_compatible, config_hash, trainable_state_dict
 from qgmem_train.model.fusion import (
@@ -37,7 +39,6 @@ from qgmem_train.model.fusion import (
     target_ids,
     truncate_to_tokens,
 )
-from qgmem_train.model.prompt import final_answer_chat
 from qgmem_train.model.schedule import warmup_cosine
 from qgmem_train.model.trajectory import TrajectoryExample
 

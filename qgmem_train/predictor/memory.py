@@ -2,8 +2,8 @@
 
 :class:`PredictorMemory` is a handle on one namespace of a persistent
 :class:`~qgmem_train.memory.store.MemoryStore`: ``add_session`` extends it incrementally, ``ask``
-activates the working memory and answers. Local backbones answer through graph tokens; API backbones
-through the text path, with the local graph written as facts.
+activates the working memory and answers (:mod:`qgmem_train.answer`). Local backbones answer through graph
+tokens; API backbones through the text path, with the local graph written as facts.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from qgmem_train.memory.types import Conversation, Session, Turn, session_finger
 from qgmem_train.predictor.results import AskResult, EvidenceUnit, SourceTurn
 
 if TYPE_CHECKING:
-    from qgmem_train.graph.local_graph import LocalGraph
+    from qgmem_train.answer.evidence import AnswerEvidence
     from qgmem_train.llm.schemas import AnswerOutput
     from qgmem_train.memory.construct import BuildReport
     from qgmem_train.memory.store import MemoryStore, NamespaceMemory
@@ -80,9 +80,9 @@ class PredictorMemory:
 
     def ask(self, question: str, question_time: str | None = None) -> AskResult:
         """Activate the working memory for ``question`` and answer it with the model, citing units and turns."""
-        from qgmem_train.graph.local_graph import local_graph_from_units
+        from qgmem_train.answer.citations import cited_units
+        from qgmem_train.answer.evidence import answer_evidence
         from qgmem_train.retrieval.activation import activate
-        from qgmem_train.retrieval.serialization import cited_unit_ids, serialize_working_memory
 
         if not question.strip():
             raise InputError("question", "empty question")
@@ -98,13 +98,14 @@ class PredictorMemory:
             )  # fmt: skip
             seconds.update(wm.timings)
             start = time.perf_counter()
-            context = serialize_working_memory(wm.units, memory, predictor.llm)
-            graph = local_graph_from_units(wm.units, max_edges=cfg.retrieval.k)
+            evidence = answer_evidence(wm.units, memory, predictor.llm, max_edges=cfg.retrieval.k)
             seconds["serialize"] = time.perf_counter() - start
-        generate = self._generate_graph if predictor.model is not None else self._generate_text
-        generated, parsed, prompt_tokens, generated_tokens = generate(question, question_time, context.text, graph, seconds)
-        cited = set(cited_unit_ids(parsed.reasoning_path, context.labels)) if parsed else set()
-        label_of = {uid: label for label, uid in context.labels.items()}
+        model = predictor.model
+        generate = self._generate_graph if model is not None else self._generate_text
+        generated, parsed, prompt_tokens, generated_tokens = generate(question, question_time, evidence, seconds)
+        text_path = model is None or bool(model.hparams.text_path)
+        cited = set(cited_units(parsed.reasoning_path, evidence, text_path=text_path)) if parsed else set()
+        label_of = {uid: label for label, uid in evidence.context.labels.items()}
         units = [
             EvidenceUnit(u.id, label_of.get(u.id, ""), u.fact_text, score, u.id in cited, [self._source_turn(memory, t) for t in u.source_turn_ids])
             for u, score in zip(wm.units, wm.scores)
@@ -113,24 +114,24 @@ class PredictorMemory:
         return AskResult(
             question=question, question_time=question_time, answer=parsed.answer if parsed else None,
             reasoning_path=parsed.reasoning_path if parsed else None, generated=generated, path=predictor.path, units=units,
-            tokens={"context": context.n_tokens, "prompt": prompt_tokens, "generated": generated_tokens}, seconds=seconds,
+            tokens={"context": evidence.context.n_tokens, "prompt": prompt_tokens, "generated": generated_tokens}, seconds=seconds,
         )  # fmt: skip
 
-    def _generate_graph(self, question: str, question_time: str | None, context: str, graph: LocalGraph, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
+    def _generate_graph(self, question: str, question_time: str | None, evidence: AnswerEvidence, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
         """Graph-token path: embed the local graph, generate with the module, parse strictly."""
         from torch_geometric.data import Batch
 
+        from qgmem_train.answer.parsing import parse_answer
         from qgmem_train.graph.local_graph import graph_to_data
-        from qgmem_train.model.answers import parse_answer
         from qgmem_train.model.trajectory import TrajectoryExample
 
         model, embedder = self.predictor.model, self.predictor.embedder
         start = time.perf_counter()
         example = TrajectoryExample(
             case_id=self.namespace, question_id="", source_dataset="", namespace=self.namespace, question=question,
-            question_time=question_time or "", context=context, answer="", reasoning_path="", graph=graph,
+            question_time=question_time or "", context=evidence.context.text, answer="", reasoning_path="", graph=evidence.graph,
         )  # fmt: skip
-        batch = Batch.from_data_list([graph_to_data(graph, embedder.encode, embedder.dim)])
+        batch = Batch.from_data_list([graph_to_data(evidence.graph, embedder.encode, embedder.dim)])
         seconds["graph"] = time.perf_counter() - start
         start = time.perf_counter()
         generated = model.generate([example], batch)[0]
@@ -138,20 +139,17 @@ class PredictorMemory:
         prompt_tokens = len(model.prompt_ids(example).ids) + model.hparams.graph_tokens
         return generated, parse_answer(generated), prompt_tokens, self.predictor.llm.count_tokens(generated)
 
-    def _generate_text(self, question: str, question_time: str | None, context: str, graph: LocalGraph, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
-        """Text path (API backbones): the local graph as labelled facts in the prompt, a schema-checked answer."""
-        from qgmem_train.llm.schemas import AnswerOutput
-        from qgmem_train.llm.structured import generate_structured
-        from qgmem_train.model.prompt import final_answer_chat
+    def _generate_text(self, question: str, question_time: str | None, evidence: AnswerEvidence, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
+        """Text path (API backbones): the frozen LLM answers the final-answer chat, schema-checked."""
+        from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
 
         llm = self.predictor.llm
-        chat = final_answer_chat(question, question_time, context, graph, text_path=True)
+        chat = frozen_answer_chat(question, question_time, evidence)
         start = time.perf_counter()
-        parsed = generate_structured(llm, [chat], AnswerOutput, max_new_tokens=self.predictor.pipeline.generation.max_new_tokens)[0]
+        parsed = answer_chats(llm, [chat], max_new_tokens=self.predictor.pipeline.generation.max_new_tokens)[0]
         seconds["generate"] = time.perf_counter() - start
         generated = parsed.model_dump_json() if parsed is not None else ""
-        prompt_tokens = sum(llm.count_tokens(message["content"]) for message in chat)
-        return generated, parsed, prompt_tokens, llm.count_tokens(generated) if generated else 0
+        return generated, parsed, chat_tokens(llm, chat), llm.count_tokens(generated) if generated else 0
 
     @staticmethod
     def _source_turn(memory: NamespaceMemory, turn_id: str) -> SourceTurn:

@@ -1,0 +1,10 @@
+"""Answering a question from its working memory: the final-answer chat, the text path, parsing and citations.
+
+Above retrieval and graph, below the entry points (ask, eval, the predictor, data prep, training's prompt);
+data flows one way: conversation → memory → working memory → local graph + MEMORY_CONTEXT → answer.
+
+Modules: :mod:`~qgmem_train.answer.prompt` (the one final-answer chat), :mod:`~qgmem_train.answer.evidence`
+(a working memory as MEMORY_CONTEXT plus its local graph), :mod:`~qgmem_train.answer.text_path` (a frozen
+LLM answers the chat), :mod:`~qgmem_train.answer.parsing` (the answer JSON) and
+:mod:`~qgmem_train.answer.citations` (the labels a reasoning path cites, as unit ids).
+"""

@@ -1,0 +1,31 @@
+"""A working memory as the answerer reads it: MEMORY_CONTEXT and the local graph of the same units."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from qgmem_train.graph.local_graph import LocalGraph, local_graph_from_units
+from qgmem_train.llm.base import ChatLLM
+from qgmem_train.memory.types import MemoryUnit
+from qgmem_train.retrieval.serialization import SerializedMemory, serialize_working_memory
+
+if TYPE_CHECKING:
+    from qgmem_train.memory.store import NamespaceMemory
+
+
+@dataclass
+class AnswerEvidence:
+    """MEMORY_CONTEXT, the local graph, and the id of the unit behind each graph edge (edge order)."""
+
+    context: SerializedMemory
+    graph: LocalGraph
+    edge_unit_ids: list[str]
+
+
+def answer_evidence(units: Sequence[MemoryUnit], memory: NamespaceMemory, llm: ChatLLM | None, *, max_edges: int) -> AnswerEvidence:
+    """MEMORY_CONTEXT of ``units`` (tokens counted with ``llm``) and their local graph of at most ``max_edges`` edges."""
+    graph = local_graph_from_units(units, max_edges=max_edges)
+    with_edge = [unit.id for unit in units if local_graph_from_units([unit]).num_edges]
+    return AnswerEvidence(serialize_working_memory(units, memory, llm), graph, with_edge[: graph.num_edges])
