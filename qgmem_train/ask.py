@@ -50,7 +50,7 @@ def ask_record(result: AskResult) -> dict[str, Any]:
     return {**result.to_dict(), "cited": [asdict(unit) for unit in result.cited]}
 
 
-def text_path_predictor(config: Path | None, reranker: str | None, intent: IntentMode) -> QGMemPredictor:
+def text_path_predictor(config: str | Path | None, reranker: str | None, intent: IntentMode) -> QGMemPredictor:
     """A predictor answering with the configured LLM on the text path, with ``reranker`` over the configured one."""
     from qgmem_train.config import load_pipeline_config
     from qgmem_train.llm.factory import build_embedder, build_llm
