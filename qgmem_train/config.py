@@ -88,7 +88,7 @@ class ConstructionConfig:
     embed_batch_size: int = 64
     """Texts per embedder call."""
     sentence_vectors: bool = True
-    """Also embed each sentence of a multi-sentence fact; the dense channel scores a unit by its best vector."""
+    """Also embed each sentence of a multi-sentence fact, for ``retrieval.sentence_vectors`` (not in the paper)."""
 
 
 @dataclass
@@ -113,6 +113,16 @@ class RetrievalConfig:
     """``replace``: the reranker's order is the working memory (paper); ``rrf``: RRF of the fused and reranked ranks (for weak rerankers)."""
     lexical_context_turns: int = 1
     """Turns before a unit's first source turn (same session) added to its BM25 document: the question a reply answers."""
+    sentence_vectors: bool = True
+    """Dense channel scores a unit by its best vector, fact or sentence, when the store has sentence vectors (paper: fact only)."""
+    subject_entities: bool = True
+    """Each unit's triple subject joins its entities for SemMatch: extraction often leaves the speaker out (not in the paper)."""
+    attr_tiebreak: bool = True
+    """Order units of equal S_ELT by BM25 score (dense similarity without BM25); off: by unit order (the paper has no tie-break)."""
+    utterance_day_fallback: bool = True
+    """A unit without a fact time meets a fact-time constraint through its utterance day (paper: it never does)."""
+    drop_superseded: bool = True
+    """Remove a superseded unit from the candidate pool when its trace's current member is in it (the paper's reranking filters superseded candidates)."""
 
 
 @dataclass

@@ -95,7 +95,7 @@ class _ReverseReranker:
 
 def test_rerank_mode_replace_takes_the_reranker_order_and_rrf_fuses_it_with_the_pool(memory, minilm) -> None:
     def run(mode: str):
-        cfg = RetrievalConfig(n=6, k=6, rerank_mode=mode)
+        cfg = RetrievalConfig(n=6, k=6, rerank_mode=mode, drop_superseded=False)
         return activate("What did Melanie paint?", None, memory, cfg=cfg, llm=None, embedder=minilm, reranker=_ReverseReranker())
 
     replaced, fused = run("replace"), run("rrf")

@@ -5,7 +5,7 @@ is activated without a reranker (rule-based intent, the configured channels and 
 of ``retrieval.n`` units is kept in order, and every unit whose source turns hold gold evidence is a
 positive. Negatives are the pool minus the gold units, drawn half from the pool's first
 :data:`HARD_TOP` ranks and half from below (a model shown only top-ranked negatives ranks the bottom
-half of the pool into its top 10). Documents are :func:`~qgmem_train.retrieval.rerank.rerank_document`,
+half of the pool into its top 10). Documents are :meth:`~qgmem_train.retrieval.activation.ActivationIndex.document`,
 exactly what the reranker reads at inference; the token budget is applied by the model's tokenizer.
 Splits are by conversation, so no validation question shares a dialogue with a training one.
 """
@@ -134,7 +134,6 @@ def build_rerank_data(input_path: Path, store: Path, cfg: PipelineConfig, conver
     from qgmem_train.llm.factory import build_embedder
     from qgmem_train.memory.store import MemoryStore
     from qgmem_train.retrieval.activation import activate
-    from qgmem_train.retrieval.rerank import rerank_document
 
     embedder = build_embedder(cfg)
     examples: list[RerankExample] = []
@@ -154,7 +153,7 @@ def build_rerank_data(input_path: Path, store: Path, cfg: PipelineConfig, conver
                 examples.append(RerankExample(cid, q.index, q.category, q.question, wm.fused, gold))
                 for uid in (*wm.fused, *gold):
                     if uid not in docs:
-                        docs[uid] = rerank_document(units[uid], index.trajectory_of(units[uid]))
+                        docs[uid] = index.document(units[uid])
     if not examples:
         raise InputError(str(input_path), "no questions of categories 1-4 with gold evidence in the stored units")
     return RerankData(examples, documents, data_source(Path(input_path), Path(store), embedder.model_id, cfg.retrieval))

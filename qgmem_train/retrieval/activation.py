@@ -18,7 +18,7 @@ from qgmem_train.config import RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.memory.store import ENTITY, AttributeIndex, NamespaceMemory
-from qgmem_train.memory.types import MemoryUnit
+from qgmem_train.memory.types import MemoryUnit, Trace
 from qgmem_train.retrieval.attributes import AttributeScorer
 from qgmem_train.retrieval.dense import DenseIndex
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
@@ -53,20 +53,6 @@ def preceding_turns(memory: NamespaceMemory, unit: MemoryUnit, count: int) -> st
     return "\n".join(lines)
 
 
-def with_subject_entities(attributes: AttributeIndex, units: Sequence[MemoryUnit], embedder: Embedder) -> AttributeIndex:
-    """The attribute rows plus each unit's triple subject as an entity: who a fact is about is one of its entities."""
-    subjects = [u.subject for u in units]
-    distinct = sorted(set(subjects))
-    vectors = embedder.encode(distinct)
-    row = {s: i for i, s in enumerate(distinct)}
-    return AttributeIndex(
-        unit_index=np.concatenate([np.asarray(attributes.unit_index, np.int64), np.arange(len(units), dtype=np.int64)]),
-        kind=np.concatenate([np.asarray(attributes.kind, np.int8), np.full(len(units), ENTITY, np.int8)]),
-        texts=list(attributes.texts) + subjects,
-        embeddings=np.concatenate([np.asarray(attributes.embeddings, np.float32).reshape(-1, vectors.shape[1]), vectors[[row[s] for s in subjects]]]),
-    )
-
-
 def query_texts(question: str, intent: QueryIntent) -> list[str]:
     """What a query embeds: the question, then its entities, then its locations."""
     return [question, *intent.entities, *intent.locations]
@@ -87,11 +73,27 @@ def check_channels(channels: Sequence[str]) -> list[str]:
     return list(channels)
 
 
-class ActivationIndex:
-    """The search structures of one namespace: BM25, dense, attributes, and trajectories by trace id.
+def with_subject_entities(attributes: AttributeIndex, units: Sequence[MemoryUnit], embedder: Embedder) -> AttributeIndex:
+    """The attribute rows plus each unit's triple subject as an entity: who a fact is about is one of its entities."""
+    subjects = [u.subject for u in units]
+    distinct = sorted(set(subjects))
+    vectors = embedder.encode(distinct)
+    row = {s: i for i, s in enumerate(distinct)}
+    return AttributeIndex(
+        unit_index=np.concatenate([np.asarray(attributes.unit_index, np.int64), np.arange(len(units), dtype=np.int64)]),
+        kind=np.concatenate([np.asarray(attributes.kind, np.int8), np.full(len(units), ENTITY, np.int8)]),
+        texts=list(attributes.texts) + subjects,
+        embeddings=np.concatenate([np.asarray(attributes.embeddings, np.float32).reshape(-1, vectors.shape[1]), vectors[[row[s] for s in subjects]]]),
+    )
 
-    Each unit's triple subject joins its entities for SemMatch, embedded with ``embedder`` (extraction
-    often leaves the subject, e.g. the speaker, out of the entity list).
+
+class ActivationIndex:
+    """The search structures of one namespace: BM25, dense, attributes, and each unit's trace (trajectory, current member).
+
+    With ``retrieval.subject_entities`` each unit's triple subject joins its entities for SemMatch,
+    embedded with ``embedder`` (extraction often leaves the subject, e.g.
+    the speaker, out of the entity list); with ``retrieval.sentence_vectors`` the dense channel also
+    reads the store's sentence vectors.
     """
 
     def __init__(self, memory: NamespaceMemory, cfg: RetrievalConfig, embedder: Embedder):
@@ -101,21 +103,53 @@ class ActivationIndex:
         self.bm25 = None
         if "bm25" in self.channels:
             self.bm25 = BM25Index([tokenize(lexical_text(u, preceding_turns(memory, u, cfg.lexical_context_turns))) for u in units])
+        sentences = (memory.sentence_embeddings, memory.sentence_unit) if cfg.sentence_vectors else (None, None)
         dense_channel = "dense" in self.channels
         self.dense = DenseIndex(
-            memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit,
+            memory.fact_embeddings, *sentences,
             approximate=cfg.approximate and dense_channel, scan="auto" if dense_channel else "float32",
         )  # fmt: skip
         self.attributes = None
         if "attr" in self.channels:
-            attributes = with_subject_entities(memory.attributes, units, embedder) if units else memory.attributes
-            self.attributes = AttributeScorer(units, attributes, sem_threshold=cfg.sem_threshold)
+            attributes = memory.attributes
+            if cfg.subject_entities and units:
+                attributes = with_subject_entities(attributes, units, embedder)
+            self.attributes = AttributeScorer(
+                units, attributes, sem_threshold=cfg.sem_threshold, utterance_fallback=cfg.utterance_day_fallback
+            )
         self.trajectory = {t.id: t.trajectory for t in memory.traces}
+        self._row_of = {u.id: row for row, u in enumerate(units)}
+        self.current_row = current_rows(memory.traces, self._row_of)
+        """Row of the current member of each unit's trace (its own row when it is current); -1 outside traces."""
 
     def trajectory_of(self, unit: MemoryUnit) -> str | None:
         """The trajectory of the unit's trace, if it belongs to one."""
         trace_id = self.memory.trace_of.get(unit.id)
         return self.trajectory.get(trace_id) if trace_id else None
+
+    def current_of(self, unit: MemoryUnit) -> MemoryUnit | None:
+        """The current member of the unit's trace (the unit itself when it is current), if it belongs to one."""
+        row = self.current_row[self._row_of[unit.id]]
+        return self.memory.units[row] if row >= 0 else None
+
+    def document(self, unit: MemoryUnit) -> str:
+        """The unit's rerank document, with its trace's trajectory and current state."""
+        return rerank_document(unit, self.trajectory_of(unit), self.current_of(unit))
+
+    def without_superseded(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each of ``rows`` stays: False for a superseded unit whose trace's current member is among ``rows``."""
+        current = self.current_row[rows]
+        return ~((current >= 0) & (current != rows) & np.isin(current, rows))
+
+
+def current_rows(traces: Sequence[Trace], row_of: dict[str, int]) -> np.ndarray:
+    """Row of the current member (``current_id``) of each unit's trace, units given by ``row_of``; -1 outside traces."""
+    current = np.full(len(row_of), -1, np.int64)
+    for trace in traces:
+        if trace.current_id in row_of:
+            members = [row_of[m] for m in trace.member_ids if m in row_of]
+            current[members] = row_of[trace.current_id]
+    return current
 
 
 @dataclass
@@ -131,10 +165,12 @@ class WorkingMemory:
     channels: dict[str, list[str]]
     """Unit ids of each channel's top n, best first."""
     fused: list[str]
-    """The candidate pool in RRF order."""
+    """The candidate pool in RRF order (without the superseded units below)."""
     reranked: list[str]
     """The candidate pool in final order: the reranker's (or, with ``rerank_mode: rrf``, its fusion with the RRF order; the RRF order without a reranker)."""
     reranker: str
+    superseded: list[str] = field(default_factory=list)
+    """Units of the RRF top n left out of the pool (``drop_superseded``): their trace's current member is in it."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per step: intent, embed, each channel, fusion, rerank."""
 
@@ -157,7 +193,8 @@ def activate(
     ``llm`` parses the query intent with the paper's prompt; ``None`` uses the rule-based parser.
     ``index`` reuses a namespace's prebuilt :class:`ActivationIndex`; ``intent`` a parse made
     beforehand (batched); ``query_vectors`` the embeddings of :func:`query_texts`, encoded beforehand
-    (batched). ``reranker`` ``None`` keeps the RRF order.
+    (batched). ``reranker`` ``None`` keeps the RRF order. With ``retrieval.drop_superseded`` a
+    superseded trace member leaves the pool when its trace's current member is in it.
     """
     index = index or ActivationIndex(memory, cfg, embedder)
     timings: dict[str, float] = {}
@@ -177,6 +214,10 @@ def activate(
 
     start = time.perf_counter()
     pool, fused_scores = reciprocal_rank_fusion(ranked, kappa=cfg.kappa, n=cfg.n)
+    superseded = np.zeros(0, np.int64)
+    if cfg.drop_superseded:
+        keep = index.without_superseded(pool)
+        superseded, pool, fused_scores = pool[~keep], pool[keep], fused_scores[keep]
     timings["fusion"] = time.perf_counter() - start
 
     units = memory.units
@@ -184,7 +225,7 @@ def activate(
     if reranker is None or len(pool) == 0:
         order, scores = pool, fused_scores
     else:
-        documents = [rerank_document(units[row], index.trajectory_of(units[row])) for row in pool]
+        documents = [index.document(units[row]) for row in pool]
         rerank_scores = reranker.score(question, documents)
         order_in_pool = np.argsort(-rerank_scores, kind="stable")
         order, scores = pool[order_in_pool], rerank_scores[order_in_pool]
@@ -201,6 +242,7 @@ def activate(
         scores=[float(s) for s in scores[: cfg.k]],
         channels={name: ids(rows) for name, rows in ranked.items()},
         fused=ids(pool),
+        superseded=ids(superseded),
         reranked=ids(order),
         reranker=reranker.name if reranker is not None else "none",
         timings=timings,
@@ -219,8 +261,9 @@ def search_channels(
 ) -> dict[str, np.ndarray]:
     """Each configured channel's top-n unit rows, best first (BM25 and attributes: positive scores only).
 
-    Attribute scores are coarse (many units share one), so ties are broken by the BM25 score (units
-    that match the constraints and share the query's words first), or by dense similarity without BM25.
+    Attribute scores are coarse (many units share one), so with ``retrieval.attr_tiebreak`` ties are
+    broken by the BM25 score (units that match the constraints and share the query's words first), or
+    by dense similarity without BM25; without it, by unit order.
     """
     timings = timings if timings is not None else {}
     ranked: dict[str, np.ndarray] = {}
@@ -242,7 +285,9 @@ def search_channels(
     if "attr" in index.channels:
         start = time.perf_counter()
         elt = index.attributes.scores(intent, entity_vectors, location_vectors)
-        if lexical is not None:
+        if not cfg.attr_tiebreak:
+            tiebreak = None
+        elif lexical is not None:
             tiebreak = lexical.__getitem__
         elif similarities is not None:
             tiebreak = similarities.__getitem__

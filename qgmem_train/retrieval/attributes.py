@@ -7,8 +7,9 @@ TimeMatch is 1 when a query interval overlaps one of the unit's fact intervals (
 a month item covers its whole month, so a "December" fact matches a question about December 2023 or
 about a day in it, while a day item is that day only and misses another day of the same month. A unit
 without a fact time is compared through its utterance day, where an unstated event is most likely to
-lie. With both fact and utterance constraints the time axis is their mean. S_ELT averages the non-empty
-axes; it is 0 when the query has no constraint.
+lie (``utterance_fallback``; off, as in the paper, it never meets a fact-time constraint). With both
+fact and utterance constraints the time axis is their mean. S_ELT averages the non-empty axes; it is 0
+when the query has no constraint.
 
 Everything is vectorised over units: attribute texts are deduplicated, so a query item is compared
 once per distinct text, and the per-unit maxima come from one ``np.maximum.at`` over matching rows.
@@ -43,9 +44,12 @@ def span_ordinals(spans: Sequence[TimeSpan]) -> np.ndarray:
 class AttributeScorer:
     """S_ELT of every unit of a namespace for a parsed query."""
 
-    def __init__(self, units: Sequence[MemoryUnit], attributes: AttributeIndex, *, sem_threshold: float = 0.60):
+    def __init__(
+        self, units: Sequence[MemoryUnit], attributes: AttributeIndex, *, sem_threshold: float = 0.60, utterance_fallback: bool = True
+    ):
         self.n_units = len(units)
         self.sem_threshold = sem_threshold
+        self.utterance_fallback = utterance_fallback
         _, first, text_id = np.unique(np.asarray(attributes.texts, dtype=str), return_index=True, return_inverse=True)
         self._kind = np.asarray(attributes.kind, dtype=np.int8)
         self._unit_row = np.asarray(attributes.unit_index, dtype=np.int64)
@@ -79,8 +83,9 @@ class AttributeScorer:
             match = np.zeros(self.n_units, np.float32)
             hits = _overlaps(self._fact_lo, self._fact_hi, fact)
             match[self._fact_unit[hits]] = 1.0
-            undated = ~self._has_fact_time
-            match[undated] = _overlaps(self._utterance_day, self._utterance_day, fact)[undated]
+            if self.utterance_fallback:
+                undated = ~self._has_fact_time
+                match[undated] = _overlaps(self._utterance_day, self._utterance_day, fact)[undated]
             parts.append(match)
         if len(utterance):
             parts.append(_overlaps(self._utterance_day, self._utterance_day, utterance).astype(np.float32))

@@ -1,7 +1,8 @@
 """Query-aware reranking (paper III-B2): score each candidate's structured document against the question.
 
 The rerank document holds what the paper lists: fact, source dialogue, entities, locations, fact time,
-utterance time, and the trace trajectory when the unit belongs to one. The short structured fields
+utterance time, and the trace trajectory when the unit belongs to one; a trace member also says whether
+it is the trace's current state or which unit superseded it. The short structured fields
 come first and the free text last, so a reranker that cuts its input to a token budget loses the end
 of the dialogue, never the times or entities. Rerankers:
 
@@ -37,18 +38,29 @@ def format_spans(spans: Sequence[TimeSpan]) -> str:
     return ", ".join(s.start if s.start == s.end else f"{s.start}..{s.end}" for s in spans) or "unknown"
 
 
-def rerank_document(unit: MemoryUnit, trajectory: str | None = None) -> str:
-    """The structured document of one unit, as the reranker reads it; ``trajectory`` of its trace if any.
+def state_line(unit: MemoryUnit, current: MemoryUnit) -> str:
+    """Whether ``unit`` is its trace's current state, or which unit (id and fact) superseded it."""
+    if current.id == unit.id:
+        return "State: current"
+    return f"State: superseded by {current.id}: {current.fact_text}"
 
-    Times, entities and locations first, then the fact, the trajectory and the source dialogue.
+
+def rerank_document(unit: MemoryUnit, trajectory: str | None = None, current: MemoryUnit | None = None) -> str:
+    """The structured document of one unit, as the reranker reads it; ``trajectory`` and ``current`` member of its trace if any.
+
+    Times, entities, locations and the unit's state in its trace first (current, or superseded and by
+    which unit: the reranker can pass over a state that no longer holds), then the fact, the trajectory
+    and the source dialogue.
     """
     lines = [
         f"Utterance time: {unit.utterance_time or 'unknown'}",
         f"Fact time: {format_spans(unit.fact_time)}",
         f"Entities: {', '.join(unit.entities) or 'none'}",
         f"Locations: {', '.join(unit.locations) or 'none'}",
-        f"Fact: {unit.fact_text}",
     ]
+    if current is not None:
+        lines.append(state_line(unit, current))
+    lines.append(f"Fact: {unit.fact_text}")
     if trajectory:
         lines.append(f"Trajectory: {trajectory}")
     if unit.source_text.strip() and unit.source_text.strip() != unit.fact_text.strip():

@@ -4,7 +4,9 @@ Two parts, as the final-answer prompt describes them:
 
 - **Evidence Clusters**: for working-memory units that belong to a dynamic memory trace, one cluster
   per trace (in order of the trace's first unit in the working memory) with its ``trajectory`` and its
-  activated units, oldest first, labelled ``MU1``, ``MU2``, ...;
+  activated units, oldest first, labelled ``MU1``, ``MU2``, ..., each marked ``[state: current]`` (the
+  trace's current member) or ``[state: superseded by MU#]`` (``[state: superseded]`` when the current
+  member is not in the working memory);
 - **Facts**: every other unit in working-memory order, labelled ``F1``, ``F2``, ..., as its
   subject | predicate | object triple followed by the fact text.
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from qgmem_train.llm.base import ChatLLM
-from qgmem_train.memory.types import MemoryUnit
+from qgmem_train.memory.types import MemoryUnit, Trace
 from qgmem_train.retrieval.rerank import format_spans
 
 if TYPE_CHECKING:
@@ -43,6 +45,13 @@ def _times(unit: MemoryUnit) -> str:
     return f"utterance_time: {utterance}; fact_time: {format_spans(unit.fact_time)}"
 
 
+def _state(unit: MemoryUnit, trace: Trace, label_of: dict[str, str]) -> str:
+    """``current``, or ``superseded by`` the current member's label (just ``superseded`` when it is not in the working memory)."""
+    if unit.id == trace.current_id:
+        return "current"
+    return f"superseded by {label_of[trace.current_id]}" if trace.current_id in label_of else "superseded"
+
+
 def serialize_working_memory(units: Sequence[MemoryUnit], memory: NamespaceMemory, llm: ChatLLM | None = None) -> SerializedMemory:
     """MEMORY_CONTEXT for ``units`` (working-memory order); tokens counted with ``llm`` when given, else words."""
     traces = {t.id: t for t in memory.traces}
@@ -60,12 +69,14 @@ def serialize_working_memory(units: Sequence[MemoryUnit], memory: NamespaceMemor
     if not clusters:
         lines.append("(none)")
     for number, (trace_id, members) in enumerate(clusters.items(), start=1):
-        position = {uid: i for i, uid in enumerate(traces[trace_id].member_ids)}
-        lines += [f"Cluster {number} (relation: {traces[trace_id].relation_text})", f"trajectory: {traces[trace_id].trajectory}"]
-        for unit in sorted(members, key=lambda u: position.get(u.id, len(position))):
-            label = f"MU{len(labels) + 1}"
-            labels[label] = unit.id
-            lines.append(f"[{label}] ({_times(unit)}) {unit.fact_text}")
+        trace = traces[trace_id]
+        position = {uid: i for i, uid in enumerate(trace.member_ids)}
+        members = sorted(members, key=lambda u: position.get(u.id, len(position)))
+        label_of = {u.id: f"MU{len(labels) + i}" for i, u in enumerate(members, start=1)}
+        lines += [f"Cluster {number} (relation: {trace.relation_text})", f"trajectory: {trace.trajectory}"]
+        for unit in members:
+            labels[label_of[unit.id]] = unit.id
+            lines.append(f"[{label_of[unit.id]}] ({_times(unit)}) {unit.fact_text} [state: {_state(unit, trace, label_of)}]")
     lines.append("Facts:")
     if not facts:
         lines.append("(none)")
