@@ -2,7 +2,9 @@
 
 Rerunning the same command resumes a build that was stopped and, when the input has gained sessions,
 extracts only the new windows and updates only the traces they touch; a session already stored (whole
-or in part) is never stored again. Several builds may write one store at once.
+or in part) is never stored again. Several builds may write one store at once. A namespace keeps the
+units mode, window and overlap it was built with: a build asking others is refused before anything is
+written.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def main(argv: list[str]) -> int:
         raise InputError(args.input, "no conversations found")
     started = time.perf_counter()
     with MemoryStore.open(args.store, create=True, busy_timeout=args.busy_timeout) as store:
+        cc = cfg.construction
+        for conversation in conversations:
+            store.check_cut(args.namespace or conversation.id, cc.units, cc.window, cc.overlap)
         embedder = build_embedder(cfg)
         llm = build_llm(cfg) if cfg.construction.units == "llm" or cfg.construction.traces else None
         windows = {c.id: conversation_windows(c, cfg, args.limit_sessions) for c in conversations}

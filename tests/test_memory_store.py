@@ -20,8 +20,7 @@ from qgmem_train.errors import InputError
 from qgmem_train.memory.construct import build_conversation, conversation_windows
 from qgmem_train.memory.loaders import load_conversations
 from qgmem_train.memory.sentences import fact_sentences
-from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, NamespaceMemory, UnitsChanged, WindowResult
-from qgmem_train.memory.store_file import SCHEMA_VERSION
+from qgmem_train.memory.store import SUBJECT, EmbeddedUnit, MemoryStore, NamespaceMemory, UnitsChanged, WindowResult
 from qgmem_train.memory.types import MemoryUnit, Trace
 from tests.fakes import ScriptedLLM
 
@@ -38,10 +37,11 @@ def _turns_cfg() -> PipelineConfig:
 def _assert_same_memory(a: NamespaceMemory, b: NamespaceMemory, *, trajectories: bool = True) -> None:
     assert a.units == b.units
     np.testing.assert_allclose(a.fact_embeddings, b.fact_embeddings, atol=1e-5)
-    assert a.attributes.texts == b.attributes.texts
+    assert a.attributes.row_texts() == b.attributes.row_texts()
     np.testing.assert_array_equal(a.attributes.unit_index, b.attributes.unit_index)
     np.testing.assert_array_equal(a.attributes.kind, b.attributes.kind)
-    np.testing.assert_allclose(a.attributes.embeddings, b.attributes.embeddings, atol=1e-5)
+    row_vectors = lambda attributes: attributes.embeddings[attributes.text_id]  # noqa: E731
+    np.testing.assert_allclose(row_vectors(a.attributes), row_vectors(b.attributes), atol=1e-5)
     strip = (lambda t: t) if trajectories else (lambda t: (t.id, t.relation_text, t.member_ids, t.current_id))
     assert [strip(t) for t in a.traces] == [strip(t) for t in b.traces]
     assert a.trace_of == b.trace_of and a.turns == b.turns and a.turn_time == b.turn_time
@@ -62,9 +62,12 @@ def test_turns_build_fills_the_retrieval_contract(tmp_path: Path, minilm) -> Non
     assert memory.fact_embeddings.shape == (n_turns, minilm.dim) and memory.fact_embeddings.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(memory.fact_embeddings, axis=1), 1.0, atol=1e-5)
     attrs = memory.attributes
-    assert len(attrs.texts) == len(attrs.unit_index) == len(attrs.kind) == len(attrs.embeddings) > 0
+    assert len(attrs.unit_index) == len(attrs.kind) == len(attrs.text_id) > len(attrs.texts) == len(attrs.embeddings) > 0
     first = int(attrs.unit_index[0])
-    assert attrs.texts[0] in memory.units[first].entities + memory.units[first].locations
+    assert attrs.texts[attrs.text_id[0]] in memory.units[first].entities + memory.units[first].locations
+    subjects = attrs.kind == SUBJECT
+    assert sorted(attrs.unit_index[subjects].tolist()) == list(range(n_turns))  # every subject embedded at build time
+    np.testing.assert_allclose(attrs.embeddings[attrs.text_id[subjects][0]], minilm.encode([memory.units[int(attrs.unit_index[subjects][0])].subject])[0], atol=1e-5)
     d1_3 = next(u for u in memory.units if u.id == "D1:3")
     assert d1_3.subject == "Caroline" and d1_3.predicate == "went to" and d1_3.source_turn_ids == ["D1:3"]
     assert [(t.start, t.end) for t in d1_3.fact_time] == [("2023-05-07", "2023-05-07")]
@@ -116,13 +119,17 @@ def test_adding_sessions_extracts_only_new_windows_and_equals_a_full_rebuild(tmp
 
     with MemoryStore.open(tmp_path / "inc", create=True) as store:
         build_conversation(store, conv, cfg, minilm, llm=ScriptedLLM(trajectory), limit_sessions=2)
+        assert store.load_traces(conv.id) == [] and calls == []
+        build_conversation(store, conv, cfg, minilm, llm=ScriptedLLM(trajectory), limit_sessions=3)
         before = {tuple(t.member_ids) for t in store.load_traces(conv.id)}
+        assert len(before) == len(calls) == 1  # the third session forms the first trace: one trajectory written
         calls.clear()
         report = build_conversation(store, conv, cfg, minilm, llm=ScriptedLLM(trajectory))
         incremental = store.load_namespace(conv.id)
-    new_windows = len(conversation_windows(conv, cfg)) - len(conversation_windows(conv, cfg, 2))
+    assert before and incremental.traces  # traces exist before and after, so the call count below is not 0 == 0
+    new_windows = len(conversation_windows(conv, cfg)) - len(conversation_windows(conv, cfg, 3))
     assert report.windows_built == new_windows
-    assert report.units == sum(len(s.turns) for s in conv.sessions[2:])
+    assert report.units == sum(len(s.turns) for s in conv.sessions[3:])
     touched = [t for t in incremental.traces if tuple(t.member_ids) not in before]
     assert len(calls) == len(touched)  # unchanged clusters keep their trajectory, no LLM call
 
@@ -187,11 +194,37 @@ def test_store_refuses_another_embedder_units_mode_or_a_grown_session(tmp_path: 
         build_conversation(store, conv, _turns_cfg(), minilm)
         with pytest.raises(InputError, match="built with embedder"):
             store.ensure_namespace("other", "turns", "another-model", minilm.dim)
-        with pytest.raises(InputError, match="built with --units turns, not llm"):
-            store.ensure_namespace(conv.id, "llm", minilm.model_id, minilm.dim)
+        with pytest.raises(InputError, match="cut with units turns, window 6, overlap 2; this build asks units llm, window 6, overlap 2"):
+            store.ensure_namespace(conv.id, "llm", minilm.model_id, minilm.dim, window=6, overlap=2)
         conv.sessions[0].turns.append(type(conv.sessions[0].turns[0])("s1:9", "Alex", "One more thing."))
         with pytest.raises(InputError, match="session s1, turn s1:9: session already stored"):
             build_conversation(store, conv, _turns_cfg(), minilm)
+
+
+def _dump(store: Path) -> list[str]:
+    """Every row of the store's SQLite file, as SQL."""
+    db = sqlite3.connect(store / "memory.sqlite")
+    try:
+        return list(db.iterdump())
+    finally:
+        db.close()
+
+
+def test_a_build_cut_otherwise_than_the_namespace_is_refused_and_changes_nothing(tmp_path: Path, capsys) -> None:
+    store = tmp_path / "store"
+    args = ["build", "--dataset", "locomo", "--input", str(SAMPLE), "--store", str(store), "--units", "turns", "--limit-sessions", "1"]
+    configs = {}
+    for window in (6, 4):
+        configs[window] = tmp_path / f"window-{window}.yaml"
+        configs[window].write_text(f"pipeline:\n  construction:\n    traces: false\n    window: {window}\n    overlap: 2\n")
+    assert main([*args, "--config", str(configs[6])]) == 0
+    capsys.readouterr()
+    before = _dump(store)
+    assert main([*args, "--config", str(configs[4])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "namespace conv-26" in err
+    assert "units turns, window 6, overlap 2" in err and "units turns, window 4, overlap 2" in err
+    assert _dump(store) == before
 
 
 def _sqlite(path: Path, *statements: str) -> None:
@@ -206,7 +239,7 @@ def _sqlite(path: Path, *statements: str) -> None:
     [
         (["UPDATE meta SET value = 'two' WHERE key = 'schema_version'"], "schema_version: is 'two', not a number"),
         (["UPDATE meta SET value = '99' WHERE key = 'schema_version'", "DROP TABLE traces"], "schema version 99 is newer than this code reads"),
-        (["DROP TABLE meta", "DROP TABLE units", "CREATE TABLE notes (body TEXT)"], "not a memory store"),
+        (["DROP TABLE meta", "DROP TABLE unit_keys", "CREATE TABLE notes (body TEXT)"], "not a memory store"),
     ],
 )
 def test_a_store_of_another_version_or_another_database_is_refused_before_anything_is_written(tmp_path: Path, capsys, damage, message) -> None:
@@ -265,21 +298,7 @@ def test_traces_computed_from_units_another_writer_has_since_extended_are_not_st
         assert other.load_traces("n") == [trace] and not other.traces_stale("n") and other.generation("n") == 4
 
 
-def test_a_store_of_schema_version_1_is_upgraded_in_place(tmp_path: Path) -> None:
-    MemoryStore.open(tmp_path, create=True).close()
-    _sqlite(  # version 1: the same tables, without the namespaces' write counts
-        tmp_path / "memory.sqlite",
-        "ALTER TABLE namespaces DROP COLUMN generation",
-        "ALTER TABLE namespaces DROP COLUMN units_generation",
-        "UPDATE meta SET value = '1' WHERE key = 'schema_version'",
-        "INSERT INTO namespaces VALUES ('alex', 'turns', 0)",
-    )
-    with MemoryStore.open(tmp_path) as store:
-        assert store.namespaces() == ["alex"] and store.generation("alex") == 0
-        store.add_windows("alex", [_tiny_window("s", 0, "u0")])
-        assert store.generation("alex") == 1 and store.traces_stale("alex")
-    with MemoryStore.open(tmp_path) as store:
-        assert store._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+def test_a_store_whose_creation_was_cut_short_is_made_anew(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     _sqlite(empty / "memory.sqlite", "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")  # a creation cut short

@@ -203,7 +203,7 @@ with MemoryStore.open(sys.argv[1]) as store:
     units = []
     for row, unit in enumerate(memory.units):
         if unit.id in sys.argv[2:]:
-            attrs = memory.attributes.embeddings[memory.attributes.unit_index == row]
+            attrs = memory.attributes.unit_embeddings(row)
             units.append(EmbeddedUnit(replace(unit, fact_text="Alex went to the lighthouse."), memory.fact_embeddings[row], relations[row], attrs))
     store.add_windows("alex", [WindowResult(units[0].unit.session_id, 1, units)])
     store.put_traces("alex", [replace(t, trajectory="rewritten elsewhere") for t in store.load_traces("alex")])

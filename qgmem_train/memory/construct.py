@@ -1,9 +1,11 @@
 """Memory construction for one conversation: windows → units → embeddings → store → traces.
 
 Windows already committed are skipped, so a rerun resumes a killed build and a conversation with new
-sessions only extracts the new windows. Windows go through the LLM ``window_batch_size`` at a time and
-each batch commits in one transaction with its progress rows. Several builds may write one namespace at
-once: a consolidation overtaken by another build's units is left to that build, which consolidates last.
+sessions only extracts the new windows; the store refuses a build whose windows are cut otherwise than
+the namespace's (units mode, window, overlap), whose window indices would name other turns. Windows go
+through the LLM ``window_batch_size`` at a time and each batch commits in one transaction with its
+progress rows. Several builds may write one namespace at once: a consolidation overtaken by another
+build's units is left to that build, which consolidates last.
 """
 
 from __future__ import annotations
@@ -72,12 +74,12 @@ def conversation_windows(conversation: Conversation, cfg: PipelineConfig, limit_
 
 
 def embed_units(units: Sequence[MemoryUnit], embedder: TextEmbedder, batch_size: int, *, sentences: bool = True) -> list[EmbeddedUnit]:
-    """Fact, relation and attribute embeddings of ``units`` (and, with ``sentences``, of each sentence of
-    a multi-sentence fact), each distinct text encoded once."""
+    """Fact, relation, subject and attribute embeddings of ``units`` (and, with ``sentences``, of each
+    sentence of a multi-sentence fact), each distinct text encoded once."""
     pieces = {u.id: fact_sentences(u.fact_text) if sentences else [] for u in units}
     texts: list[str] = []
     for u in units:
-        texts += [u.fact_text, u.relation_text, *u.entities, *u.locations, *pieces[u.id]]
+        texts += [u.fact_text, u.relation_text, u.subject, *u.entities, *u.locations, *pieces[u.id]]
     distinct = list(dict.fromkeys(texts))
     vectors = embedder.encode(distinct, batch_size=batch_size)
     row = {text: i for i, text in enumerate(distinct)}
@@ -86,7 +88,7 @@ def embed_units(units: Sequence[MemoryUnit], embedder: TextEmbedder, batch_size:
         attrs = [row[t] for t in [*u.entities, *u.locations]]
         out.append(EmbeddedUnit(
             u, vectors[row[u.fact_text]], vectors[row[u.relation_text]], vectors[attrs].reshape(len(attrs), embedder.dim),
-            vectors[[row[t] for t in pieces[u.id]]].reshape(len(pieces[u.id]), embedder.dim),
+            vectors[[row[t] for t in pieces[u.id]]].reshape(len(pieces[u.id]), embedder.dim), vectors[row[u.subject]],
         ))
     return out
 
@@ -112,7 +114,7 @@ def build_conversation(
     namespace = namespace or conversation.id
     if cc.units == "llm" and llm is None:
         raise ValueError("units mode 'llm' needs an LLM")
-    store.ensure_namespace(namespace, cc.units, embedder.model_id, embedder.dim)
+    store.ensure_namespace(namespace, cc.units, embedder.model_id, embedder.dim, window=cc.window, overlap=cc.overlap)
     sessions = conversation.sessions[:limit_sessions] if limit_sessions else conversation.sessions
     positions = store.put_turns(namespace, Conversation(conversation.id, sessions))
     windows = conversation_windows(conversation, cfg, limit_sessions)

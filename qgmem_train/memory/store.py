@@ -5,38 +5,49 @@ moment leaves a store that opens, and the next build resumes at the first window
 Many processes and threads may write at once: each write decides from what it reads inside its own
 transaction (see :mod:`qgmem_train.memory.store_file`), and every namespace counts its writes
 (:meth:`MemoryStore.generation`) so that caches and trace consolidation notice other writers.
-Embeddings are float32 blobs, one per unit (fact, relation) plus one stacked blob of its attributes, so a
-namespace loads with one query (:meth:`MemoryStore.load_namespace`); the sentences of multi-sentence
-facts have their own rows in ``sentences``.
+
+Units and turns are stored column by column, one segment per write (:mod:`qgmem_train.memory.segments`):
+a namespace loads with a few queries and memory copies, its texts decoded only when read
+(:class:`~qgmem_train.memory.unit_table.UnitView`). ``unit_keys`` maps each unit id to its segment, so a
+unit written again replaces the stored one.
+
+A namespace records how its conversations were cut into windows (units mode, window, overlap): the
+windows a build skips as done are those of that cut, so a build asking another cut is refused. A
+namespace written before the cut was recorded (schema version 2 or older) takes the cut of the first
+build that writes to it after the upgrade.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from qgmem_train.errors import InputError
+from qgmem_train.memory import segments
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, StoreFile
-from qgmem_train.memory.types import Conversation, MemoryUnit, TimeSpan, Trace, Turn
+from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap, TurnTable, TurnTimeMap
+from qgmem_train.memory.types import Conversation, MemoryUnit, Trace, Turn
+from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex, EmbeddedUnit, UnitTable, UnitView
+
+__all__ = [
+    "ENTITY", "LOCATION", "STORE_FILE", "SUBJECT", "AttributeIndex", "EmbeddedUnit", "MemoryStore", "NamespaceMemory",
+    "UnitsChanged", "WindowResult", "describe_cut",
+]  # fmt: skip
 
 STORE_FILE = "memory.sqlite"
-ENTITY, LOCATION = 0, 1
 
 
-@dataclass
-class AttributeIndex:
-    """Embedded entities (kind 0) and locations (kind 1) of all units of a namespace, one row each."""
-
-    unit_index: np.ndarray
-    kind: np.ndarray
-    texts: list[str]
-    embeddings: np.ndarray
+def describe_cut(units_mode: str, window: int | None, overlap: int | None) -> str:
+    """How a namespace is cut into windows, in words (``units turns, window 6, overlap 2``)."""
+    parts = [f"units {units_mode}"]
+    parts += [f"window {window}, overlap {overlap}"] if window is not None else ["window and overlap not recorded"]
+    return ", ".join(parts)
 
 
 @dataclass
@@ -44,36 +55,26 @@ class NamespaceMemory:
     """Everything activation needs from one namespace, loaded in one read."""
 
     namespace: str
-    units: list[MemoryUnit]
+    units: Sequence[MemoryUnit]
+    """The units in unit order (loaded: a :class:`~qgmem_train.memory.unit_table.UnitView`, decoding each unit when first read)."""
     fact_embeddings: np.ndarray
     attributes: AttributeIndex
     traces: list[Trace]
     trace_of: dict[str, str]
-    turns: dict[str, Turn]
-    turn_time: dict[str, str | None]
+    turns: Mapping[str, Turn]
+    """Turn by id, in conversation order."""
+    turn_time: Mapping[str, str | None]
     embedder_id: str
     sentence_embeddings: np.ndarray | None = None
     """(S, d) embeddings of the sentences of multi-sentence facts, grouped by unit in unit order."""
     sentence_unit: np.ndarray | None = None
     """(S,) row in ``units`` of each sentence embedding."""
-    previous_turn: dict[str, str] = field(default_factory=dict)
+    previous_turn: Mapping[str, str] = field(default_factory=dict)
     """Id of the turn before each turn in the same session (first turns have none)."""
     generation: int = 0
     """The namespace's write count when it was read (see :meth:`MemoryStore.generation`)."""
     units_generation: int = 0
     """Its count of unit writes then: traces computed from these units are stored only while it holds."""
-
-
-@dataclass
-class EmbeddedUnit:
-    """A unit ready to store: its fact, relation and attribute embeddings (attributes: entities, then locations)."""
-
-    unit: MemoryUnit
-    fact_embedding: np.ndarray
-    relation_embedding: np.ndarray
-    attribute_embeddings: np.ndarray
-    sentence_embeddings: np.ndarray | None = None
-    """One row per sentence of a multi-sentence fact (see :func:`~qgmem_train.memory.sentences.fact_sentences`)."""
 
 
 @dataclass
@@ -84,10 +85,6 @@ class WindowResult:
     index: int
     units: list[EmbeddedUnit]
     dropped: int = 0
-
-
-def _blob(array: np.ndarray) -> bytes:
-    return np.ascontiguousarray(array, dtype=np.float32).tobytes()
 
 
 class UnitsChanged(Exception):
@@ -164,21 +161,47 @@ class MemoryStore:
         """Names of the namespaces in the store."""
         return [r[0] for r in self._db.execute("SELECT name FROM namespaces ORDER BY name")]
 
-    def ensure_namespace(self, namespace: str, units_mode: str, embedder_id: str, dim: int) -> None:
-        """Create ``namespace`` (and record the embedder); refuse a different embedder or units mode."""
+    def ensure_namespace(
+        self, namespace: str, units_mode: str, embedder_id: str, dim: int, *, window: int | None = None, overlap: int | None = None
+    ) -> None:
+        """Create ``namespace`` (and record the embedder and the cut); refuse a different embedder or cut.
+
+        ``window`` and ``overlap`` are the build's windows (none for writers that cut no windows); a
+        namespace without a recorded cut takes them.
+        """
         with self.transaction() as db:
             known_embedder = self.embedder_id
             if known_embedder is not None and (known_embedder != embedder_id or self.dim != dim):
                 raise InputError(str(self.path), f"store was built with embedder {known_embedder} ({self.dim}-d), not {embedder_id} ({dim}-d)")
-            row = db.execute("SELECT units_mode FROM namespaces WHERE name = ?", (namespace,)).fetchone()
-            if row and row[0] != units_mode:
-                raise InputError(f"{self.path}: namespace {namespace}", f"built with --units {row[0]}, not {units_mode}")
+            self._refuse_another_cut(db, namespace, units_mode, window, overlap)
             db.execute("INSERT OR IGNORE INTO meta VALUES ('embedder_id', ?)", (embedder_id,))
             db.execute("INSERT OR IGNORE INTO meta VALUES ('dim', ?)", (str(dim),))
             db.execute("INSERT OR IGNORE INTO namespaces (name, units_mode) VALUES (?, ?)", (namespace, units_mode))
+            if window is not None:
+                db.execute(
+                    "UPDATE namespaces SET cut_window = ?, cut_overlap = ? WHERE name = ? AND cut_window IS NULL", (window, overlap, namespace)
+                )
+
+    def check_cut(self, namespace: str, units_mode: str, window: int, overlap: int) -> None:
+        """Refuse, before anything is written, a build of ``namespace`` cut otherwise than the namespace was."""
+        with self.snapshot() as db:
+            self._refuse_another_cut(db, namespace, units_mode, window, overlap)
+
+    def _refuse_another_cut(self, db: sqlite3.Connection, namespace: str, units_mode: str, window: int | None, overlap: int | None) -> None:
+        row = db.execute("SELECT units_mode, cut_window, cut_overlap FROM namespaces WHERE name = ?", (namespace,)).fetchone()
+        if row is None:
+            return
+        stored_units, stored_window, stored_overlap = row
+        other_windows = None not in (window, stored_window) and (stored_window, stored_overlap) != (window, overlap)
+        if stored_units != units_mode or other_windows:
+            raise InputError(
+                f"{self.path}: namespace {namespace}",
+                f"cut with {describe_cut(stored_units, stored_window, stored_overlap)}; this build asks {describe_cut(units_mode, window, overlap)} "
+                "(build into another namespace or store, or with the namespace's settings)",
+            )
 
     def put_turns(self, namespace: str, conversation: Conversation) -> dict[str, int]:
-        """Record the conversation's turns (new ones after the existing ones); return every turn's position.
+        """Record the conversation's turns (new ones after the existing ones); return the position of each of them.
 
         Turns already stored with the same session and text are kept as they are, so a retried call adds nothing.
         """
@@ -187,10 +210,14 @@ class MemoryStore:
 
     @staticmethod
     def _put_turns(db: sqlite3.Connection, namespace: str, conversation: Conversation) -> dict[str, int]:
-        rows = db.execute("SELECT id, session_id, text, position FROM turns WHERE namespace = ?", (namespace,)).fetchall()
+        listed = "(SELECT value FROM json_each(?))"
+        ids = json.dumps([t.id for s in conversation.sessions for t in s.turns])
+        rows = db.execute(f"SELECT id, session_id, text, position FROM turns WHERE namespace = ? AND id IN {listed}", (namespace, ids))
         known = {r[0]: r for r in rows}
-        stored_sessions = {r[1] for r in rows}
-        position = max((r[3] for r in rows), default=-1) + 1
+        sessions = json.dumps([s.id for s in conversation.sessions])
+        query = f"SELECT DISTINCT session_id FROM turns WHERE namespace = ? AND session_id IN {listed}"
+        stored_sessions = {r[0] for r in db.execute(query, (namespace, sessions))}
+        position = db.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM turns WHERE namespace = ?", (namespace,)).fetchone()[0]
         new = []
         for session in conversation.sessions:
             fresh = [t for t in session.turns if t.id not in known]
@@ -208,31 +235,34 @@ class MemoryStore:
                 position += 1
         if new:
             db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)", new)
+            segments.append(db, namespace, TurnTable.from_rows([(r[1], r[2], r[4], r[5], r[6]) for r in new]))
+            segments.merge(db, namespace, segments.TURNS, 0)
             db.execute("UPDATE namespaces SET generation = generation + 1 WHERE name = ?", (namespace,))
-        return {r[0]: r[1] for r in db.execute("SELECT id, position FROM turns WHERE namespace = ?", (namespace,))}
+        return {**{turn_id: r[3] for turn_id, r in known.items()}, **{r[1]: r[3] for r in new}}
 
     def done_windows(self, namespace: str) -> set[tuple[str, int]]:
         """(session id, window index) of every window already committed."""
         return {(r[0], r[1]) for r in self._db.execute("SELECT session_id, idx FROM windows WHERE namespace = ?", (namespace,))}
 
     def add_windows(self, namespace: str, results: Sequence[WindowResult]) -> None:
-        """Commit the units of finished windows together with their progress rows."""
-        rows, sentence_rows = [], []
+        """Commit the units of finished windows together with their progress rows.
+
+        A unit whose id is already stored replaces the stored one (as does a later one in ``results``).
+        """
+        latest: dict[str, tuple[EmbeddedUnit, int]] = {}
         for result in results:
             for sub, item in enumerate(result.units):
-                u = item.unit
-                if item.sentence_embeddings is not None:
-                    sentence_rows += [(namespace, u.id, i, _blob(v)) for i, v in enumerate(item.sentence_embeddings)]
-                rows.append((
-                    namespace, u.id, u.serial, sub, u.session_id, u.fact_text, u.subject, u.predicate, u.object,
-                    json.dumps(u.source_turn_ids), u.source_text, u.utterance_time,
-                    json.dumps([asdict(t) for t in u.fact_time]), json.dumps(u.entities), json.dumps(u.locations),
-                    _blob(item.fact_embedding), _blob(item.relation_embedding), _blob(item.attribute_embeddings),
-                ))
+                latest.pop(item.unit.id, None)
+                latest[item.unit.id] = (item, sub)
         with self.transaction() as db:
-            db.executemany("INSERT OR REPLACE INTO units VALUES (" + ", ".join("?" * 18) + ")", rows)
-            db.executemany("DELETE FROM sentences WHERE namespace = ? AND unit_id = ?", [(namespace, r[1]) for r in rows])
-            db.executemany("INSERT INTO sentences VALUES (?, ?, ?, ?)", sentence_rows)
+            if latest:
+                dim = self.dim or 0
+                table = UnitTable.from_embedded([i for i, _ in latest.values()], [sub for _, sub in latest.values()], dim).in_unit_order()
+                self._drop_units(db, namespace, list(latest), dim)
+                seq = segments.append(db, namespace, table)
+                db.executemany("INSERT OR REPLACE INTO unit_keys VALUES (?, ?, ?)", [(namespace, unit_id, seq) for unit_id in latest])
+                for lo, hi in segments.merge(db, namespace, segments.UNITS, dim):
+                    db.execute("UPDATE unit_keys SET seq = ? WHERE namespace = ? AND seq BETWEEN ? AND ?", (lo, namespace, lo, hi))
             db.executemany(
                 "INSERT OR REPLACE INTO windows VALUES (?, ?, ?, ?, ?)",
                 [(namespace, r.session_id, r.index, len(r.units), r.dropped) for r in results],
@@ -242,9 +272,26 @@ class MemoryStore:
                 (namespace,),
             )
 
+    @staticmethod
+    def _drop_units(db: sqlite3.Connection, namespace: str, ids: list[str], dim: int) -> None:
+        """Take the stored units with these ids out of their segments (they are about to be written again)."""
+        found = db.execute(
+            "SELECT seq, id FROM unit_keys WHERE namespace = ? AND id IN (SELECT value FROM json_each(?))", (namespace, json.dumps(ids))
+        ).fetchall()
+        gone: dict[int, set[str]] = {}
+        for seq, unit_id in found:
+            gone.setdefault(seq, set()).add(unit_id)
+        levels = dict(db.execute("SELECT seq, level FROM segments WHERE namespace = ? AND kind = ?", (namespace, segments.UNITS)))
+        for seq, unit_ids in gone.items():
+            table = segments.read_units(db, namespace, dim, lo=seq, hi=seq)
+            keep = np.flatnonzero([unit_id not in unit_ids for unit_id in table.ids.tolist()])
+            segments.delete(db, namespace, segments.UNITS, seq, seq)
+            if len(keep):
+                segments.append(db, namespace, table.take(keep).without_unused_texts(), seq=seq, level=levels[seq])
+
     def count_units(self, namespace: str) -> int:
         """Number of units stored in ``namespace``."""
-        return int(self._db.execute("SELECT COUNT(*) FROM units WHERE namespace = ?", (namespace,)).fetchone()[0])
+        return int(self._db.execute("SELECT COUNT(*) FROM unit_keys WHERE namespace = ?", (namespace,)).fetchone()[0])
 
     def count_traces(self, namespace: str) -> int:
         """Number of traces stored in ``namespace``."""
@@ -266,8 +313,8 @@ class MemoryStore:
 
     def relation_embeddings(self, namespace: str) -> np.ndarray:
         """(N, d) relation embeddings in unit order (the order of :meth:`load_namespace`)."""
-        blobs = [r[0] for r in self._db.execute("SELECT relation_emb FROM units WHERE namespace = ? ORDER BY serial, sub, id", (namespace,))]
-        return np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1) if blobs else np.zeros((0, self.dim or 0), np.float32)
+        with self.snapshot() as db:
+            return segments.read_units(db, namespace, self.dim or 0, ("relation",)).in_unit_order().vectors["relation"]
 
     def put_traces(self, namespace: str, traces: Sequence[Trace], *, units_generation: int | None = None) -> None:
         """Insert or replace ``traces`` in one transaction.
@@ -325,58 +372,22 @@ class MemoryStore:
         if embedder_id is not None and self.embedder_id != embedder_id:
             raise InputError(f"{self.path}: namespace {namespace}", f"built with embedder {self.embedder_id!r}, configured {embedder_id!r}")
         dim = self.dim or 0
-        rows = self._db.execute(
-            "SELECT id, session_id, fact_text, subject, predicate, object, source_turn_ids, source_text, utterance_time, "
-            "serial, fact_time, entities, locations, fact_emb, attr_emb FROM units WHERE namespace = ? ORDER BY serial, sub, id",
-            (namespace,),
-        ).fetchall()
-        units, fact_blobs, attr_blobs = [], [], []
-        unit_index, kinds, texts = [], [], []
-        for i, r in enumerate(rows):
-            entities, locations = json.loads(r[11]), json.loads(r[12])
-            units.append(MemoryUnit(
-                id=r[0], session_id=r[1], fact_text=r[2], subject=r[3], predicate=r[4], object=r[5],
-                source_turn_ids=json.loads(r[6]), source_text=r[7], utterance_time=r[8], serial=r[9],
-                fact_time=[TimeSpan(**t) for t in json.loads(r[10])], entities=entities, locations=locations,
-            ))
-            fact_blobs.append(r[13])
-            attr_blobs.append(r[14])
-            unit_index += [i] * (len(entities) + len(locations))
-            kinds += [ENTITY] * len(entities) + [LOCATION] * len(locations)
-            texts += entities + locations
-        facts = np.frombuffer(b"".join(fact_blobs), dtype=np.float32).reshape(len(units), dim)
-        attrs = np.frombuffer(b"".join(attr_blobs), dtype=np.float32).reshape(len(texts), dim)
+        table = segments.read_units(self._db, namespace, dim, ("fact", "sentence", "text")).in_unit_order()
+        turns = segments.read_turns(self._db, namespace)
         traces = self.load_traces(namespace)
-        turns, turn_time, previous_turn = {}, {}, {}
-        last: tuple[str, str] | None = None
-        for r in self._db.execute("SELECT id, speaker, text, time, session_id FROM turns WHERE namespace = ? ORDER BY position", (namespace,)):
-            turns[r[0]] = Turn(r[0], r[1], r[2])
-            turn_time[r[0]] = r[3]
-            if last is not None and last[1] == r[4]:
-                previous_turn[r[0]] = last[0]
-            last = (r[0], r[4])
-        sentence_embeddings, sentence_unit = self._load_sentences(namespace, {u.id: i for i, u in enumerate(units)}, dim)
         return NamespaceMemory(
             namespace=namespace,
-            units=units,
-            fact_embeddings=facts,
-            attributes=AttributeIndex(np.asarray(unit_index, np.int64), np.asarray(kinds, np.int8), texts, attrs),
+            units=UnitView(table),
+            fact_embeddings=table.vectors["fact"],
+            attributes=table.attribute_index(),
             traces=traces,
             trace_of={m: t.id for t in traces for m in t.member_ids},
-            turns=turns,
-            turn_time=turn_time,
+            turns=TurnMap(turns),
+            turn_time=TurnTimeMap(turns),
             embedder_id=self.embedder_id or "",
-            sentence_embeddings=sentence_embeddings,
-            sentence_unit=sentence_unit,
-            previous_turn=previous_turn,
+            sentence_embeddings=table.vectors["sentence"],
+            sentence_unit=table.sentence_owner,
+            previous_turn=PreviousTurnMap(turns),
             generation=generations[0],
             units_generation=generations[1],
         )
-
-    def _load_sentences(self, namespace: str, row_of: dict[str, int], dim: int) -> tuple[np.ndarray, np.ndarray]:
-        """Sentence embeddings of ``namespace`` and the unit row of each, grouped by unit in unit order."""
-        rows = self._db.execute("SELECT unit_id, emb FROM sentences WHERE namespace = ? ORDER BY unit_id, idx", (namespace,)).fetchall()
-        owners = np.asarray([row_of[r[0]] for r in rows], np.int64)
-        vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
-        order = np.argsort(owners, kind="stable")
-        return vectors[order], owners[order]

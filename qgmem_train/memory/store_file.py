@@ -2,7 +2,8 @@
 
 Opening reads the file before writing anything to it, so an SQLite file of another program, or a store
 whose schema version is not a number or is newer than this code, is refused and left as it was; an older
-store is upgraded in one transaction. Every write takes the write lock first (``BEGIN IMMEDIATE``) and
+store is upgraded in one transaction (version 2's rows of units move into segments, see
+:mod:`qgmem_train.memory.store_upgrade`). Every write takes the write lock first (``BEGIN IMMEDIATE``) and
 waits up to ``busy_timeout`` seconds for another writer; past that it ends in :class:`StoreLockedError`.
 """
 
@@ -10,43 +11,47 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from qgmem_train.errors import InputError
+from qgmem_train.memory import segments
+from qgmem_train.memory.store_upgrade import TURN_INDEXES, upgrade_2_to_3
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
 """Seconds a write waits for other writers before the store counts as locked."""
+PAGE_SIZE = 65_536
+"""Bytes per database page of a new store: a vector blob then spans few overflow pages, read in few steps."""
+MMAP_BYTES = 1 << 40
+"""How much of the file each connection reads through a memory map (SQLite caps it at its compile-time limit)."""
 
 _SCHEMA = [
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE namespaces (name TEXT PRIMARY KEY, units_mode TEXT NOT NULL, traces_stale INTEGER NOT NULL DEFAULT 0, "
-    "generation INTEGER NOT NULL DEFAULT 0, units_generation INTEGER NOT NULL DEFAULT 0)",
+    "generation INTEGER NOT NULL DEFAULT 0, units_generation INTEGER NOT NULL DEFAULT 0, cut_window INTEGER, cut_overlap INTEGER)",
     "CREATE TABLE turns (namespace TEXT NOT NULL, id TEXT NOT NULL, session_id TEXT NOT NULL, position INTEGER NOT NULL, "
     "speaker TEXT NOT NULL, text TEXT NOT NULL, time TEXT, PRIMARY KEY (namespace, id))",
+    *TURN_INDEXES,
     "CREATE TABLE windows (namespace TEXT NOT NULL, session_id TEXT NOT NULL, idx INTEGER NOT NULL, units INTEGER NOT NULL, "
     "dropped INTEGER NOT NULL, PRIMARY KEY (namespace, session_id, idx))",
-    "CREATE TABLE units (namespace TEXT NOT NULL, id TEXT NOT NULL, serial INTEGER NOT NULL, sub INTEGER NOT NULL, "
-    "session_id TEXT NOT NULL, fact_text TEXT NOT NULL, subject TEXT NOT NULL, predicate TEXT NOT NULL, object TEXT NOT NULL, "
-    "source_turn_ids TEXT NOT NULL, source_text TEXT NOT NULL, utterance_time TEXT, fact_time TEXT NOT NULL, "
-    "entities TEXT NOT NULL, locations TEXT NOT NULL, fact_emb BLOB NOT NULL, relation_emb BLOB NOT NULL, "
-    "attr_emb BLOB NOT NULL, PRIMARY KEY (namespace, id))",
-    "CREATE INDEX units_order ON units (namespace, serial, sub, id)",
-    "CREATE TABLE sentences (namespace TEXT NOT NULL, unit_id TEXT NOT NULL, idx INTEGER NOT NULL, emb BLOB NOT NULL, "
-    "PRIMARY KEY (namespace, unit_id, idx))",
+    *segments.SCHEMA,
     "CREATE TABLE traces (namespace TEXT NOT NULL, id TEXT NOT NULL, relation_text TEXT NOT NULL, member_ids TEXT NOT NULL, "
     "trajectory TEXT NOT NULL, current_id TEXT NOT NULL, PRIMARY KEY (namespace, id))",
 ]
-_TABLES = {"meta", "namespaces", "turns", "windows", "units", "sentences", "traces"}
-_UPGRADES: dict[int, list[str]] = {
-    1: [
-        "ALTER TABLE namespaces ADD COLUMN generation INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE namespaces ADD COLUMN units_generation INTEGER NOT NULL DEFAULT 0",
-    ],
-}
-"""Statements that bring a store of schema version ``key`` to ``key + 1``."""
+_TABLES = {"meta", "namespaces", "turns", "windows", "unit_keys", "segments", "segment_parts", "traces", "units", "sentences"}
+"""Tables of a store of any version (``units`` and ``sentences``: version 2 and older)."""
+
+
+def _upgrade_1_to_2(db: sqlite3.Connection) -> None:
+    """Version 2 counts each namespace's writes."""
+    db.execute("ALTER TABLE namespaces ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE namespaces ADD COLUMN units_generation INTEGER NOT NULL DEFAULT 0")
+
+
+_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _upgrade_1_to_2, 2: upgrade_2_to_3}
+"""The step that brings a store of schema version ``key`` to ``key + 1``, inside the upgrade's transaction."""
 
 
 class StoreLockedError(InputError):
@@ -86,6 +91,7 @@ class StoreFile:
                     raise sqlite3.ProgrammingError(f"{self.file}: the store is closed")
                 db = sqlite3.connect(self.file, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
                 db.execute("PRAGMA synchronous=NORMAL")
+                db.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
                 self._connections.append(db)
             self._local.db = db
         return db
@@ -170,6 +176,7 @@ class StoreFile:
     def _create_or_upgrade(self) -> None:
         """Make a new store, or bring an older one to :data:`SCHEMA_VERSION`, in one transaction."""
         with self.busy_as_error():
+            self.db.execute(f"PRAGMA page_size={PAGE_SIZE}")  # takes effect on a file with nothing written yet
             self.db.execute("PRAGMA journal_mode=WAL")
         with self.transaction() as db:
             version = self._version()  # again under the write lock: another process may have done it meanwhile
@@ -181,6 +188,5 @@ class StoreFile:
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif version < SCHEMA_VERSION:
                 for step in range(version, SCHEMA_VERSION):
-                    for statement in _UPGRADES[step]:
-                        db.execute(statement)
+                    _UPGRADES[step](db)
                 db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))

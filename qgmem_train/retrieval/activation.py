@@ -17,9 +17,9 @@ import numpy as np
 from qgmem_train.config import RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.llm.base import ChatLLM
-from qgmem_train.memory.store import ENTITY, AttributeIndex, NamespaceMemory
+from qgmem_train.memory.store import NamespaceMemory
 from qgmem_train.memory.types import MemoryUnit, Trace
-from qgmem_train.retrieval.attributes import AttributeScorer
+from qgmem_train.retrieval.attributes import AttributeScorer, with_subject_entities
 from qgmem_train.retrieval.dense import DenseIndex
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.intent import QueryIntent, parse_intent_rules, parse_intents
@@ -73,25 +73,11 @@ def check_channels(channels: Sequence[str]) -> list[str]:
     return list(channels)
 
 
-def with_subject_entities(attributes: AttributeIndex, units: Sequence[MemoryUnit], embedder: Embedder) -> AttributeIndex:
-    """The attribute rows plus each unit's triple subject as an entity: who a fact is about is one of its entities."""
-    subjects = [u.subject for u in units]
-    distinct = sorted(set(subjects))
-    vectors = embedder.encode(distinct)
-    row = {s: i for i, s in enumerate(distinct)}
-    return AttributeIndex(
-        unit_index=np.concatenate([np.asarray(attributes.unit_index, np.int64), np.arange(len(units), dtype=np.int64)]),
-        kind=np.concatenate([np.asarray(attributes.kind, np.int8), np.full(len(units), ENTITY, np.int8)]),
-        texts=list(attributes.texts) + subjects,
-        embeddings=np.concatenate([np.asarray(attributes.embeddings, np.float32).reshape(-1, vectors.shape[1]), vectors[[row[s] for s in subjects]]]),
-    )
-
-
 class ActivationIndex:
     """The search structures of one namespace: BM25, dense, attributes, and each unit's trace (trajectory, current member).
 
     With ``retrieval.subject_entities`` each unit's triple subject joins its entities for SemMatch,
-    embedded with ``embedder`` (extraction often leaves the subject, e.g.
+    embedded when the unit was stored, else with ``embedder`` (extraction often leaves the subject, e.g.
     the speaker, out of the entity list); with ``retrieval.sentence_vectors`` the dense channel also
     reads the store's sentence vectors.
     """

@@ -11,21 +11,27 @@ lie (``utterance_fallback``; off, as in the paper, it never meets a fact-time co
 fact and utterance constraints the time axis is their mean. S_ELT averages the non-empty axes; it is 0
 when the query has no constraint.
 
-Everything is vectorised over units: attribute texts are deduplicated, so a query item is compared
-once per distinct text, and the per-unit maxima come from one ``np.maximum.at`` over matching rows.
+Everything is vectorised over units: the index stores each attribute text once (per write of the
+store), so a query item is compared once per text, and the per-unit maxima come from one
+``np.maximum.at`` over matching rows. Each unit's triple subject counts as one of its entities
+(:func:`with_subject_entities`), embedded when the unit was stored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import date
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qgmem_train.memory.store import ENTITY, LOCATION, AttributeIndex
 from qgmem_train.memory.timeparse import calendar_bounds
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
+from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex
 from qgmem_train.retrieval.intent import QueryIntent
+
+if TYPE_CHECKING:
+    from qgmem_train.llm.embedder import Embedder
 
 NO_DAY = np.iinfo(np.int32).min
 
@@ -41,6 +47,34 @@ def span_ordinals(spans: Sequence[TimeSpan]) -> np.ndarray:
     return np.array([(lo.toordinal(), hi.toordinal()) for lo, hi in bounds], dtype=np.int32).reshape(-1, 2)
 
 
+def with_subject_entities(attributes: AttributeIndex, units: Sequence[MemoryUnit], embedder: Embedder) -> AttributeIndex:
+    """The attribute rows with each unit's triple subject as an entity: who a fact is about is one of its entities.
+
+    Stored subjects (kind SUBJECT) become entities; a unit stored without one (a store of schema
+    version 2, a memory built by hand) takes the row of its subject's text when the index has it, else
+    has its subject embedded here with ``embedder``.
+    """
+    unit_index = np.asarray(attributes.unit_index, np.int64)
+    kind = np.asarray(attributes.kind, np.int8)
+    text_id = np.asarray(attributes.text_id, np.int64)
+    texts, embeddings = attributes.texts, attributes.embeddings
+    missing = np.setdiff1d(np.arange(len(units), dtype=np.int64), unit_index[kind == SUBJECT])
+    kind = np.where(kind == SUBJECT, ENTITY, kind).astype(np.int8)
+    if len(missing):
+        subjects = [units[i].subject for i in missing.tolist()]
+        row = {text: i for i, text in reversed(list(enumerate(texts)))}
+        distinct = sorted(set(subjects) - set(row))
+        if distinct:
+            vectors = embedder.encode(distinct)
+            row |= {s: len(texts) + k for k, s in enumerate(distinct)}
+            texts = [*texts, *distinct]
+            embeddings = np.concatenate([np.asarray(embeddings, np.float32).reshape(-1, vectors.shape[1]), vectors])
+        unit_index = np.concatenate([unit_index, missing])
+        kind = np.concatenate([kind, np.full(len(missing), ENTITY, np.int8)])
+        text_id = np.concatenate([text_id, np.asarray([row[s] for s in subjects], np.int64)])
+    return AttributeIndex(unit_index, kind, texts, embeddings, text_id)
+
+
 class AttributeScorer:
     """S_ELT of every unit of a namespace for a parsed query."""
 
@@ -50,11 +84,10 @@ class AttributeScorer:
         self.n_units = len(units)
         self.sem_threshold = sem_threshold
         self.utterance_fallback = utterance_fallback
-        _, first, text_id = np.unique(np.asarray(attributes.texts, dtype=str), return_index=True, return_inverse=True)
         self._kind = np.asarray(attributes.kind, dtype=np.int8)
         self._unit_row = np.asarray(attributes.unit_index, dtype=np.int64)
-        self._text_id = text_id.reshape(-1).astype(np.int64)
-        self._text_embeddings = np.ascontiguousarray(np.asarray(attributes.embeddings, dtype=np.float32)[first])
+        self._text_id = np.asarray(attributes.text_id, dtype=np.int64)
+        self._text_embeddings = np.ascontiguousarray(attributes.embeddings, dtype=np.float32)
         rows = [row for row, u in enumerate(units) for _ in u.fact_time]
         fact_rows = np.column_stack([np.array(rows, dtype=np.int64), span_ordinals([s for u in units for s in u.fact_time])])
         self._fact_unit, self._fact_lo, self._fact_hi = fact_rows[:, 0], fact_rows[:, 1], fact_rows[:, 2]

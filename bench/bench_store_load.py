@@ -1,0 +1,316 @@
+"""Bulk load of a namespace: schema version 2's per-row JSON loader against version 3's columnar segments, side by side.
+
+Run ``python bench/bench_store_load.py --sizes 10000 100000``. For each size, synthetic turns-like units
+(one unit per turn, texts of LoCoMo turn lengths, 0-3 entities out of 5,000 names and 0-1 location out
+of 500 places, a fact time on one unit in three, random unit vectors of dim 384 with the same vector for
+the same attribute text, and 2 to 4 sentence vectors a unit) are written twice: through the store's
+write API (``put_turns``, then ``add_windows`` with ``--write-units`` units a call, merged as a build's
+writes are) and with SQL in version 2's row-per-unit format (``tests/store_v2.py``). Each load runs
+``--repeats`` times, each in a fresh subprocess reporting its wall seconds, its resident memory before
+loading and its peak (VmRSS and VmHWM of /proc/self/status), and its CPU seconds (user + system: on a shared
+machine, the wall time also counts the time other processes held the cores). The version-2 loader below is the package's loader before segments;
+it lives only here. The columnar load decodes units when they are read, so its side also reports the
+time to decode them all (``list(memory.units)``), which the version-2 loader does while loading.
+Results: bench/results/store_load.{json,md}; the stores are written to a temporary folder (``--workdir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from machine import machine_info
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from qgmem_train.fileio import write_report_atomic  # noqa: E402
+from qgmem_train.memory import segments  # noqa: E402
+from qgmem_train.memory.store import ENTITY, LOCATION, AttributeIndex, EmbeddedUnit, MemoryStore, NamespaceMemory, WindowResult  # noqa: E402
+from qgmem_train.memory.types import Conversation, MemoryUnit, Session, TimeSpan, Trace, Turn  # noqa: E402
+from tests import store_v2  # noqa: E402
+
+NAMESPACE = "synthetic"
+DIM = 384
+TURNS_PER_SESSION = 20
+UNITS_PER_WINDOW = 4
+SPEAKERS = ("Caroline", "Melanie")
+WORDS = (
+    "I we you the a to and of went saw bought painted visited met talked about my our friend family kids dog park beach lake museum "
+    "concert weekend yesterday last week summer really so great fun new old little big support group camping hiking pottery book "
+    "class job interview school game dinner trip photo picture sunset garden music guitar race charity festival city home"
+).split()
+
+
+def _unit_vectors(rng: np.random.Generator, rows: int) -> np.ndarray:
+    vectors = rng.standard_normal((rows, DIM)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+class Synthetic:
+    """Turns-like units, generated a batch at a time from one seed: the same units for both formats."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        names = [f"{w.title()}{k}" for k, w in enumerate(np.random.default_rng(seed + 1).choice(WORDS, 5000))]
+        places = [f"{w.title()} Street {k}" for k, w in enumerate(np.random.default_rng(seed + 2).choice(WORDS, 500))]
+        self.names, self.places = names, places
+        self.text_vector = dict(zip([*names, *places, *SPEAKERS], _unit_vectors(np.random.default_rng(seed + 3), len(names) + len(places) + 2)))
+
+    @staticmethod
+    def turn_id(i: int) -> str:
+        return f"D{i // TURNS_PER_SESSION + 1}:{i % TURNS_PER_SESSION + 1}"
+
+    @staticmethod
+    def session(i: int) -> str:
+        return f"session_{i // TURNS_PER_SESSION + 1}"
+
+    @staticmethod
+    def session_time(i: int) -> str:
+        return f"{2020 + i // TURNS_PER_SESSION // 365 % 8}-{1 + i // TURNS_PER_SESSION % 12:02d}-{1 + i // TURNS_PER_SESSION % 28:02d}"
+
+    def text(self) -> str:
+        return " ".join(self.rng.choice(WORDS, int(self.rng.integers(6, 40)))).capitalize() + "."
+
+    def batch(self, lo: int, hi: int) -> tuple[list[EmbeddedUnit], list[int], list[tuple[str, str, str, str, str]]]:
+        """Units ``lo`` to ``hi`` (one per turn), each one's index in its window, and the turns as (id, session, speaker, text, time)."""
+        items, subs, turns = [], [], []
+        facts, relations = _unit_vectors(self.rng, hi - lo), _unit_vectors(self.rng, hi - lo)
+        for k, i in enumerate(range(lo, hi)):
+            speaker, text, time_ = SPEAKERS[i % 2], self.text(), self.session_time(i)
+            entities = list(dict.fromkeys(self.rng.choice(self.names, int(self.rng.integers(0, 4))).tolist()))
+            locations = self.rng.choice(self.places, int(self.rng.integers(0, 2))).tolist()
+            fact_time = [TimeSpan(time_[:10], time_[:10], "day")] if i % 3 == 0 else []
+            unit = MemoryUnit(
+                self.turn_id(i), self.session(i), f"{speaker}: {text}", speaker, "says", text[:40], [self.turn_id(i)], f"{speaker}: {text}",
+                time_, i, fact_time, entities, locations,
+            )  # fmt: skip
+            attributes = np.asarray([self.text_vector[t] for t in entities + locations], np.float32).reshape(-1, DIM)
+            sentences = _unit_vectors(self.rng, int(self.rng.integers(2, 5)))
+            items.append(EmbeddedUnit(unit, facts[k], relations[k], attributes, sentences, self.text_vector[speaker]))
+            subs.append(i % TURNS_PER_SESSION % UNITS_PER_WINDOW)
+            turns.append((unit.id, unit.session_id, speaker, text, time_))
+        return items, subs, turns
+
+
+def write_stores(units: int, workdir: Path, write_units: int) -> dict[str, object]:
+    """The same synthetic namespace written in both formats; returns write times, segment count and file sizes."""
+    new_dir, old_dir = workdir / f"v3-{units}", workdir / f"v2-{units}"
+    synthetic = Synthetic()
+    old = store_v2.create_store(old_dir, "synthetic-384", DIM)
+    store_v2.add_namespace(old, NAMESPACE, "turns")
+    timings = {"v2": 0.0, "v3": 0.0}
+    with MemoryStore.open(new_dir, create=True) as store:
+        store.ensure_namespace(NAMESPACE, "turns", "synthetic-384", DIM, window=6, overlap=2)
+        for lo in range(0, units, write_units):
+            items, subs, turns = synthetic.batch(lo, min(units, lo + write_units))
+            started = time.perf_counter()
+            old.execute("BEGIN")
+            store_v2.add_units(old, NAMESPACE, items, subs)
+            store_v2.add_turns(old, NAMESPACE, turns, first_position=lo)
+            old.execute("COMMIT")
+            timings["v2"] += time.perf_counter() - started
+            started = time.perf_counter()
+            sessions: dict[str, Session] = {}
+            for turn_id, session, speaker, text, time_ in turns:
+                sessions.setdefault(session, Session(session, time_, [])).turns.append(Turn(turn_id, speaker, text))
+            store.put_turns(NAMESPACE, Conversation(NAMESPACE, list(sessions.values())))
+            windows: dict[tuple[str, int], list[EmbeddedUnit]] = {}
+            for item in items:
+                windows.setdefault((item.unit.session_id, item.unit.serial % TURNS_PER_SESSION // UNITS_PER_WINDOW), []).append(item)
+            store.add_windows(NAMESPACE, [WindowResult(s, w, window) for (s, w), window in windows.items()])
+            timings["v3"] += time.perf_counter() - started
+        store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        n_segments = len(segments.listing(store._db, NAMESPACE, segments.UNITS))
+    old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    old.close()
+    size = lambda d: sum(p.stat().st_size for p in d.iterdir())  # noqa: E731
+    return {
+        "dirs": {"v2": str(old_dir), "v3": str(new_dir)}, "write_seconds": {k: round(v, 1) for k, v in timings.items()},
+        "segments": n_segments, "bytes": {"v2": size(old_dir), "v3": size(new_dir)},
+    }  # fmt: skip
+
+
+def load_v2(path: Path, namespace: str) -> NamespaceMemory:
+    """Schema version 2's loader: one query over the unit rows, four ``json.loads`` a row, sentences and turns row by row."""
+    import sqlite3
+
+    db = sqlite3.connect(Path(path) / "memory.sqlite")
+    dim = int(db.execute("SELECT value FROM meta WHERE key = 'dim'").fetchone()[0])
+    rows = db.execute(
+        "SELECT id, session_id, fact_text, subject, predicate, object, source_turn_ids, source_text, utterance_time, "
+        "serial, fact_time, entities, locations, fact_emb, attr_emb FROM units WHERE namespace = ? ORDER BY serial, sub, id",
+        (namespace,),
+    ).fetchall()
+    units, fact_blobs, attr_blobs = [], [], []
+    unit_index, kinds, texts = [], [], []
+    for i, r in enumerate(rows):
+        entities, locations = json.loads(r[11]), json.loads(r[12])
+        units.append(MemoryUnit(
+            id=r[0], session_id=r[1], fact_text=r[2], subject=r[3], predicate=r[4], object=r[5],
+            source_turn_ids=json.loads(r[6]), source_text=r[7], utterance_time=r[8], serial=r[9],
+            fact_time=[TimeSpan(**t) for t in json.loads(r[10])], entities=entities, locations=locations,
+        ))  # fmt: skip
+        fact_blobs.append(r[13])
+        attr_blobs.append(r[14])
+        unit_index += [i] * (len(entities) + len(locations))
+        kinds += [ENTITY] * len(entities) + [LOCATION] * len(locations)
+        texts += entities + locations
+    facts = np.frombuffer(b"".join(fact_blobs), dtype=np.float32).reshape(len(units), dim)
+    attrs = np.frombuffer(b"".join(attr_blobs), dtype=np.float32).reshape(len(texts), dim)
+    traces = [Trace(r[0], r[1], json.loads(r[2]), r[3], r[4]) for r in db.execute(
+        "SELECT id, relation_text, member_ids, trajectory, current_id FROM traces WHERE namespace = ? ORDER BY id", (namespace,))]  # fmt: skip
+    turns, turn_time, previous_turn = {}, {}, {}
+    last = None
+    for r in db.execute("SELECT id, speaker, text, time, session_id FROM turns WHERE namespace = ? ORDER BY position", (namespace,)):
+        turns[r[0]] = Turn(r[0], r[1], r[2])
+        turn_time[r[0]] = r[3]
+        if last is not None and last[1] == r[4]:
+            previous_turn[r[0]] = last[0]
+        last = (r[0], r[4])
+    row_of = {u.id: i for i, u in enumerate(units)}
+    sentence_rows = db.execute("SELECT unit_id, emb FROM sentences WHERE namespace = ? ORDER BY unit_id, idx", (namespace,)).fetchall()
+    owners = np.asarray([row_of[r[0]] for r in sentence_rows], np.int64)
+    vectors = np.frombuffer(b"".join(r[1] for r in sentence_rows), dtype=np.float32).reshape(len(sentence_rows), dim)
+    order = np.argsort(owners, kind="stable")
+    db.close()
+    return NamespaceMemory(
+        namespace, units, facts, AttributeIndex(np.asarray(unit_index, np.int64), np.asarray(kinds, np.int8), texts, attrs), traces,
+        {m: t.id for t in traces for m in t.member_ids}, turns, turn_time, "synthetic-384", vectors[order], owners[order], previous_turn,
+    )  # fmt: skip
+
+
+def _status_mb(field: str) -> float:
+    """A memory figure of this process from /proc/self/status (VmRSS: now; VmHWM: peak since exec), in MiB."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def child(kind: str, path: Path) -> dict[str, object]:
+    """One load in this process: seconds, memory before and at peak, and what was loaded (a checksum of the fact vectors)."""
+    before = _status_mb("VmRSS")
+    started, cpu_started = time.perf_counter(), time.process_time()
+    if kind == "v2":
+        memory = load_v2(path, NAMESPACE)
+    else:
+        with MemoryStore.open(path) as store:
+            memory = store.load_namespace(NAMESPACE)
+    result: dict[str, object] = {
+        "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
+        "rss_before_mb": before, "peak_rss_mb": _status_mb("VmHWM"),
+        "units": len(memory.units), "sentences": len(memory.sentence_unit), "checksum": float(memory.fact_embeddings[:, 0].sum()),
+        "vector_mb": (memory.fact_embeddings.nbytes + memory.sentence_embeddings.nbytes + memory.attributes.embeddings.nbytes) / 1e6,
+    }  # fmt: skip
+    started = time.perf_counter()
+    units = list(memory.units)
+    result["decode_all_seconds"] = time.perf_counter() - started if kind == "v3" else 0.0
+    result["last_unit"] = units[-1].id
+    return result
+
+
+def fresh_memory_mb_per_s(mb: int = 256) -> float:
+    """How fast this machine fills memory just allocated (page faults included): the floor of any load's copies."""
+    started = time.perf_counter()
+    np.ones(mb << 20, np.uint8)
+    return round(mb / (time.perf_counter() - started))
+
+
+def measure(kind: str, path: str, repeats: int) -> dict[str, object]:
+    """``repeats`` loads, each in a fresh subprocess; medians and every run."""
+    runs = []
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, __file__, "--child", kind, path], capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    median = lambda key: round(statistics.median(float(r[key]) for r in runs), 3)  # noqa: E731
+    return {
+        "seconds": median("seconds"), "seconds_all": [round(r["seconds"], 3) for r in runs], "cpu_seconds": median("cpu_seconds"),
+        "decode_all_seconds": median("decode_all_seconds"),
+        "peak_rss_mb": median("peak_rss_mb"), "rss_before_mb": median("rss_before_mb"),
+        "load_mb": round(median("peak_rss_mb") - median("rss_before_mb")), "units": runs[0]["units"], "sentences": runs[0]["sentences"],
+        "vector_mb": round(runs[0]["vector_mb"]),
+        "checksum": runs[0]["checksum"], "last_unit": runs[0]["last_unit"],
+    }  # fmt: skip
+
+
+def markdown(results: dict[str, object]) -> str:
+    """The results as a short markdown report."""
+    m = results["machine"]
+    lines = [
+        "# Namespace bulk load: version-2 rows against version-3 columnar segments",
+        "",
+        f"Machine: {m['cores']} cores (`nproc`), {m['cpu']}; Python {m['python']}; load average {m.get('load_average_1m', 'n/a')} at start; "
+        f"fresh memory filled at {results['fresh_memory_mb_per_s']} MB/s (a 256 MB `np.ones`; the fill floor of a load is its vectors' MB at that rate).",
+        f"Command: `{results['command']}`. Synthetic turns-like units, {DIM}-d vectors, 2-4 sentence vectors a unit "
+        f"(see the script's docstring); each load in a fresh process, median of {results['repeats']}; stores in the page cache (just written).",
+        "",
+        "| units | sentences | loader | load wall s (runs) | load CPU s | decode all units s | vectors MB (fill floor s) | peak RSS MiB (load's own) "
+        "| store MiB | segments | write s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for size in results["sizes"]:
+        for kind, label in (("v2", "v2 per-row JSON"), ("v3", "v3 columnar")):
+            r = size[kind]
+            decode = "(in load)" if kind == "v2" else r["decode_all_seconds"]
+            floor = round(r["vector_mb"] / results["fresh_memory_mb_per_s"], 2)
+            lines.append(
+                f"| {r['units']:,} | {r['sentences']:,} | {label} | **{r['seconds']}** ({', '.join(map(str, r['seconds_all']))}) | {r['cpu_seconds']} | {decode} | {r['vector_mb']} ({floor}) | "
+                f"{r['peak_rss_mb']:.0f} ({r['load_mb']}) | {size['bytes'][kind] / 2**20:.0f} | {size['segments'] if kind == 'v3' else '-'} | "
+                f"{size['write_seconds'][kind]} |"
+            )
+        lines.append(f"| | | **v2 / v3** | **{size['speedup']}x** | {size['cpu_speedup']}x | | | | | | |")
+    lines += ["", *results.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write both stores for each size, load each side by side, write bench/results/store_load.{json,md}."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000], help="units per namespace (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="loads per loader and size (each in a fresh process)")
+    p.add_argument("--write-units", type=int, default=1000, help="units per add_windows call")
+    p.add_argument("--workdir", type=Path, help="folder for the stores (default: a temporary folder, removed afterwards)")
+    p.add_argument("--note", action="append", default=[], help="a line added under the table")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results folder")
+    p.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.write_units % TURNS_PER_SESSION:
+        p.error(f"--write-units must be a multiple of {TURNS_PER_SESSION} (whole sessions a write)")
+    if args.child:
+        print(json.dumps(child(args.child[0], Path(args.child[1]))))
+        return 0
+    command = f"python bench/bench_store_load.py --sizes {' '.join(map(str, args.sizes))} --repeats {args.repeats} --write-units {args.write_units}"
+    results: dict[str, object] = {"machine": machine_info(), "command": command,
+                                  "repeats": args.repeats, "sizes": [], "notes": args.note, "fresh_memory_mb_per_s": fresh_memory_mb_per_s()}  # fmt: skip
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="store-load-"))
+    try:
+        for units in args.sizes:
+            written = write_stores(units, workdir, args.write_units)
+            size: dict[str, object] = {**written}
+            for kind in ("v2", "v3"):
+                size[kind] = measure(kind, written["dirs"][kind], args.repeats)
+                print(kind, units, size[kind], flush=True)
+            assert size["v2"]["checksum"] == size["v3"]["checksum"] and size["v2"]["last_unit"] == size["v3"]["last_unit"]
+            size["speedup"] = round(size["v2"]["seconds"] / size["v3"]["seconds"], 1)
+            size["cpu_speedup"] = round(size["v2"]["cpu_seconds"] / size["v3"]["cpu_seconds"], 1)
+            results["sizes"].append(size)
+            for path in written["dirs"].values():
+                shutil.rmtree(path)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    write_report_atomic(args.out / "store_load.json", results, markdown(results))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
