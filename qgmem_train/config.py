@@ -79,6 +79,9 @@ class ConstructionConfig:
     """Relation-embedding cosine tau that links two units into a trace."""
     min_cluster_size: int = 2
     """Smallest connected component kept as a dynamic memory trace."""
+    max_trace_size: int | None = 50
+    """Most units in one trace (not in the paper: ``null``, no cap): a larger component is cut into consecutive runs
+    in time order, one trace each, so that trajectory prompts and the answer's context stay bounded."""
     traces: bool = True
     """Build dynamic memory traces (off for the no-traces ablation)."""
     window_batch_size: int = 4
@@ -154,7 +157,7 @@ class PipelineConfig:
 
 
 _AT_LEAST: dict[str, int] = {
-    "max_concurrency": 1, "max_retries": 0, "window": 1, "overlap": 0, "neighbours": 1, "min_cluster_size": 1,
+    "max_concurrency": 1, "max_retries": 0, "window": 1, "overlap": 0, "neighbours": 1, "min_cluster_size": 1, "max_trace_size": 2,
     "window_batch_size": 1, "index_batch_size": 1, "embed_batch_size": 1, "n": 1, "kappa": 0, "k": 1,
     "rerank_batch_size": 1, "lexical_context_turns": 0, "max_new_tokens": 1, "batch_size": 1,
 }  # fmt: skip

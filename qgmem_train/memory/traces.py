@@ -1,15 +1,22 @@
 """Dynamic memory traces (paper III-A2): related units linked by relation, ordered, summarised by the LLM.
 
 Each unit looks at its ``neighbours`` nearest units by fact embedding and links to those whose relation
-text (subject + predicate) embeds within cosine ``relation_threshold``; connected components of at least
-``min_cluster_size`` units are traces. Members are ordered by fact time, else utterance time, else turn
-order (``serial-N``); the newest member is current, the rest superseded. Consolidation is incremental:
-a cluster whose members and order are unchanged keeps its stored trajectory, so adding a session only
-asks the LLM about the clusters the new units touch.
+text (subject + predicate) embeds within cosine ``relation_threshold``
+(:mod:`qgmem_train.memory.trace_graph`); connected components of at least ``min_cluster_size`` units
+are traces. Members are ordered by fact time, else utterance time, else turn order (``serial-N``); a
+component larger than ``max_trace_size`` is cut into consecutive runs in that order, one trace each, so
+that trajectory prompts and the answer's context stay bounded. The component's newest member is the
+current one of each of its traces; every other member is superseded.
+
+Consolidation is incremental: the namespace's graph is cached beside the store
+(:mod:`qgmem_train.memory.trace_graph_file`), so adding a session searches the neighbours of its new
+units only; a trace whose members and order are unchanged keeps its id and stored trajectory (its current
+member follows its component's), so the LLM is asked only about the traces the new units touch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -21,11 +28,12 @@ from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import TRACE_CONSOLIDATION
 from qgmem_train.llm.schemas import TrajectoryOutput
 from qgmem_train.llm.structured import ParseStats, generate_structured
+from qgmem_train.memory.neighbours import BLOCK_BYTES, EXACT_MAX_UNITS, can_extend
 from qgmem_train.memory.store import MemoryStore
+from qgmem_train.memory.trace_graph import TraceGraph, build_trace_graph, extend_trace_graph, linked_components
+from qgmem_train.memory.trace_graph_file import fingerprints, graph_path, read_graph, write_graph
 from qgmem_train.memory.turn_units import FALLBACK_PREDICATE
 from qgmem_train.memory.types import MemoryUnit, Trace
-
-ROW_BLOCK = 2048
 
 
 def link_clusters(
@@ -35,38 +43,33 @@ def link_clusters(
     threshold: float,
     min_size: int,
     linkable: np.ndarray | None = None,
+    *,
+    exact_max: int = EXACT_MAX_UNITS,
+    block_bytes: int = BLOCK_BYTES,
 ) -> list[list[int]]:
     """Connected components (as sorted unit indices) of the relation-linked k-nearest-fact-neighbour graph.
 
-    ``linkable`` (bool per unit) leaves units out of every link, e.g. turns-mode units without a relation.
+    ``linkable`` (bool per unit) leaves units out of every link, e.g. turns-mode units without a relation;
+    ``exact_max`` and ``block_bytes`` are as in :func:`~qgmem_train.memory.neighbours.nearest_neighbours`.
     """
-    n = len(fact_embeddings)
-    allowed = np.ones(n, bool) if linkable is None else np.asarray(linkable, bool)
-    parent = list(range(n))
+    graph = build_trace_graph(fact_embeddings, relation_embeddings, neighbours, threshold, exact_max=exact_max, block_bytes=block_bytes)
+    return [c.tolist() for c in linked_components(graph, linkable, min_size)]
 
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
 
-    k = min(neighbours, n - 1)
-    if k > 0:
-        for lo in range(0, n, ROW_BLOCK):
-            rows = np.arange(lo, min(n, lo + ROW_BLOCK))
-            sims = fact_embeddings[rows] @ fact_embeddings.T
-            sims[np.arange(len(rows)), rows] = -np.inf
-            nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-            relation = np.einsum("rd,rkd->rk", relation_embeddings[rows], relation_embeddings[nearest])
-            links = (relation >= threshold) & allowed[rows][:, None] & allowed[nearest]
-            for r, j in zip(*np.nonzero(links)):
-                a, b = find(int(rows[r])), find(int(nearest[r, j]))
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-    groups: dict[int, list[int]] = {}
-    for i in range(n):
-        groups.setdefault(find(i), []).append(i)
-    return [g for g in groups.values() if len(g) >= max(min_size, 2)]
+def time_runs(count: int, max_size: int | None, min_size: int) -> list[slice]:
+    """Consecutive runs of at most ``max_size`` (None: any number) of ``count`` members in time order, oldest first.
+
+    Runs are cut from the oldest member on, so newer members leave the earlier full runs (and their
+    trajectories) as they were; a last run shorter than ``min(max(min_size, 2), max_size)`` takes
+    members from the run before it.
+    """
+    if max_size is None or count <= max_size:
+        return [slice(0, count)]
+    starts = list(range(0, count, max_size))
+    shortest = min(max(min_size, 2), max_size)
+    if count - starts[-1] < shortest:
+        starts[-1] = count - shortest
+    return [slice(a, b) for a, b in zip(starts, starts[1:] + [count])]
 
 
 def memory_time(unit: MemoryUnit) -> str | None:
@@ -106,8 +109,26 @@ def cluster_relation(members: Sequence[MemoryUnit]) -> str:
     return max(counts, key=lambda text: (counts[text], -next(i for i, u in enumerate(members) if u.relation_text == text)))
 
 
+def namespace_graph(store: MemoryStore, namespace: str, units: Sequence[MemoryUnit], facts: np.ndarray, relations: np.ndarray, cfg: PipelineConfig) -> TraceGraph:
+    """The trace graph of ``units``: the cached one extended by the units added since, else built anew; cached again."""
+    cc = cfg.construction
+    path = graph_path(store.path, namespace)
+    ids = [u.id for u in units]
+    prints = fingerprints(facts, relations)
+    stored = read_graph(path, ids, prints)
+    if stored is not None and can_extend(stored.graph.lists, len(ids), cc.neighbours):
+        if len(stored.new_rows) == 0 and stored.graph.threshold == cc.relation_threshold:
+            return stored.graph
+        extend_trace_graph(stored.graph, facts, relations, stored.new_rows, cc.relation_threshold)
+        graph = stored.graph
+    else:
+        graph = build_trace_graph(facts, relations, cc.neighbours, cc.relation_threshold)
+    write_graph(path, ids, prints, graph)
+    return graph
+
+
 def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, llm: ChatLLM | None = None, stats: ParseStats | None = None) -> int:
-    """Recompute the namespace's clusters, ask the LLM only about new or changed ones; return the trace count.
+    """Update the namespace's clusters, ask the LLM only about new or changed traces; return the trace count.
 
     Each batch of trajectories commits on its own, and the namespace is marked up to date last, so a
     killed consolidation resumes with the clusters still missing. When another writer adds units
@@ -120,28 +141,37 @@ def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, 
     linkable = None
     if cc.units == "turns":
         linkable = np.array([u.predicate != FALLBACK_PREDICATE for u in memory.units], bool)
-    clusters = link_clusters(memory.fact_embeddings, relations, cc.neighbours, cc.relation_threshold, cc.min_cluster_size, linkable)
+    graph = namespace_graph(store, namespace, memory.units, memory.fact_embeddings, relations, cfg)
     existing = {tuple(t.member_ids): t for t in memory.traces}
     keep: set[str] = set()
-    pending: list[tuple[str, list[MemoryUnit]]] = []
-    for cluster in clusters:
-        members = order_members([memory.units[i] for i in cluster])
-        ids = tuple(u.id for u in members)
-        if ids in existing:
-            keep.add(existing[ids].id)
-        else:
-            pending.append((cluster_relation(members), members))
+    pending: list[tuple[str, list[MemoryUnit], str]] = []
+    restated: list[Trace] = []
+    for cluster in linked_components(graph, linkable, cc.min_cluster_size):
+        ordered = order_members([memory.units[i] for i in cluster])
+        current = ordered[-1].id
+        for run in time_runs(len(ordered), cc.max_trace_size, cc.min_cluster_size):
+            members = ordered[run]
+            stored = existing.get(tuple(u.id for u in members))
+            if stored is None:
+                pending.append((cluster_relation(members), members, current))
+            elif stored.current_id != current:  # a newer run superseded its members: same trajectory, new current
+                restated.append(dataclasses.replace(stored, current_id=current))
+            else:
+                keep.add(stored.id)
+    if restated:
+        store.put_traces(namespace, restated, units_generation=memory.units_generation)
+        keep.update(t.id for t in restated)
     batch_size = max(1, cfg.generation.batch_size)
     for lo in range(0, len(pending), batch_size):
         batch = pending[lo:lo + batch_size]
         outputs: list[TrajectoryOutput | None] = [None] * len(batch)
         if llm is not None:
-            chats = [TRACE_CONSOLIDATION.render(relation_text=rel, members_json=members_json(m)) for rel, m in batch]
+            chats = [TRACE_CONSOLIDATION.render(relation_text=rel, members_json=members_json(m)) for rel, m, _ in batch]
             outputs = generate_structured(llm, chats, TrajectoryOutput, max_new_tokens=cfg.generation.max_new_tokens, stats=stats)
         traces = []
-        for (relation, members), output in zip(batch, outputs):
+        for (relation, members, current), output in zip(batch, outputs):
             text = output.trajectory.strip() if output is not None and output.trajectory.strip() else rule_trajectory(members)
-            traces.append(Trace(f"trace:{members[0].id}", relation, [u.id for u in members], text, members[-1].id))
+            traces.append(Trace(f"trace:{members[0].id}", relation, [u.id for u in members], text, current))
         store.put_traces(namespace, traces, units_generation=memory.units_generation)
         keep.update(t.id for t in traces)
     store.finish_traces(namespace, keep, units_generation=memory.units_generation)

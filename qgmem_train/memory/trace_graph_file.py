@@ -1,0 +1,105 @@
+"""A namespace's trace graph kept beside its store, so that adding sessions searches only the new units.
+
+The file ``trace_graphs/<SHA-256 of the namespace>.npz`` in the store folder holds the graph of the
+units the traces were last consolidated from, with each unit's id and a fingerprint of its fact and
+relation embeddings (inner products with two fixed random vectors). It is a cache: a file that is
+missing, unreadable, or disagrees with the namespace (a listed unit gone, or embedded differently) is
+ignored and the graph built anew. Files are replaced atomically, so readers never see half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from qgmem_train.fileio import atomic_output
+from qgmem_train.memory.neighbours import Cells, NeighbourLists
+from qgmem_train.memory.trace_graph import TraceGraph, moved_graph
+
+log = logging.getLogger(__name__)
+
+FOLDER = "trace_graphs"
+FINGERPRINT_TOLERANCE = 1e-4
+"""Largest fingerprint difference of a unit counted as unchanged (float32 round-off of one dot product)."""
+_FINGERPRINT_SEED = 20240601
+
+
+@dataclass
+class StoredGraph:
+    """A cached graph renumbered to the namespace's current units, and the rows of units it does not cover."""
+
+    graph: TraceGraph
+    new_rows: np.ndarray
+
+
+def graph_path(store_path: Path, namespace: str) -> Path:
+    """Where the trace graph of ``namespace`` is cached in the store folder ``store_path``."""
+    return Path(store_path) / FOLDER / f"{hashlib.sha256(namespace.encode('utf-8')).hexdigest()}.npz"
+
+
+def fingerprints(facts: np.ndarray, relations: np.ndarray) -> np.ndarray:
+    """(N, 2) float32: each unit's fact and relation embedding projected on fixed random directions."""
+    directions = np.random.default_rng(_FINGERPRINT_SEED).standard_normal((2, facts.shape[1])).astype(np.float32)
+    return np.stack([facts @ directions[0], relations @ directions[1]], axis=1).astype(np.float32)
+
+
+def write_graph(path: Path, unit_ids: list[str], prints: np.ndarray, graph: TraceGraph) -> None:
+    """Cache ``graph`` of the units ``unit_ids`` (rows in that order) at ``path``; a failed write is logged and skipped."""
+    encoded = [uid.encode("utf-8") for uid in unit_ids]
+    cells = graph.lists.cells
+    arrays = {
+        "ids": np.frombuffer(b"".join(encoded), np.uint8),
+        "id_ends": np.cumsum([len(e) for e in encoded], dtype=np.int64),
+        "fingerprints": prints,
+        "index": graph.lists.index,
+        "sims": graph.lists.sims,
+        "related": graph.related,
+        "threshold": np.float64(graph.threshold),
+        "centroids": cells.centroids if cells is not None else np.zeros((0, 0), np.float32),
+        "probes": cells.probes if cells is not None else np.zeros((0, 0), np.int32),
+        "trained_units": np.int64(cells.trained_units if cells is not None else 0),
+    }
+    try:
+        with atomic_output(path, "wb") as handle:
+            np.savez(handle, **arrays)
+    except OSError as exc:
+        log.warning("%s: trace graph not cached (%s); the next consolidation searches every unit again", path, exc.strerror or exc)
+
+
+def read_graph(path: Path, unit_ids: list[str], prints: np.ndarray) -> StoredGraph | None:
+    """The graph cached at ``path`` renumbered to ``unit_ids``, or None when there is none or it no longer fits them."""
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            arrays = {name: stored[name] for name in stored.files}
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return None
+    try:
+        ends = arrays["id_ends"]
+        blob = arrays["ids"].tobytes()
+        starts = np.concatenate([[0], ends[:-1]])
+        cached_ids = [blob[a:b].decode("utf-8") for a, b in zip(starts.tolist(), ends.tolist())]
+        index, sims, related = arrays["index"], arrays["sims"], arrays["related"]
+        cells = None
+        if len(arrays["centroids"]):
+            cells = Cells(arrays["centroids"], arrays["probes"], int(arrays["trained_units"]))
+        graph = TraceGraph(NeighbourLists(index, sims, cells), related, float(arrays["threshold"]))
+        shapes_agree = (
+            index.shape == sims.shape == related.shape
+            and len(index) == len(cached_ids) == len(arrays["fingerprints"])
+            and int(index.max(initial=-1)) < len(index)
+            and (cells is None or (len(cells.probes) == len(index) and int(cells.probes.max(initial=0)) < len(cells.centroids)))
+        )
+    except (KeyError, UnicodeDecodeError, ValueError):
+        return None
+    row_of = {uid: row for row, uid in enumerate(unit_ids)}
+    rows = np.asarray([row_of.get(uid, -1) for uid in cached_ids], np.int64)
+    if not shapes_agree or (rows < 0).any() or (len(rows) and np.abs(prints[rows] - arrays["fingerprints"]).max() > FINGERPRINT_TOLERANCE):
+        return None
+    covered = np.zeros(len(unit_ids), bool)
+    covered[rows] = True
+    return StoredGraph(moved_graph(graph, rows, len(unit_ids)), np.flatnonzero(~covered))
