@@ -107,6 +107,23 @@ def test_units_written_window_by_window_merge_into_few_segments_and_read_back_wh
         _check_memory(store, items)
 
 
+def test_a_namespace_loads_without_its_sentence_vectors_when_asked_and_reads_none_of_them(tmp_path: Path, monkeypatch) -> None:
+    rng = np.random.default_rng(9)
+    items = [_embedded(_unit(i), rng) for i in range(8)]
+    with MemoryStore.open(tmp_path, create=True) as store:
+        store.ensure_namespace("n", "llm", "four-d", DIM)
+        _write(store, items)
+        whole = store.load_namespace("n")
+        read_parts = []
+        vectors = segments._vectors
+        monkeypatch.setattr(segments, "_vectors", lambda db, ns, part, *rest: read_parts.append(part) or vectors(db, ns, part, *rest))
+        lean = store.load_namespace("n", sentences=False)
+    assert "sentence" not in read_parts and lean.sentence_embeddings is None and lean.sentence_unit is None
+    assert whole.sentence_embeddings is not None and len(whole.sentence_embeddings) > 0
+    assert lean.units == whole.units
+    np.testing.assert_array_equal(lean.fact_embeddings, whole.fact_embeddings)
+
+
 def test_a_unit_written_again_replaces_the_stored_one_wherever_it_lies(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     items = [_embedded(_unit(i), rng) for i in range(40)]

@@ -239,7 +239,7 @@ def answer_text_path(
     with MemoryStore.open(store_dir) as store:
         store.require_namespaces(by_conversation)
         for cid, items in by_conversation.items():
-            memory = store.load_namespace(cid, embedder_id=embedder.model_id)
+            memory = store.load_namespace(cid, embedder_id=embedder.model_id, sentences=retrieval.sentence_vectors)
             if not variant.traces:
                 memory = without_traces(memory)
             index = ActivationIndex(memory, retrieval, embedder)

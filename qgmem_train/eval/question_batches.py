@@ -54,7 +54,7 @@ def locomo_question_batches(
     store.require_namespaces(by_conversation)
     dialogues = {c.id: c for c in load_conversations("locomo", input_path, list(by_conversation))}
     for cid, questions in by_conversation.items():
-        memory = store.load_namespace(cid, embedder_id=embedder.model_id)
+        memory = store.load_namespace(cid, embedder_id=embedder.model_id, sentences=retrieval.sentence_vectors)
         asked = last_session_time(dialogues[cid])
         intents = [parse_intent_rules(q.question, asked) for q in questions]
         vectors = list(encode_queries(embedder, [q.question for q in questions], intents))

@@ -87,7 +87,7 @@ def run_retrieval(args: argparse.Namespace) -> int:
         reranker = build_reranker(cfg, reranker_kind, llm=llm if reranker_kind == "llm" and not cfg.models.reranker_model else None)
         progress = tqdm(total=len(questions), desc="eval retrieval", unit="q")
         for cid, items in group_by_conversation(questions).items():
-            memory = store.load_namespace(cid, embedder_id=embedder.model_id)
+            memory = store.load_namespace(cid, embedder_id=embedder.model_id, sentences=cfg.retrieval.sentence_vectors)
             index = ActivationIndex(memory, cfg.retrieval, embedder)
             sources = {u.id: u.source_turn_ids for u in memory.units}
             pairs = [(q.question, question_time.get(cid)) for q in items]

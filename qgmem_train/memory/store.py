@@ -355,24 +355,27 @@ class MemoryStore:
         if missing:
             raise InputError(f"{self.path}: namespace {missing[0]}", "not in the store (build it from the same input first)")
 
-    def load_namespace(self, namespace: str, *, embedder_id: str | None = None) -> NamespaceMemory:
+    def load_namespace(self, namespace: str, *, embedder_id: str | None = None, sentences: bool = True) -> NamespaceMemory:
         """All units, embeddings, attributes, traces and turns of ``namespace``.
 
         With ``embedder_id``, a namespace built with another embedder is refused (its vectors would not
-        compare with the queries'). A missing namespace is named alone: the store's other namespaces are
-        other users' and stay unlisted. Everything is read in one snapshot, consistent while others write.
+        compare with the queries'). Without ``sentences`` the sentence vectors (most of a turns-mode
+        namespace's bytes) are not read, for readers that do not use them (trace consolidation, retrieval
+        with ``retrieval.sentence_vectors`` off). A missing namespace is named alone: the store's other
+        namespaces are other users' and stay unlisted. Everything is read in one snapshot, consistent while
+        others write.
         """
         with self.snapshot():
-            return self._load_namespace(namespace, embedder_id)
+            return self._load_namespace(namespace, embedder_id, sentences)
 
-    def _load_namespace(self, namespace: str, embedder_id: str | None) -> NamespaceMemory:
+    def _load_namespace(self, namespace: str, embedder_id: str | None, sentences: bool) -> NamespaceMemory:
         generations = self._db.execute("SELECT generation, units_generation FROM namespaces WHERE name = ?", (namespace,)).fetchone()
         if generations is None:
             raise InputError(f"{self.path}: namespace {namespace}", "not in this store")
         if embedder_id is not None and self.embedder_id != embedder_id:
             raise InputError(f"{self.path}: namespace {namespace}", f"built with embedder {self.embedder_id!r}, configured {embedder_id!r}")
         dim = self.dim or 0
-        table = segments.read_units(self._db, namespace, dim, ("fact", "sentence", "text")).in_unit_order()
+        table = segments.read_units(self._db, namespace, dim, ("fact", "sentence", "text") if sentences else ("fact", "text")).in_unit_order()
         turns = segments.read_turns(self._db, namespace)
         traces = self.load_traces(namespace)
         return NamespaceMemory(
@@ -385,8 +388,8 @@ class MemoryStore:
             turns=TurnMap(turns),
             turn_time=TurnTimeMap(turns),
             embedder_id=self.embedder_id or "",
-            sentence_embeddings=table.vectors["sentence"],
-            sentence_unit=table.sentence_owner,
+            sentence_embeddings=table.vectors["sentence"] if sentences else None,
+            sentence_unit=table.sentence_owner if sentences else None,
             previous_turn=PreviousTurnMap(turns),
             generation=generations[0],
             units_generation=generations[1],

@@ -136,7 +136,7 @@ def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, 
     """
     cc = cfg.construction
     with store.snapshot():
-        memory = store.load_namespace(namespace)
+        memory = store.load_namespace(namespace, sentences=False)
         relations = store.relation_embeddings(namespace)
     linkable = None
     if cc.units == "turns":

@@ -74,7 +74,9 @@ class PredictorMemory:
 
         version = self.store.generation(self.namespace)
         if self._loaded is None or self._loaded[0] != version:
-            memory = self.store.load_namespace(self.namespace, embedder_id=self.predictor.embedder.model_id)
+            memory = self.store.load_namespace(
+                self.namespace, embedder_id=self.predictor.embedder.model_id, sentences=self.predictor.pipeline.retrieval.sentence_vectors
+            )
             self._loaded = (version, memory, ActivationIndex(memory, self.predictor.pipeline.retrieval, self.predictor.embedder))
         return self._loaded[1], self._loaded[2]
 
