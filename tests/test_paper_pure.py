@@ -17,6 +17,7 @@ from qgmem_train.retrieval.intent import QueryIntent
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ADDITIONS = {
     ("construction", "sentence_vectors"): False,
+    ("construction", "max_trace_size"): None,
     ("retrieval", "sentence_vectors"): False,
     ("retrieval", "lexical_context_turns"): 0,
     ("retrieval", "subject_entities"): False,
