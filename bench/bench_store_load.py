@@ -1,6 +1,6 @@
 """Bulk load of a namespace: schema version 2's per-row JSON loader against version 3's columnar segments, side by side.
 
-Run ``python bench/bench_store_load.py --sizes 10000 100000``. For each size, synthetic turns-like units
+Run ``python bench/bench_store_load.py --sizes 10000 100000 --new-only 1000000``. For each size, synthetic turns-like units
 (one unit per turn, texts of LoCoMo turn lengths, 0-3 entities out of 5,000 names and 0-1 location out
 of 500 places, a fact time on one unit in three, random unit vectors of dim 384 with the same vector for
 the same attribute text, and 2 to 4 sentence vectors a unit) are written twice: through the store's
@@ -9,7 +9,9 @@ writes are) and with SQL in version 2's row-per-unit format (``tests/store_v2.py
 ``--repeats`` times, each in a fresh subprocess reporting its wall seconds, its resident memory before
 loading and its peak (VmRSS and VmHWM of /proc/self/status), and its CPU seconds (user + system: on a shared
 machine, the wall time also counts the time other processes held the cores). The version-2 loader below is the package's loader before segments;
-it lives only here. The columnar load decodes units when they are read, so its side also reports the
+it lives only here. Version 3 is also loaded without its sentence vectors (``v3-lean``), as trace consolidation and
+retrieval with ``retrieval.sentence_vectors`` off read it; ``--new-only`` sizes are written and loaded in version 3
+only. The columnar load decodes units when they are read, so its side also reports the
 time to decode them all (``list(memory.units)``), which the version-2 loader does while loading.
 Results: bench/results/store_load.{json,md}; the stores are written to a temporary folder (``--workdir``).
 """
@@ -40,6 +42,9 @@ from qgmem_train.memory.types import Conversation, MemoryUnit, Session, TimeSpan
 from tests import store_v2  # noqa: E402
 
 NAMESPACE = "synthetic"
+LOADERS = {"v2": "v2 per-row JSON", "v3": "v3 columnar", "v3-lean": "v3 columnar, no sentence vectors"}
+"""Each loader measured: ``v3-lean`` is ``load_namespace(sentences=False)``, as trace consolidation and retrieval
+with ``retrieval.sentence_vectors`` off read a namespace."""
 DIM = 384
 TURNS_PER_SESSION = 20
 UNITS_PER_WINDOW = 4
@@ -102,22 +107,26 @@ class Synthetic:
         return items, subs, turns
 
 
-def write_stores(units: int, workdir: Path, write_units: int) -> dict[str, object]:
-    """The same synthetic namespace written in both formats; returns write times, segment count and file sizes."""
+def write_stores(units: int, workdir: Path, write_units: int, *, with_v2: bool = True) -> dict[str, object]:
+    """The same synthetic namespace written in both formats (or, without ``with_v2``, only the current one);
+    returns write times, segment count and file sizes."""
     new_dir, old_dir = workdir / f"v3-{units}", workdir / f"v2-{units}"
     synthetic = Synthetic()
-    old = store_v2.create_store(old_dir, "synthetic-384", DIM)
-    store_v2.add_namespace(old, NAMESPACE, "turns")
+    old = None
+    if with_v2:
+        old = store_v2.create_store(old_dir, "synthetic-384", DIM)
+        store_v2.add_namespace(old, NAMESPACE, "turns")
     timings = {"v2": 0.0, "v3": 0.0}
     with MemoryStore.open(new_dir, create=True) as store:
         store.ensure_namespace(NAMESPACE, "turns", "synthetic-384", DIM, window=6, overlap=2)
         for lo in range(0, units, write_units):
             items, subs, turns = synthetic.batch(lo, min(units, lo + write_units))
             started = time.perf_counter()
-            old.execute("BEGIN")
-            store_v2.add_units(old, NAMESPACE, items, subs)
-            store_v2.add_turns(old, NAMESPACE, turns, first_position=lo)
-            old.execute("COMMIT")
+            if old is not None:
+                old.execute("BEGIN")
+                store_v2.add_units(old, NAMESPACE, items, subs)
+                store_v2.add_turns(old, NAMESPACE, turns, first_position=lo)
+                old.execute("COMMIT")
             timings["v2"] += time.perf_counter() - started
             started = time.perf_counter()
             sessions: dict[str, Session] = {}
@@ -131,12 +140,15 @@ def write_stores(units: int, workdir: Path, write_units: int) -> dict[str, objec
             timings["v3"] += time.perf_counter() - started
         store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         n_segments = len(segments.listing(store._db, NAMESPACE, segments.UNITS))
-    old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    old.close()
+    dirs = {"v3": new_dir}
+    if old is not None:
+        old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        old.close()
+        dirs["v2"] = old_dir
     size = lambda d: sum(p.stat().st_size for p in d.iterdir())  # noqa: E731
     return {
-        "dirs": {"v2": str(old_dir), "v3": str(new_dir)}, "write_seconds": {k: round(v, 1) for k, v in timings.items()},
-        "segments": n_segments, "bytes": {"v2": size(old_dir), "v3": size(new_dir)},
+        "dirs": {k: str(d) for k, d in dirs.items()}, "write_seconds": {k: round(timings[k], 1) for k in dirs},
+        "segments": n_segments, "bytes": {k: size(d) for k, d in dirs.items()},
     }  # fmt: skip
 
 
@@ -203,16 +215,17 @@ def child(kind: str, path: Path) -> dict[str, object]:
         memory = load_v2(path, NAMESPACE)
     else:
         with MemoryStore.open(path) as store:
-            memory = store.load_namespace(NAMESPACE)
+            memory = store.load_namespace(NAMESPACE, sentences=kind == "v3")
     result: dict[str, object] = {
         "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
         "rss_before_mb": before, "peak_rss_mb": _status_mb("VmHWM"),
-        "units": len(memory.units), "sentences": len(memory.sentence_unit), "checksum": float(memory.fact_embeddings[:, 0].sum()),
-        "vector_mb": (memory.fact_embeddings.nbytes + memory.sentence_embeddings.nbytes + memory.attributes.embeddings.nbytes) / 1e6,
+        "units": len(memory.units), "sentences": 0 if memory.sentence_unit is None else len(memory.sentence_unit),
+        "checksum": float(memory.fact_embeddings[:, 0].sum()),
+        "vector_mb": sum(v.nbytes for v in (memory.fact_embeddings, memory.sentence_embeddings, memory.attributes.embeddings) if v is not None) / 1e6,
     }  # fmt: skip
     started = time.perf_counter()
     units = list(memory.units)
-    result["decode_all_seconds"] = time.perf_counter() - started if kind == "v3" else 0.0
+    result["decode_all_seconds"] = time.perf_counter() - started if kind != "v2" else 0.0
     result["last_unit"] = units[-1].id
     return result
 
@@ -257,16 +270,19 @@ def markdown(results: dict[str, object]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for size in results["sizes"]:
-        for kind, label in (("v2", "v2 per-row JSON"), ("v3", "v3 columnar")):
+        for kind, label in LOADERS.items():
+            if kind not in size:
+                continue
             r = size[kind]
             decode = "(in load)" if kind == "v2" else r["decode_all_seconds"]
             floor = round(r["vector_mb"] / results["fresh_memory_mb_per_s"], 2)
             lines.append(
                 f"| {r['units']:,} | {r['sentences']:,} | {label} | **{r['seconds']}** ({', '.join(map(str, r['seconds_all']))}) | {r['cpu_seconds']} | {decode} | {r['vector_mb']} ({floor}) | "
-                f"{r['peak_rss_mb']:.0f} ({r['load_mb']}) | {size['bytes'][kind] / 2**20:.0f} | {size['segments'] if kind == 'v3' else '-'} | "
-                f"{size['write_seconds'][kind]} |"
+                f"{r['peak_rss_mb']:.0f} ({r['load_mb']}) | {size['bytes'][kind[:2]] / 2**20:.0f} | {size['segments'] if kind != 'v2' else '-'} | "
+                f"{size['write_seconds'][kind[:2]]} |"
             )
-        lines.append(f"| | | **v2 / v3** | **{size['speedup']}x** | {size['cpu_speedup']}x | | | | | | |")
+        if "speedup" in size:
+            lines.append(f"| | | **v2 / v3** | **{size['speedup']}x** | {size['cpu_speedup']}x | | | | | | |")
     lines += ["", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -275,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     """Write both stores for each size, load each side by side, write bench/results/store_load.{json,md}."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000], help="units per namespace (default: %(default)s)")
+    p.add_argument("--new-only", type=int, nargs="*", default=[], help="sizes written and loaded in version 3 only (version 2 needs about 25 MiB a 1,000 units)")
     p.add_argument("--repeats", type=int, default=3, help="loads per loader and size (each in a fresh process)")
     p.add_argument("--write-units", type=int, default=1000, help="units per add_windows call")
     p.add_argument("--workdir", type=Path, help="folder for the stores (default: a temporary folder, removed afterwards)")
@@ -288,19 +305,23 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child[0], Path(args.child[1]))))
         return 0
     command = f"python bench/bench_store_load.py --sizes {' '.join(map(str, args.sizes))} --repeats {args.repeats} --write-units {args.write_units}"
+    command += f" --new-only {' '.join(map(str, args.new_only))}" if args.new_only else ""
     results: dict[str, object] = {"machine": machine_info(), "command": command,
                                   "repeats": args.repeats, "sizes": [], "notes": args.note, "fresh_memory_mb_per_s": fresh_memory_mb_per_s()}  # fmt: skip
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="store-load-"))
     try:
-        for units in args.sizes:
-            written = write_stores(units, workdir, args.write_units)
+        for units in [*args.sizes, *args.new_only]:
+            written = write_stores(units, workdir, args.write_units, with_v2=units in args.sizes)
             size: dict[str, object] = {**written}
-            for kind in ("v2", "v3"):
-                size[kind] = measure(kind, written["dirs"][kind], args.repeats)
-                print(kind, units, size[kind], flush=True)
-            assert size["v2"]["checksum"] == size["v3"]["checksum"] and size["v2"]["last_unit"] == size["v3"]["last_unit"]
-            size["speedup"] = round(size["v2"]["seconds"] / size["v3"]["seconds"], 1)
-            size["cpu_speedup"] = round(size["v2"]["cpu_seconds"] / size["v3"]["cpu_seconds"], 1)
+            for kind in LOADERS:
+                if kind[:2] in written["dirs"]:
+                    size[kind] = measure(kind, written["dirs"][kind[:2]], args.repeats)
+                    print(kind, units, size[kind], flush=True)
+            assert size["v3"]["checksum"] == size["v3-lean"]["checksum"] and size["v3"]["last_unit"] == size["v3-lean"]["last_unit"]
+            if "v2" in size:
+                assert size["v2"]["checksum"] == size["v3"]["checksum"] and size["v2"]["last_unit"] == size["v3"]["last_unit"]
+                size["speedup"] = round(size["v2"]["seconds"] / size["v3"]["seconds"], 1)
+                size["cpu_speedup"] = round(size["v2"]["cpu_seconds"] / size["v3"]["cpu_seconds"], 1)
             results["sizes"].append(size)
             for path in written["dirs"].values():
                 shutil.rmtree(path)
