@@ -260,8 +260,15 @@ class UnitTable:
         A text stored by several writes was embedded in other batches (equal up to the last bits): it keeps
         its first vector, so the units sharing it score exactly alike and a tie-break, not noise, orders them.
         """
-        table = self.without_unused_texts()
-        return AttributeIndex(table.attribute_owner, table.attribute_kind, table.texts, table.vectors["text"], table.attribute_text)
+        first: dict[str, int] = {}
+        canonical = np.fromiter((first.setdefault(text, row) for row, text in enumerate(self.texts.tolist())), np.int64, len(self.texts))
+        if len(first) == len(self.texts):
+            return AttributeIndex(self.attribute_owner, self.attribute_kind, self.texts, self.vectors["text"], self.attribute_text)
+        kept = np.fromiter(first.values(), np.int64, len(first))
+        position = np.zeros(len(self.texts), np.int64)
+        position[kept] = np.arange(len(kept))
+        text_id = position[canonical[self.attribute_text]]
+        return AttributeIndex(self.attribute_owner, self.attribute_kind, self.texts.take(kept), self.vectors["text"][kept], text_id)
 
 
 class UnitView(Sequence):
