@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from qgmem_train.memory.trace_graph import build_trace_graph, extend_trace_graph
 from qgmem_train.memory.trace_graph_file import fingerprints, graph_path, read_graph
 from qgmem_train.memory.traces import consolidate_traces, link_clusters, time_runs
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
+from qgmem_train.memory.unit_table import UnitView
 from tests.fakes import ScriptedLLM
 
 DIM = 16
@@ -276,3 +278,24 @@ def test_a_large_cluster_becomes_traces_of_consecutive_runs(tmp_path: Path) -> N
     assert sorted(t.member_ids for t in after.values()) == [["a0-0", "a0-1", "a0-2"], ["a0-3", "a0-4", "a0-5"], ["a0-6", "a0-7"]]
     assert len(newer.calls) == 2 and {t.current_id for t in after.values()} == {"a0-7"}
     assert after["trace:a0-0"].trajectory == runs["trace:a0-0"].trajectory == "written by the LLM"  # kept, only its current moved on
+
+
+def test_consolidation_reads_ids_and_predicates_from_columns_and_builds_only_clustered_units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(9)
+    centres = rng.standard_normal((DIM, DIM)).astype(np.float32)
+    units = [u for g in range(3) for u in _group_units("a", g, 4, 10 * g, rng, centres)]
+    loners = [dataclasses.replace(u, unit=dataclasses.replace(u.unit, id=f"say{k}", predicate="says", serial=100 + k)) for k, u in enumerate(units[:4])]
+    cfg = PipelineConfig()
+    cfg.construction.units = "turns"  # "says" units link to nothing
+    built: list[int] = []
+    build_one = UnitView._build
+
+    def every_unit(self) -> None:
+        raise AssertionError("consolidation built every unit")
+
+    monkeypatch.setattr(UnitView, "_build_all", every_unit)
+    monkeypatch.setattr(UnitView, "_build", lambda self, i: built.append(i) or build_one(self, i))
+    with _store(tmp_path / "s", [units + loners]) as store:
+        assert consolidate_traces(store, "n", cfg) == 3
+        assert all("say" not in m for t in store.load_traces("n") for m in t.member_ids)
+    assert len(set(built)) == len(units)

@@ -34,6 +34,7 @@ from qgmem_train.memory.trace_graph import TraceGraph, build_trace_graph, extend
 from qgmem_train.memory.trace_graph_file import fingerprints, graph_path, read_graph, write_graph
 from qgmem_train.memory.turn_units import FALLBACK_PREDICATE
 from qgmem_train.memory.types import MemoryUnit, Trace
+from qgmem_train.memory.unit_table import unit_texts
 
 
 def link_clusters(
@@ -113,7 +114,7 @@ def namespace_graph(store: MemoryStore, namespace: str, units: Sequence[MemoryUn
     """The trace graph of ``units``: the cached one extended by the units added since, else built anew; cached again."""
     cc = cfg.construction
     path = graph_path(store.path, namespace)
-    ids = [u.id for u in units]
+    ids = unit_texts(units, "id")
     prints = fingerprints(facts, relations)
     stored = read_graph(path, ids, prints)
     if stored is not None and can_extend(stored.graph.lists, len(ids), cc.neighbours):
@@ -140,7 +141,7 @@ def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, 
         relations = store.relation_embeddings(namespace)
     linkable = None
     if cc.units == "turns":
-        linkable = np.array([u.predicate != FALLBACK_PREDICATE for u in memory.units], bool)
+        linkable = np.array([predicate != FALLBACK_PREDICATE for predicate in unit_texts(memory.units, "predicate")], bool)
     graph = namespace_graph(store, namespace, memory.units, memory.fact_embeddings, relations, cfg)
     existing = {tuple(t.member_ids): t for t in memory.traces}
     keep: set[str] = set()

@@ -72,6 +72,8 @@ class AttributeIndex:
 
 _UNIT_TEXTS = ("ids", "session_ids", "fact_texts", "subjects", "predicates", "objects", "source_texts", "utterance_times")
 """The text columns with one row per unit."""
+_COLUMN_OF_FIELD = {name.removesuffix("s"): name for name in _UNIT_TEXTS}
+"""The column holding each text field of a unit: ``id`` in ``ids``, ``predicate`` in ``predicates``."""
 _TEXT_COLUMNS = (
     *_UNIT_TEXTS, "turn_ids", "span_starts", "span_ends", "span_granularities", "texts",
 )  # fmt: skip
@@ -350,6 +352,15 @@ class UnitView(Sequence):
                     [TimeSpan(a, b, g) for a, b, g in zip(starts[i], ends[i], grains[i])], entities[i], locations[i],
                 )  # fmt: skip
         self._complete = True
+
+
+def unit_texts(units: Sequence[MemoryUnit], field: str) -> list[str | None]:
+    """One text field of every unit (``"id"``, ``"predicate"``, ...): from its packed column when ``units`` is a
+    loaded :class:`UnitView`, so that no unit is built (building all of a large namespace's units takes seconds)."""
+    if isinstance(units, UnitView):
+        return getattr(units.table, _COLUMN_OF_FIELD[field]).tolist()
+    return [getattr(unit, field) for unit in units]
+
 
 
 def _split(values: list, owner: np.ndarray, n: int) -> list[list]:
