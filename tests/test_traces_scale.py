@@ -15,7 +15,7 @@ from qgmem_train.memory import traces as traces_module
 from qgmem_train.memory.neighbours import can_extend, extend_neighbours, moved, nearest_neighbours
 from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
 from qgmem_train.memory.trace_graph import build_trace_graph, extend_trace_graph, moved_graph
-from qgmem_train.memory.trace_graph_file import fingerprints, graph_path, read_graph
+from qgmem_train.memory.trace_graph_file import cached_rows, fingerprints, graph_path, read_graph
 from qgmem_train.memory.traces import consolidate_traces, link_clusters, time_runs
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.memory.unit_table import UnitView
@@ -299,3 +299,12 @@ def test_consolidation_reads_ids_and_predicates_from_columns_and_builds_only_clu
         assert consolidate_traces(store, "n", cfg) == 3
         assert all("say" not in m for t in store.load_traces("n") for m in t.member_ids)
     assert len(set(built)) == len(units)
+
+
+def test_cached_ids_map_to_their_rows_whether_appended_to_reordered_or_gone() -> None:
+    ids = ["a", "bé", "c"]
+    blob, ends = "".join(ids).encode("utf-8"), np.cumsum([len(i.encode("utf-8")) for i in ids])
+    assert cached_rows(blob, ends, ["a", "bé", "c", "d"]).tolist() == [0, 1, 2]
+    assert cached_rows(blob, ends, ["d", "c", "a", "bé"]).tolist() == [2, 3, 1]
+    assert cached_rows(blob, ends, ["a", "b", "é", "c"]).tolist() == [0, -1, 3]  # same bytes, other ids
+    assert cached_rows(blob, ends, ["a", "c"]).tolist() == [0, -1, 1]

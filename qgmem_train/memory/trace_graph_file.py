@@ -80,9 +80,7 @@ def read_graph(path: Path, unit_ids: list[str], prints: np.ndarray) -> StoredGra
         return None
     try:
         ends = arrays["id_ends"]
-        blob = arrays["ids"].tobytes()
-        starts = np.concatenate([[0], ends[:-1]])
-        cached_ids = [blob[a:b].decode("utf-8") for a, b in zip(starts.tolist(), ends.tolist())]
+        rows = cached_rows(arrays["ids"].tobytes(), ends, unit_ids)
         index, sims, related = arrays["index"], arrays["sims"], arrays["related"]
         cells = None
         if len(arrays["centroids"]):
@@ -90,16 +88,28 @@ def read_graph(path: Path, unit_ids: list[str], prints: np.ndarray) -> StoredGra
         graph = TraceGraph(NeighbourLists(index, sims, cells), related, float(arrays["threshold"]))
         shapes_agree = (
             index.shape == sims.shape == related.shape
-            and len(index) == len(cached_ids) == len(arrays["fingerprints"])
+            and len(index) == len(rows) == len(arrays["fingerprints"])
             and int(index.max(initial=-1)) < len(index)
             and (cells is None or (len(cells.probes) == len(index) and int(cells.probes.max(initial=0)) < len(cells.centroids)))
         )
     except (KeyError, UnicodeDecodeError, ValueError):
         return None
-    row_of = {uid: row for row, uid in enumerate(unit_ids)}
-    rows = np.asarray([row_of.get(uid, -1) for uid in cached_ids], np.int64)
     if not shapes_agree or (rows < 0).any() or (len(rows) and np.abs(prints[rows] - arrays["fingerprints"]).max() > FINGERPRINT_TOLERANCE):
         return None
     covered = np.zeros(len(unit_ids), bool)
     covered[rows] = True
     return StoredGraph(moved_graph(graph, rows, len(unit_ids)), np.flatnonzero(~covered))
+
+
+def cached_rows(blob: bytes, ends: np.ndarray, unit_ids: list[str]) -> np.ndarray:
+    """Row in ``unit_ids`` of each cached id (packed as ``blob`` and its end offsets), -1 for an id gone.
+
+    When the cached ids are the first of ``unit_ids`` in the same order (sessions were appended), one comparison of
+    bytes says so; otherwise each id is looked up.
+    """
+    head = [uid.encode("utf-8") for uid in unit_ids[: len(ends)]]
+    if len(head) == len(ends) and b"".join(head) == blob and np.array_equal(np.cumsum([len(h) for h in head], dtype=np.int64), ends):
+        return np.arange(len(ends), dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    row_of = {uid: row for row, uid in enumerate(unit_ids)}
+    return np.asarray([row_of.get(blob[a:b].decode("utf-8"), -1) for a, b in zip(starts.tolist(), ends.tolist())], np.int64)
