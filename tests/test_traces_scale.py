@@ -308,3 +308,16 @@ def test_cached_ids_map_to_their_rows_whether_appended_to_reordered_or_gone() ->
     assert cached_rows(blob, ends, ["d", "c", "a", "bé"]).tolist() == [2, 3, 1]
     assert cached_rows(blob, ends, ["a", "b", "é", "c"]).tolist() == [0, -1, 3]  # same bytes, other ids
     assert cached_rows(blob, ends, ["a", "c"]).tolist() == [0, -1, 1]
+
+
+def test_lists_moved_to_appended_rows_keep_their_numbers_and_others_are_renumbered() -> None:
+    vectors = _clustered(600, seed=4)
+    lists = nearest_neighbours(vectors[:500], 20, exact_max=0)
+    appended = moved(lists, np.arange(500), 600)
+    np.testing.assert_array_equal(appended.index[:500], lists.index)
+    np.testing.assert_array_equal(appended.sims[:500], lists.sims)
+    np.testing.assert_array_equal(appended.cells.probes[:500], lists.cells.probes)
+    assert (appended.index[500:] == -1).all() and np.isneginf(appended.sims[500:]).all() and (appended.cells.probes[500:] == 0).all()
+    assert appended.index is not lists.index and appended.cells.centroids is lists.cells.centroids
+    shifted = moved(lists, np.arange(500) + 100, 600)  # the same lists one hundred rows later: renumbered
+    np.testing.assert_array_equal(shifted.index[100:], np.where(lists.index >= 0, lists.index + 100, -1))

@@ -146,6 +146,10 @@ def extend_neighbours(lists: NeighbourLists, vectors: np.ndarray, new_rows: np.n
 def moved(lists: NeighbourLists, rows: np.ndarray, units: int) -> NeighbourLists:
     """``lists`` renumbered: its row r becomes row ``rows[r]`` of ``units`` rows; rows it lacks start empty, for :func:`extend_neighbours`."""
     rows = np.asarray(rows, np.int64)
+    if np.array_equal(rows, np.arange(len(rows))):  # units were appended: every row keeps its number, no gather
+        grown = lambda array, fill: np.concatenate([array, np.full((units - len(rows), *array.shape[1:]), fill, array.dtype)])  # noqa: E731
+        cells = None if lists.cells is None else Cells(lists.cells.centroids, grown(lists.cells.probes, 0), lists.cells.trained_units)
+        return NeighbourLists(grown(lists.index, -1), grown(lists.sims, -np.inf), cells)
     index, sims = _empty_lists(units, lists.k)
     index[rows] = np.where(lists.index >= 0, rows[np.maximum(lists.index, 0)], -1)
     sims[rows] = lists.sims

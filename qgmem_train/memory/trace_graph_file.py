@@ -104,12 +104,15 @@ def read_graph(path: Path, unit_ids: list[str], prints: np.ndarray) -> StoredGra
 def cached_rows(blob: bytes, ends: np.ndarray, unit_ids: list[str]) -> np.ndarray:
     """Row in ``unit_ids`` of each cached id (packed as ``blob`` and its end offsets), -1 for an id gone.
 
-    When the cached ids are the first of ``unit_ids`` in the same order (sessions were appended), one comparison of
-    bytes says so; otherwise each id is looked up.
+    When the cached ids are the first of ``unit_ids`` in the same order (sessions were appended) and ASCII, one
+    comparison of bytes says so; otherwise each id is looked up.
     """
-    head = [uid.encode("utf-8") for uid in unit_ids[: len(ends)]]
-    if len(head) == len(ends) and b"".join(head) == blob and np.array_equal(np.cumsum([len(h) for h in head], dtype=np.int64), ends):
-        return np.arange(len(ends), dtype=np.int64)
+    head = unit_ids[: len(ends)]
+    if len(head) == len(ends):
+        joined = "".join(head).encode("utf-8")
+        lengths = np.fromiter(map(len, head), np.int64, len(head))  # characters: bytes too when the ids are ASCII
+        if len(joined) == int(lengths.sum()) and joined == blob and np.array_equal(np.cumsum(lengths), ends):
+            return np.arange(len(ends), dtype=np.int64)
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
     row_of = {uid: row for row, uid in enumerate(unit_ids)}
     return np.asarray([row_of.get(blob[a:b].decode("utf-8"), -1) for a, b in zip(starts.tolist(), ends.tolist())], np.int64)
