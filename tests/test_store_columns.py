@@ -118,7 +118,11 @@ def test_a_namespace_loads_without_its_sentence_vectors_when_asked_and_reads_non
         vectors = segments._vectors
         monkeypatch.setattr(segments, "_vectors", lambda db, ns, part, *rest: read_parts.append(part) or vectors(db, ns, part, *rest))
         lean = store.load_namespace("n", sentences=False)
+        relations = store.relation_embeddings("n")
+        with_relations = store.load_namespace("n", sentences=False, relations=True)
     assert "sentence" not in read_parts and lean.sentence_embeddings is None and lean.sentence_unit is None
+    assert whole.relation_embeddings is None and lean.relation_embeddings is None
+    np.testing.assert_array_equal(with_relations.relation_embeddings, relations)
     assert whole.sentence_embeddings is not None and len(whole.sentence_embeddings) > 0
     assert lean.units == whole.units
     np.testing.assert_array_equal(lean.fact_embeddings, whole.fact_embeddings)

@@ -75,6 +75,8 @@ class NamespaceMemory:
     """The namespace's write count when it was read (see :meth:`MemoryStore.generation`)."""
     units_generation: int = 0
     """Its count of unit writes then: traces computed from these units are stored only while it holds."""
+    relation_embeddings: np.ndarray | None = None
+    """(N, d) relation embeddings in unit order, when asked for (trace consolidation reads them; retrieval does not)."""
 
 
 @dataclass
@@ -355,27 +357,30 @@ class MemoryStore:
         if missing:
             raise InputError(f"{self.path}: namespace {missing[0]}", "not in the store (build it from the same input first)")
 
-    def load_namespace(self, namespace: str, *, embedder_id: str | None = None, sentences: bool = True) -> NamespaceMemory:
+    def load_namespace(
+        self, namespace: str, *, embedder_id: str | None = None, sentences: bool = True, relations: bool = False
+    ) -> NamespaceMemory:
         """All units, embeddings, attributes, traces and turns of ``namespace``.
 
         With ``embedder_id``, a namespace built with another embedder is refused (its vectors would not
         compare with the queries'). Without ``sentences`` the sentence vectors (most of a turns-mode
         namespace's bytes) are not read, for readers that do not use them (trace consolidation, retrieval
-        with ``retrieval.sentence_vectors`` off). A missing namespace is named alone: the store's other
-        namespaces are other users' and stay unlisted. Everything is read in one snapshot, consistent while
-        others write.
+        with ``retrieval.sentence_vectors`` off); with ``relations`` the relation vectors are read too, in
+        the same pass. A missing namespace is named alone: the store's other namespaces are other users'
+        and stay unlisted. Everything is read in one snapshot, consistent while others write.
         """
         with self.snapshot():
-            return self._load_namespace(namespace, embedder_id, sentences)
+            return self._load_namespace(namespace, embedder_id, sentences, relations)
 
-    def _load_namespace(self, namespace: str, embedder_id: str | None, sentences: bool) -> NamespaceMemory:
+    def _load_namespace(self, namespace: str, embedder_id: str | None, sentences: bool, relations: bool) -> NamespaceMemory:
         generations = self._db.execute("SELECT generation, units_generation FROM namespaces WHERE name = ?", (namespace,)).fetchone()
         if generations is None:
             raise InputError(f"{self.path}: namespace {namespace}", "not in this store")
         if embedder_id is not None and self.embedder_id != embedder_id:
             raise InputError(f"{self.path}: namespace {namespace}", f"built with embedder {self.embedder_id!r}, configured {embedder_id!r}")
         dim = self.dim or 0
-        table = segments.read_units(self._db, namespace, dim, ("fact", "sentence", "text") if sentences else ("fact", "text")).in_unit_order()
+        parts = ("fact", "text", *(("sentence",) if sentences else ()), *(("relation",) if relations else ()))
+        table = segments.read_units(self._db, namespace, dim, parts).in_unit_order()
         turns = segments.read_turns(self._db, namespace)
         traces = self.load_traces(namespace)
         return NamespaceMemory(
@@ -393,4 +398,5 @@ class MemoryStore:
             previous_turn=PreviousTurnMap(turns),
             generation=generations[0],
             units_generation=generations[1],
+            relation_embeddings=table.vectors["relation"] if relations else None,
         )

@@ -136,9 +136,8 @@ def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, 
     meanwhile, the next write raises :class:`~qgmem_train.memory.store.UnitsChanged` and stores nothing.
     """
     cc = cfg.construction
-    with store.snapshot():
-        memory = store.load_namespace(namespace, sentences=False)
-        relations = store.relation_embeddings(namespace)
+    memory = store.load_namespace(namespace, sentences=False, relations=True)
+    relations = memory.relation_embeddings
     linkable = None
     if cc.units == "turns":
         linkable = np.array([predicate != FALLBACK_PREDICATE for predicate in unit_texts(memory.units, "predicate")], bool)
