@@ -1,15 +1,16 @@
-"""The trained cross-encoder against the fused order, on LoCoMo conversations it never trained on, and its latency.
+"""Trained cross-encoders against the fused order, on LoCoMo conversations they never trained on, and their latency.
 
-Every question (categories 1-4 with gold evidence) of the held-out conversations (those the model's
-``training.json`` lists as validation, unless ``--conversation`` names others) is activated over the
-same turns-mode store three ways: ``fused`` (the RRF order, no reranker), ``reranked, replace`` (the
-cross-encoder's order of the fused pool) and ``reranked, rrf`` (RRF of both orders). The reranker
-scores each pool once and both modes reuse the scores. Reported: recall/precision/sufficiency/nDCG@10
-overall and per category, the fused pool's recall@100 (the ceiling of any reordering), and the
-latency of scoring each question's pool of 100 candidates (p50/p95, on the threads torch uses).
+Every question (categories 1-4 with gold evidence) of the held-out conversations (those the first
+model's ``training.json`` lists as validation, unless ``--conversation`` names others; no model may
+have trained on them) is activated over the same turns-mode store: ``fused`` (the RRF order, no
+reranker), then for each model ``<name>, replace`` (the cross-encoder's order of the fused pool) and
+``<name>, rrf`` (RRF of both orders), side by side in one run. Each model scores each pool once and
+both modes reuse the scores. Reported: recall/precision/sufficiency/nDCG@10 overall and per category,
+the fused pool's recall@100 (the ceiling of any reordering), and each model's latency of scoring a
+pool of 100 candidates (p50/p95, on the threads torch uses).
 
     python bench/bench_reranker.py                        # checkpoints/reranker-cpu/model (make reranker)
-    python bench/bench_reranker.py --model DIR --conversation conv-30 conv-47
+    python bench/bench_reranker.py --model DIR [DIR ...] --conversation conv-30 conv-47
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
 K = 10
 KEYS = (f"recall@{K}", f"precision@{K}", f"sufficiency@{K}", f"ndcg@{K}")
-RANKINGS = ("fused", "reranked, replace", "reranked, rrf")
+MODES = ("replace", "rrf")
 TARGETS = {"ndcg@10": 0.60, "recall@10 gain over fused": 0.07, "latency p50 ms (100 candidates)": 300}
 
 
@@ -66,14 +67,25 @@ class ScoreOnce:
         return self._scores[key]
 
 
-def evaluate(input_path: Path, store: Path, model: Path, conversations: list[str], batch_size: int) -> tuple[list[dict], ScoreOnce]:
-    """Per-question metrics of the three rankings (and the pool's recall@100) over ``conversations``."""
+def model_name(folder: Path) -> str:
+    """A model's name in the tables: its folder's name, or the parent's for a folder called ``model``."""
+    return folder.parent.name if folder.name == "model" else folder.name
+
+
+def rankings(names: Sequence[str]) -> list[str]:
+    """The compared orders: the fused one, then each model in each rerank mode."""
+    return ["fused"] + [f"{name}, {mode}" for name in names for mode in MODES]
+
+
+def evaluate(input_path: Path, store: Path, models: dict[str, Path], conversations: list[str], batch_size: int) -> tuple[list[dict], dict[str, ScoreOnce]]:
+    """Per-question metrics of every ranking (and the pool's recall@100) over ``conversations``."""
     cfg = PipelineConfig()
     cfg.models.device = "cpu"
-    replace, rrf = PipelineConfig().retrieval, PipelineConfig().retrieval
-    rrf.rerank_mode = "rrf"
+    settings = {mode: PipelineConfig().retrieval for mode in MODES}
+    for mode, retrieval in settings.items():
+        retrieval.rerank_mode = mode
     embedder = build_embedder(cfg)
-    reranker = ScoreOnce(CrossEncoderReranker(str(model), batch_size=batch_size, device="cpu"))
+    rerankers = {name: ScoreOnce(CrossEncoderReranker(str(folder), batch_size=batch_size, device="cpu")) for name, folder in models.items()}
     records = []
     with MemoryStore.open(store) as memory_store:
         for batch in locomo_question_batches(input_path, memory_store, embedder, cfg.retrieval, conversations):
@@ -82,8 +94,9 @@ def evaluate(input_path: Path, store: Path, model: Path, conversations: list[str
                 run = lambda settings, ranker: activate(q.question, batch.question_time, batch.memory, cfg=settings, llm=None,  # noqa: E731
                                                         embedder=embedder, reranker=ranker, index=batch.index, intent=intent,
                                                         query_vectors=vectors)
-                orders = {"fused": run(replace, None).reranked, "reranked, replace": run(replace, reranker).reranked,
-                          "reranked, rrf": run(rrf, reranker).reranked}
+                orders = {"fused": run(settings["replace"], None).reranked}
+                orders.update({f"{name}, {mode}": run(settings[mode], reranker).reranked
+                               for name, reranker in rerankers.items() for mode in MODES})
                 gold = set(q.evidence)
                 n_relevant = sum(1 for s in sources.values() if gold.intersection(s))
                 record = {"conversation": batch.conversation_id, "qa_index": q.index, "category": q.category,
@@ -92,80 +105,112 @@ def evaluate(input_path: Path, store: Path, model: Path, conversations: list[str
                     for key, value in question_metrics([sources[u] for u in order], gold, K, n_relevant).items():
                         record[f"{name}/{key}"] = value
                 records.append(record)
-    return records, reranker
+    return records, rerankers
 
 
-def summarise(records: list[dict], reranker: ScoreOnce) -> dict:
-    """Means overall and per category, and the latency of scoring full pools."""
-    keys = [f"{name}/{key}" for name in RANKINGS for key in KEYS] + ["pool_recall@100"]
-    means = aggregate(records, keys)
+def pool_latency(reranker: ScoreOnce) -> dict:
+    """p50/p95 milliseconds of the reranker's calls on full pools of 100 candidates."""
     full = [seconds * 1000 for size, seconds in reranker.calls if size == 100]
-    latency = {"pools_of_100": len(full), "p50_ms": round(float(np.percentile(full, 50)), 1) if full else None,
-               "p95_ms": round(float(np.percentile(full, 95)), 1) if full else None}
+    return {"pools_of_100": len(full), "p50_ms": round(float(np.percentile(full, 50)), 1) if full else None,
+            "p95_ms": round(float(np.percentile(full, 95)), 1) if full else None}
+
+
+def summarise(records: list[dict], rerankers: dict[str, ScoreOnce]) -> dict:
+    """Means overall and per category, and each model's latency of scoring full pools."""
+    names = rankings(list(rerankers))
+    keys = [f"{name}/{key}" for name in names for key in KEYS] + ["pool_recall@100"]
+    means = aggregate(records, keys)
+    latency = {name: pool_latency(reranker) for name, reranker in rerankers.items()}
     categories = sorted({r["category"] for r in records})
-    table = {name: {key: round(means[f"{name}/{key}"], 4) for key in KEYS} for name in RANKINGS}
+    table = {name: {key: round(means[f"{name}/{key}"], 4) for key in KEYS} for name in names}
     per_category = {f"cat{c} {LOCOMO_CATEGORY_NAMES.get(c, '')}".strip(): {
         "n_questions": means[f"n_questions/cat{c}"],
-        **{name: {key: round(means[f"{name}/{key}/cat{c}"], 4) for key in KEYS} for name in RANKINGS}} for c in categories}
+        **{name: {key: round(means[f"{name}/{key}/cat{c}"], 4) for key in KEYS} for name in names}} for c in categories}
     return {"n_questions": len(records), "pool_recall@100": round(means["pool_recall@100"], 4), "rankings": table,
             "per_category": per_category, "latency": latency}
 
 
 def markdown(report: dict) -> str:
-    """The side-by-side table, per category, latency and training figures."""
-    s, training, m = report["summary"], report["training"], report["machine"]
-    lines = [f"# Trained cross-encoder reranker on held-out LoCoMo conversations ({', '.join(report['conversations'])})", "",
+    """The side-by-side table, per category, each model's training and latency figures."""
+    s, m = report["summary"], report["machine"]
+    names = list(s["rankings"])
+    lines = [f"# Trained cross-encoder rerankers on held-out LoCoMo conversations ({', '.join(report['conversations'])})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m.get('torch_threads')}, load average at start "
              f"{m.get('load_average_1m')}. Turns-mode store, rule-based intents, fused pool of 100 (RRF of BM25, dense, "
-             f"attributes). Model `{report['model']}`: trained on {', '.join(training.get('train_conversations', []))} "
-             f"({training.get('train_questions')} questions), {training.get('steps')} steps in {training.get('seconds')} s.", "",
-             f"## All {s['n_questions']} questions (pool recall@100: {s['pool_recall@100']:.3f})", "",
-             "| ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 1) + "|"]
+             f"attributes), every ranking side by side in one run.", "", "| model | folder | layers | max length | negatives | trained on | steps | training s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, model in report["models"].items():
+        training = model["training"]
+        lines.append(f"| {name} | `{model['folder']}` | {model['layers']} | {model['max_length']} | {training.get('negatives')} | "
+                     f"{', '.join(training.get('train_conversations', []))} ({training.get('train_questions')} questions) | "
+                     f"{training.get('steps')} | {training.get('seconds')} |")
+    lines += ["", f"## All {s['n_questions']} questions (pool recall@100: {s['pool_recall@100']:.3f})", "",
+              "| ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(f"{row[k]:.3f}" for k in KEYS) + " |" for name, row in s["rankings"].items()]
     lines += ["", "## Per category", "", "| category | n | ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 3) + "|"]
     for category, part in s["per_category"].items():
-        for name in RANKINGS:
+        for name in names:
             lines.append(f"| {category} | {part['n_questions']} | {name} | " + " | ".join(f"{part[name][k]:.3f}" for k in KEYS) + " |")
-    lat = s["latency"]
-    lines += ["", f"Latency of scoring a pool of 100 candidates ({lat['pools_of_100']} pools): p50 {lat['p50_ms']} ms, "
-              f"p95 {lat['p95_ms']} ms.", "", "Targets: " + "; ".join(f"{k} {v}" for k, v in report["targets"].items()) + ". Met: "
-              + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in report["met"].items()) + "."]
+    lines += ["", "Latency of scoring a pool of 100 candidates:", ""]
+    lines += [f"- {name}: p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms ({lat['pools_of_100']} pools)" for name, lat in s["latency"].items()]
+    lines += ["", "Targets: " + "; ".join(f"{k} {v}" for k, v in report["targets"].items()) + ".", ""]
+    for name, met in report["met"].items():
+        lines.append(f"- {name} met: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in met.items()))
     return "\n".join(lines) + "\n"
+
+
+def targets_met(summary: dict, name: str) -> dict[str, bool]:
+    """Which targets the model ``name`` meets, in its better rerank mode (by nDCG@10)."""
+    fused = summary["rankings"]["fused"]
+    best = max((summary["rankings"][f"{name}, {mode}"] for mode in MODES), key=lambda row: row["ndcg@10"])
+    p50 = summary["latency"][name]["p50_ms"]
+    return {"ndcg@10": best["ndcg@10"] >= TARGETS["ndcg@10"],
+            "recall@10 gain over fused": best["recall@10"] - fused["recall@10"] >= TARGETS["recall@10 gain over fused"],
+            "latency p50 ms (100 candidates)": (p50 or float("inf")) < TARGETS["latency p50 ms (100 candidates)"]}
+
+
+def read_training(folder: Path) -> dict:
+    """The ``training.json`` of a trained model folder; exits with one line when it is missing."""
+    path = folder / TRAINING_RECORD
+    if not path.exists():
+        raise SystemExit(f"{path} not found: train the reranker first (make reranker)")
+    return json.loads(path.read_text())
 
 
 def main() -> None:
     """Evaluate, print and write bench/results/reranker.{json,md}."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "reranker-cpu" / "model", help="trained CrossEncoder folder")
+    parser.add_argument("--model", type=Path, nargs="+", default=[ROOT / "checkpoints" / "reranker-cpu" / "model"],
+                        help="trained CrossEncoder folders, compared side by side")
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT, help="LoCoMo file (default: ../shared/data/locomo/locomo_dev.json)")
     parser.add_argument("--store", type=Path, default=ROOT / "out" / "reranker" / "locomo_turns", help="turns-mode store (built when missing)")
-    parser.add_argument("--conversation", nargs="+", help="conversations to evaluate (default: the model's validation conversations)")
+    parser.add_argument("--conversation", nargs="+", help="conversations to evaluate (default: the first model's validation conversations)")
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per forward pass of the cross-encoder")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     args = parser.parse_args()
-    record_path = args.model / TRAINING_RECORD
-    if not record_path.exists():
-        raise SystemExit(f"{record_path} not found: train the reranker first (make reranker)")
-    training = json.loads(record_path.read_text())
-    conversations = args.conversation or training["val_conversations"]
-    leaked = sorted(set(conversations) & set(training["train_conversations"]))
-    if leaked:
-        raise SystemExit(f"{', '.join(leaked)}: the model trained on these; evaluate on conversations it never saw")
+    models = {model_name(folder): folder for folder in args.model}
+    if len(models) < len(args.model):
+        raise SystemExit("two --model folders have the same name; name the folders apart")
+    trainings = {name: read_training(folder) for name, folder in models.items()}
+    conversations = args.conversation or next(iter(trainings.values()))["val_conversations"]
+    for name, training in trainings.items():
+        leaked = sorted(set(conversations) & set(training["train_conversations"]))
+        if leaked:
+            raise SystemExit(f"{name} trained on {', '.join(leaked)}: evaluate on conversations no model saw")
     info = machine_info()
     ensure_turns_store(args.input, args.store)
     started = time.perf_counter()
-    records, reranker = evaluate(args.input, args.store, args.model, conversations, args.batch_size)
-    summary = summarise(records, reranker)
-    fused, replaced, fused_rrf = (summary["rankings"][name] for name in RANKINGS)
-    best = max((replaced, fused_rrf), key=lambda row: row["ndcg@10"])
+    records, rerankers = evaluate(args.input, args.store, models, conversations, args.batch_size)
+    summary = summarise(records, rerankers)
     report = {
-        "machine": info, "model": str(args.model), "input": str(args.input), "store": str(args.store), "conversations": conversations,
-        "training": {k: training.get(k) for k in ("train_conversations", "val_conversations", "train_questions", "steps", "seconds",
-                                                   "validation_before", "validation_after", "hyperparameters")},
+        "machine": info, "input": str(args.input), "store": str(args.store), "conversations": conversations,
+        "models": {name: {"folder": str(models[name]), "layers": rerankers[name].reranker.model.model.config.num_hidden_layers,
+                          "max_length": rerankers[name].reranker.model.max_length,
+                          "training": {k: training.get(k) for k in ("train_conversations", "val_conversations", "train_questions", "negatives",
+                                                                    "steps", "seconds", "validation_before", "validation_after", "hyperparameters")}}
+                   for name, training in trainings.items()},
         "batch_size": args.batch_size, "summary": summary, "targets": TARGETS,
-        "met": {"ndcg@10": best["ndcg@10"] >= TARGETS["ndcg@10"],
-                "recall@10 gain over fused": best["recall@10"] - fused["recall@10"] >= TARGETS["recall@10 gain over fused"],
-                "latency p50 ms (100 candidates)": (summary["latency"]["p50_ms"] or float("inf")) < TARGETS["latency p50 ms (100 candidates)"]},
+        "met": {name: targets_met(summary, name) for name in models},
         "seconds": round(time.perf_counter() - started, 1),
     }
     text = markdown(report)
