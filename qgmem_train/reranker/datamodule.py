@@ -34,7 +34,7 @@ class RerankDataModule(pl.LightningDataModule):
         store: str = "out/reranker/locomo_turns",
         cache: str | None = "out/reranker/pools.json",
         val_conversations: list[str] | None = None,
-        negatives: int = 15,
+        negatives: int = 7,
         batch_size: int = 4,
         seed: int = 0,
         embedder: str = BUNDLED_EMBEDDER,
