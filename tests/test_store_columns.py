@@ -74,7 +74,7 @@ def _check_memory(store: MemoryStore, items: list[EmbeddedUnit]) -> None:
     assert list(memory.units) == [i.unit for i in expected] and memory.units == [i.unit for i in expected]
     assert [memory.units[k] for k in range(len(expected))] == [i.unit for i in expected]
     np.testing.assert_array_equal(memory.fact_embeddings, np.stack([i.fact_embedding for i in expected]))
-    np.testing.assert_array_equal(store.relation_embeddings("n"), np.stack([i.relation_embedding for i in expected]))
+    np.testing.assert_array_equal(store.load_namespace("n", relations=True).relation_embeddings, np.stack([i.relation_embedding for i in expected]))
     sentences = [(row, v) for row, i in enumerate(expected) if i.sentence_embeddings is not None for v in i.sentence_embeddings]
     assert memory.sentence_unit.tolist() == [row for row, _ in sentences]
     np.testing.assert_array_equal(memory.sentence_embeddings, np.stack([v for _, v in sentences]))
@@ -118,11 +118,10 @@ def test_a_namespace_loads_without_its_sentence_vectors_when_asked_and_reads_non
         vectors = segments._vectors
         monkeypatch.setattr(segments, "_vectors", lambda db, ns, part, *rest: read_parts.append(part) or vectors(db, ns, part, *rest))
         lean = store.load_namespace("n", sentences=False)
-        relations = store.relation_embeddings("n")
         with_relations = store.load_namespace("n", sentences=False, relations=True)
     assert "sentence" not in read_parts and lean.sentence_embeddings is None and lean.sentence_unit is None
     assert whole.relation_embeddings is None and lean.relation_embeddings is None
-    np.testing.assert_array_equal(with_relations.relation_embeddings, relations)
+    np.testing.assert_array_equal(with_relations.relation_embeddings, np.stack([i.relation_embedding for i in _expected_rows(items)]))
     assert whole.sentence_embeddings is not None and len(whole.sentence_embeddings) > 0
     assert lean.units == whole.units
     np.testing.assert_array_equal(lean.fact_embeddings, whole.fact_embeddings)

@@ -198,8 +198,8 @@ from dataclasses import replace
 from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
 
 with MemoryStore.open(sys.argv[1]) as store:
-    memory = store.load_namespace("alex")
-    relations = store.relation_embeddings("alex")
+    memory = store.load_namespace("alex", relations=True)
+    relations = memory.relation_embeddings
     units = []
     for row, unit in enumerate(memory.units):
         if unit.id in sys.argv[2:]:

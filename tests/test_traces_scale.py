@@ -237,8 +237,8 @@ def test_stale_or_broken_cached_graph_is_rebuilt(tmp_path: Path) -> None:
     cfg = PipelineConfig()
     with _store(tmp_path / "s", [units]) as store:
         assert consolidate_traces(store, "n", cfg) == 5
-        memory = store.load_namespace("n")
-        relations = store.relation_embeddings("n")
+        memory = store.load_namespace("n", relations=True)
+        relations = memory.relation_embeddings
         ids = [u.id for u in memory.units]
         path = graph_path(store.path, "n")
         prints = fingerprints(memory.fact_embeddings, relations)
@@ -252,7 +252,7 @@ def test_stale_or_broken_cached_graph_is_rebuilt(tmp_path: Path) -> None:
         store.add_windows("n", [WindowResult("s", 1, _group_units("b", 2, 2, 400, rng, centres))])
         assert consolidate_traces(store, "n", cfg) == 5
         grown = store.load_namespace("n")
-        grown_prints = fingerprints(grown.fact_embeddings, store.relation_embeddings("n"))
+        grown_prints = fingerprints(grown.fact_embeddings, store.load_namespace("n", relations=True).relation_embeddings)
     assert read_graph(path, ids, prints) is None  # the rebuilt cache names the new units too
     assert read_graph(path, [u.id for u in grown.units], grown_prints) is not None
 

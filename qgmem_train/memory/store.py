@@ -313,11 +313,6 @@ class MemoryStore:
         row = self._db.execute("SELECT traces_stale FROM namespaces WHERE name = ?", (namespace,)).fetchone()
         return bool(row and row[0])
 
-    def relation_embeddings(self, namespace: str) -> np.ndarray:
-        """(N, d) relation embeddings in unit order (the order of :meth:`load_namespace`)."""
-        with self.snapshot() as db:
-            return segments.read_units(db, namespace, self.dim or 0, ("relation",)).in_unit_order().vectors["relation"]
-
     def put_traces(self, namespace: str, traces: Sequence[Trace], *, units_generation: int | None = None) -> None:
         """Insert or replace ``traces`` in one transaction.
 
