@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist): one a core on a 2-core machine; a test file stays on one worker (its fixtures are built once).
+PYTEST_WORKERS ?= 2
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
@@ -26,7 +28,7 @@ demo: setup
 	PYTHON=$(PY) bash scripts/demo.sh
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run_all.py

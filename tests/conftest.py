@@ -1,4 +1,4 @@
-"""Shared fixtures: the two bundled models, loaded once per session, with the model hub switched off."""
+"""Shared fixtures: the two bundled models, loaded once per session, with the model hub switched off and threads shared among workers."""
 
 from __future__ import annotations
 
@@ -6,6 +6,12 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _XDIST_WORKERS > 1:
+    # Parallel workers (`make test`) share the cores: each worker and the processes it starts take an equal
+    # share of threads, set before numpy and torch are imported, so the workers do not oversubscribe the machine.
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[_name] = str(max(1, (os.cpu_count() or 1) // _XDIST_WORKERS))
 
 import pytest  # noqa: E402
 
@@ -29,3 +35,9 @@ def minilm():
     from qgmem_train.llm.embedder import Embedder
 
     return Embedder(BUNDLED_EMBEDDER, device="cpu")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with ``slow`` tests run first (otherwise in their order), so parallel workers do not end on one long file."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)

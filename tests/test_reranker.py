@@ -160,6 +160,7 @@ def trained(trained_run) -> Path:
     return trained_run[0]
 
 
+@pytest.mark.slow
 def test_training_output_is_quiet_by_default(trained_run) -> None:
     """Lightning's set-up lines and tips stay out of a run without ``-v``; its own summary line is there."""
     output = trained_run[1].stdout + trained_run[1].stderr
@@ -168,12 +169,14 @@ def test_training_output_is_quiet_by_default(trained_run) -> None:
     assert "fit-reranker:" in output
 
 
+@pytest.mark.slow
 def test_tiny_training_lowers_validation_loss_and_records_its_split(trained: Path) -> None:
     record = json.loads((trained / "training.json").read_text())
     assert record["train_conversations"] == [TRAIN] and record["val_conversations"] == [VAL]
     assert record["steps"] > 0 and record["validation_after"]["val/loss"] < record["validation_before"]["val/loss"]
 
 
+@pytest.mark.slow
 def test_saved_folder_loads_in_sentence_transformers_alone(trained: Path) -> None:
     from sentence_transformers import CrossEncoder
 
@@ -186,6 +189,7 @@ def test_saved_folder_loads_in_sentence_transformers_alone(trained: Path) -> Non
     assert scores.shape == (2,) and np.isfinite(scores).all() and model.max_seq_length == 64
 
 
+@pytest.mark.slow
 def test_eval_retrieval_uses_the_trained_cross_encoder(sample_data, trained: Path, tmp_path: Path) -> None:
     source, store, _ = sample_data
     config = tmp_path / "cross.yaml"
