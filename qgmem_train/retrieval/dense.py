@@ -6,9 +6,9 @@ cosine over all its vectors. Three ways to search, all returning exact float32 c
 - **float32 scan**: one matrix-vector product over every vector and a partial sort (small namespaces);
 - **int8 scan** (from :data:`SCAN_INT8_MIN_VECTORS` vectors on, or ``scan="int8"``): the vectors are
   also kept as 8-bit codes, a quarter of the bytes, and a faiss scan over those codes picks the best
-  :func:`rescore_count` vectors; their units are then rescored exactly in float32. The scan reads
-  memory at a quarter of the float32 cost; only units whose best vector falls outside the candidates
-  can be missed;
+  :func:`rescore_count` vectors; those vectors are rescored exactly in float32 and each unit takes the
+  best of its own. The scan reads memory at a quarter of the float32 cost; a unit whose best vector
+  falls outside the candidates is missed, or scored by its best vector among them;
 - **HNSW** (``approximate``): faiss graphs over inner products, one of the facts (so ``n`` units always
   come back) and one of the sentences; the units found are rescored exactly. For millions of units.
 
@@ -141,9 +141,10 @@ class DenseIndex:
         return candidates[rows], scores
 
     def _search_int8(self, query: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Best :func:`rescore_count` vectors by their int8 codes, their units rescored exactly in float32.
+        """Best :func:`rescore_count` vectors by their int8 codes, rescored exactly in float32; each unit scores its best.
 
-        When those vectors belong to fewer than ``n`` units (units with many close sentences), the scan widens.
+        Only the candidate vectors are read in float32 (a few hundred rows, not every vector of their units).
+        When they belong to fewer than ``n`` units (units with many close sentences), the scan widens.
         """
         n = min(n, len(self.embeddings))
         wanted = min(self._codes.ntotal, rescore_count(n))
@@ -151,12 +152,25 @@ class DenseIndex:
         scaled = (query * self._code_scale + 128.0)[None, :]
         while True:
             _, hits = self._codes.search(scaled, wanted)
-            candidates = np.unique(self._vector_unit[hits[0][hits[0] >= 0]])
+            vectors = hits[0][hits[0] >= 0]
+            candidates, unit_of_vector = np.unique(self._vector_unit[vectors], return_inverse=True)
             if len(candidates) >= n or wanted >= self._codes.ntotal:
                 break
             wanted = min(self._codes.ntotal, WIDEN_FACTOR * wanted)
-        rows, scores = top_n(self._exact(query, candidates), n)
+        best = np.full(len(candidates), -np.inf, np.float32)
+        np.maximum.at(best, unit_of_vector, self._vector_cosines(query, vectors))
+        rows, scores = top_n(best, n)
         return candidates[rows], scores
+
+    def _vector_cosines(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+        """Exact cosines of the query with the vectors at int8-index positions ``vectors`` (the facts, then the sentences)."""
+        facts = len(self.embeddings)
+        is_fact = vectors < facts
+        cosines = np.empty(len(vectors), np.float32)
+        cosines[is_fact] = self.embeddings[vectors[is_fact]] @ query
+        if self.sentences is not None:
+            cosines[~is_fact] = self.sentences[vectors[~is_fact] - facts] @ query
+        return cosines
 
 
 def _faiss(setting: str):
