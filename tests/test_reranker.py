@@ -254,3 +254,39 @@ def test_num_layers_outside_the_base_is_refused_by_name(layers: int) -> None:
 
     with pytest.raises(InputError, match="model.num_layers"):
         CrossEncoderModule(num_layers=layers)
+
+
+@pytest.mark.slow
+def test_fit_embedder_lowers_the_held_out_loss_compares_both_embedders_and_saves_one_that_loads_alone(sample_data, tmp_path: Path) -> None:
+    """A tiny real fine-tuning of MiniLM on the sample's pairs: the held-out loss drops, the folder loads alone and the comparison is recorded."""
+    source, store, _ = sample_data
+    config = tmp_path / "reranker.yaml"
+    config.write_text(json.dumps({"data": {"input": str(source), "store": str(store), "cache": str(tmp_path / "pools.json"),
+                                           "val_conversations": [VAL]}}))
+    out = tmp_path / "embedder"
+    result = _run("fit-embedder", "--config", str(config), "--out", str(out), "--epochs", "3", "--batch-size", "8",
+                  "--learning-rate", "0.0001", "--device", "cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1].startswith("fit-embedder:") and str(out) in result.stdout
+    assert "held_out_store" not in result.stdout
+    record = json.loads((out / "training.json").read_text())
+    assert record["train_conversations"] == [TRAIN] and record["val_conversations"] == [VAL] and record["train_triples"] > 0
+    assert record["val_loss_after"] < record["val_loss_before"]
+    for name in ("base", "tuned"):
+        assert record["held_out"][name]["n_questions"] > 0
+        assert all(0.0 <= record["held_out"][name][key] <= 1.0 for key in ("dense/recall@10", "fused/recall@10", "fused/ndcg@10"))
+    assert record["improves"] == all(record["held_out"]["tuned"][k] > record["held_out"]["base"][k] for k in ("fused/recall@10", "fused/ndcg@10"))
+    from sentence_transformers import SentenceTransformer
+
+    vectors = SentenceTransformer(str(out), device="cpu").encode(["What did Caroline research?", "Caroline researched adoption agencies."])
+    assert vectors.shape[0] == 2 and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    assert not list(tmp_path.glob(".embedder.*")), "the staging folder is left behind"
+
+
+def test_fit_embedder_without_a_data_section_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    config = tmp_path / "reranker.yaml"
+    config.write_text("model:\n  max_length: 64\n")
+    result = _run("fit-embedder", "--config", str(config), "--out", str(tmp_path / "embedder"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {config}: no data section (input, store, cache, val_conversations)"
+    assert not (tmp_path / "embedder").exists()
