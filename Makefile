@@ -40,7 +40,7 @@ graph-token-experiment: setup
 	$(PY) bench/graph_token_experiment.py --out out/graph_token $(EXPERIMENT_ARGS)
 
 # The cross-encoder reranker (configs/reranker-cpu.yaml): builds the LoCoMo dev turns-mode store and pools on the first run,
-# then trains (about 27 minutes on 2 cores from a fresh checkout) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--trainer.max_epochs 2'.
+# then trains (about 20 minutes on 2 cores from a fresh checkout) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--trainer.max_epochs 2'.
 RERANKER_ARGS ?=
 reranker: setup
 	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu.yaml $(RERANKER_ARGS)
