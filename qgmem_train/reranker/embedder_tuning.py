@@ -33,7 +33,6 @@ from qgmem_train.config import BUNDLED_EMBEDDER, ModelsConfig, PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import read_text, replace_folder
 from qgmem_train.logging_setup import is_quiet
-from qgmem_train.reranker.cli import TRAINING_RECORD
 from qgmem_train.reranker.data import HARD_TOP, RerankData, ensure_turns_store, load_or_build
 
 DEFAULT_OUT = "checkpoints/embedder-cpu/model"
@@ -208,6 +207,8 @@ def main(argv: list[str]) -> int:
             "train_triples": len(train["anchor"]), "val_triples": len(val["anchor"]), **losses,
             "held_out": comparison, "improves": improves(comparison), "seconds": round(time.perf_counter() - started, 1),
         }
+        from qgmem_train.reranker.cli import TRAINING_RECORD  # imports Lightning: not for --help or a bad config
+
         (staging / "model" / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         replace_folder(staging / "model", args.out)
     finally:
