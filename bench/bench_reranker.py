@@ -29,7 +29,7 @@ from machine import machine_info
 from qgmem_train.config import PipelineConfig
 from qgmem_train.eval.benchmarks import LOCOMO_CATEGORY_NAMES
 from qgmem_train.eval.question_batches import locomo_question_batches
-from qgmem_train.eval.retrieval_metrics import aggregate, question_metrics, recall_at_k
+from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics, recall_at_k
 from qgmem_train.fileio import write_report_atomic
 from qgmem_train.llm.factory import build_embedder
 from qgmem_train.memory.store import MemoryStore
@@ -98,13 +98,9 @@ def evaluate(input_path: Path, store: Path, models: dict[str, Path], conversatio
                 orders.update({f"{name}, {mode}": run(settings[mode], reranker).reranked
                                for name, reranker in rerankers.items() for mode in MODES})
                 gold = set(q.evidence)
-                n_relevant = sum(1 for s in sources.values() if gold.intersection(s))
-                record = {"conversation": batch.conversation_id, "qa_index": q.index, "category": q.category,
-                          "pool_recall@100": recall_at_k([sources[u] for u in orders["fused"]], gold, 100)}
-                for name, order in orders.items():
-                    for key, value in question_metrics([sources[u] for u in order], gold, K, n_relevant).items():
-                        record[f"{name}/{key}"] = value
-                records.append(record)
+                records.append({"conversation": batch.conversation_id, "qa_index": q.index, "category": q.category,
+                                "pool_recall@100": recall_at_k([sources[u] for u in orders["fused"]], gold, 100),
+                                **ranking_metrics(orders, sources, gold, K)})
     return records, rerankers
 
 

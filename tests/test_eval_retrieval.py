@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from qgmem_train.__main__ import main
-from qgmem_train.eval.retrieval_metrics import aggregate, ndcg_at_k, precision_at_k, question_metrics, recall_at_k, recall_curve, sufficiency_at_k
+from qgmem_train.eval.retrieval_metrics import (
+    aggregate,
+    ndcg_at_k,
+    precision_at_k,
+    question_metrics,
+    ranking_metrics,
+    recall_at_k,
+    recall_curve,
+    sufficiency_at_k,
+)
 from qgmem_train.eval.benchmarks import load_locomo_questions, spread_subset
 
 SAMPLE = Path(__file__).parent.parent / "samples" / "locomo_sample.json"
@@ -29,6 +38,15 @@ def test_metrics_match_hand_computation() -> None:
     assert ndcg_at_k(RANKED, gold, 1, n_relevant=2) == 0.0 and ndcg_at_k(RANKED, gold, 10, n_relevant=0) == 0.0
     assert recall_curve(RANKED, gold, [1, 2, 3, 4]) == pytest.approx([0, 1 / 3, 1 / 3, 2 / 3])
     assert set(question_metrics(RANKED, gold, 10, 2)) == {"recall@10", "precision@10", "sufficiency@10", "ndcg@10"}
+
+
+def test_ranking_metrics_key_each_ranking_and_count_relevant_units_over_the_whole_namespace() -> None:
+    sources = {"a": ["D1:1"], "b": ["D1:5", "D1:6"], "c": ["D2:3"], "d": ["D1:2"], "e": ["D1:2"]}
+    gold = {"D1:2", "D1:6", "D9:9"}
+    out = ranking_metrics({"fused": ["a", "b", "c", "d"], "dense": ["d", "a"]}, sources, gold, 10)
+    assert {key: out[f"fused/{key}"] for key in question_metrics(RANKED, gold, 10, 3)} == question_metrics(RANKED, gold, 10, 3)
+    assert out["dense/ndcg@10"] == pytest.approx(ndcg_at_k([["D1:2"], ["D1:1"]], gold, 10, n_relevant=3))
+    assert len(out) == 8
 
 
 def test_aggregate_means_and_categories() -> None:

@@ -58,6 +58,16 @@ def question_metrics(sources: Sequence[Sequence[str]], gold: set[str], k: int, n
     }
 
 
+def ranking_metrics(rankings: Mapping[str, Sequence[str]], sources: Mapping[str, Sequence[str]], gold: set[str], k: int) -> dict[str, float]:
+    """:func:`question_metrics` of each named ranking of unit ids, keyed ``<name>/<metric>``.
+
+    ``sources`` maps every unit of the namespace to its source turns: the relevant units nDCG counts are all of them, not only those ranked.
+    """
+    n_relevant = sum(1 for s in sources.values() if gold.intersection(s))
+    return {f"{name}/{key}": value for name, ranking in rankings.items()
+            for key, value in question_metrics([sources[u] for u in ranking], gold, k, n_relevant).items()}
+
+
 def recall_curve(sources: Sequence[Sequence[str]], gold: set[str], ks: Iterable[int]) -> list[float]:
     """Recall@k for each k in ``ks``."""
     return [recall_at_k(sources, gold, k) for k in ks]

@@ -118,7 +118,7 @@ def held_out_store(input_path: Path, conversations: list[str], embedder: str, st
 def retrieval_metrics(input_path: Path, store: Path, embedder_name: str, conversations: list[str]) -> dict[str, float]:
     """Mean recall@10 and nDCG@10 of the dense channel's order and of the fused order over the questions of ``conversations``."""
     from qgmem_train.eval.question_batches import locomo_question_batches
-    from qgmem_train.eval.retrieval_metrics import aggregate, question_metrics
+    from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics
     from qgmem_train.llm.factory import build_embedder
     from qgmem_train.memory.store import MemoryStore
     from qgmem_train.retrieval.activation import activate
@@ -132,13 +132,8 @@ def retrieval_metrics(input_path: Path, store: Path, embedder_name: str, convers
             for q, intent, vectors in batch.items():
                 wm = activate(q.question, batch.question_time, batch.memory, cfg=cfg.retrieval, llm=None, embedder=embedder, reranker=None,
                               index=batch.index, intent=intent, query_vectors=vectors)
-                gold = set(q.evidence)
-                n_relevant = sum(1 for s in sources.values() if gold.intersection(s))
-                record = {"category": q.category}
-                for order, units in (("dense", wm.channels["dense"]), ("fused", wm.fused)):
-                    scores = question_metrics([sources[u] for u in units], gold, K, n_relevant)
-                    record.update({f"{order}/{key}": scores[key] for key in METRICS})
-                records.append(record)
+                orders = {"dense": wm.channels["dense"], "fused": wm.fused}
+                records.append({"category": q.category, **ranking_metrics(orders, sources, set(q.evidence), K)})
     keys = [f"{order}/{key}" for order in ORDERS for key in METRICS]
     means = aggregate(records, keys)
     return {"n_questions": len(records), **{key: round(means[key], 4) for key in keys}}
