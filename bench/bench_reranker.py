@@ -11,6 +11,7 @@ pool of 100 candidates (p50/p95, on the threads torch uses).
 
     python bench/bench_reranker.py                        # checkpoints/reranker-cpu/model (make reranker)
     python bench/bench_reranker.py --model DIR [DIR ...] --conversation conv-30 conv-47
+    python bench/bench_reranker.py --embedder checkpoints/embedder-cpu/model --store out/reranker/held_out_tuned
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 
 from machine import machine_info
 
-from qgmem_train.config import PipelineConfig
+from qgmem_train.config import BUNDLED_EMBEDDER, ModelsConfig, PipelineConfig
 from qgmem_train.eval.benchmarks import LOCOMO_CATEGORY_NAMES
 from qgmem_train.eval.question_batches import locomo_question_batches
 from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics, recall_at_k
@@ -77,10 +78,10 @@ def rankings(names: Sequence[str]) -> list[str]:
     return ["fused"] + [f"{name}, {mode}" for name in names for mode in MODES]
 
 
-def evaluate(input_path: Path, store: Path, models: dict[str, Path], conversations: list[str], batch_size: int) -> tuple[list[dict], dict[str, ScoreOnce]]:
-    """Per-question metrics of every ranking (and the pool's recall@100) over ``conversations``."""
-    cfg = PipelineConfig()
-    cfg.models.device = "cpu"
+def evaluate(input_path: Path, store: Path, embedder_ref: str, models: dict[str, Path], conversations: list[str],
+             batch_size: int) -> tuple[list[dict], dict[str, ScoreOnce]]:
+    """Per-question metrics of every ranking (and the pool's recall@100) over ``conversations`` of a store built with ``embedder_ref``."""
+    cfg = PipelineConfig(models=ModelsConfig(embedder=embedder_ref, device="cpu"))
     settings = {mode: PipelineConfig().retrieval for mode in MODES}
     for mode, retrieval in settings.items():
         retrieval.rerank_mode = mode
@@ -132,8 +133,8 @@ def markdown(report: dict) -> str:
     names = list(s["rankings"])
     lines = [f"# Trained cross-encoder rerankers on held-out LoCoMo conversations ({', '.join(report['conversations'])})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m.get('torch_threads')}, load average at start "
-             f"{m.get('load_average_1m')}. Turns-mode store, rule-based intents, fused pool of 100 (RRF of BM25, dense, "
-             f"attributes), every ranking side by side in one run.", "", "| model | folder | layers | max length | negatives | trained on | steps | training s |",
+             f"{m.get('load_average_1m')}. Turns-mode store embedded with `{report['embedder']}`, rule-based intents, fused pool of 100 "
+             f"(RRF of BM25, dense, attributes), every ranking side by side in one run.", "", "| model | folder | layers | max length | negatives | trained on | steps | training s |",
              "|---|---|---|---|---|---|---|---|"]
     for name, model in report["models"].items():
         training = model["training"]
@@ -179,7 +180,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, nargs="+", default=[ROOT / "checkpoints" / "reranker-cpu" / "model"],
                         help="trained CrossEncoder folders, compared side by side")
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT, help="LoCoMo file (default: ../shared/data/locomo/locomo_dev.json)")
-    parser.add_argument("--store", type=Path, default=ROOT / "out" / "reranker" / "locomo_turns", help="turns-mode store (built when missing)")
+    parser.add_argument("--embedder", default=BUNDLED_EMBEDDER, help="embedder of the store and the dense channel (default: the bundled MiniLM)")
+    parser.add_argument("--store", type=Path, help="turns-mode store built with --embedder; the evaluated conversations are added when missing "
+                                                   "(default for the bundled embedder: out/reranker/locomo_turns)")
     parser.add_argument("--conversation", nargs="+", help="conversations to evaluate (default: the first model's validation conversations)")
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per forward pass of the cross-encoder")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
@@ -193,13 +196,17 @@ def main() -> None:
         leaked = sorted(set(conversations) & set(training["train_conversations"]))
         if leaked:
             raise SystemExit(f"{name} trained on {', '.join(leaked)}: evaluate on conversations no model saw")
+    if args.store is None:
+        if args.embedder != BUNDLED_EMBEDDER:
+            raise SystemExit("--embedder needs --store: a store is searched with the embedder it was built with")
+        args.store = ROOT / "out" / "reranker" / "locomo_turns"
     info = machine_info()
-    ensure_turns_store(args.input, args.store)
+    ensure_turns_store(args.input, args.store, embedder=args.embedder, conversations=conversations)
     started = time.perf_counter()
-    records, rerankers = evaluate(args.input, args.store, models, conversations, args.batch_size)
+    records, rerankers = evaluate(args.input, args.store, args.embedder, models, conversations, args.batch_size)
     summary = summarise(records, rerankers)
     report = {
-        "machine": info, "input": str(args.input), "store": str(args.store), "conversations": conversations,
+        "machine": info, "input": str(args.input), "store": str(args.store), "embedder": args.embedder, "conversations": conversations,
         "models": {name: {"folder": str(models[name]), "layers": rerankers[name].reranker.model.model.config.num_hidden_layers,
                           "max_length": rerankers[name].reranker.model.max_length,
                           "training": {k: training.get(k) for k in ("train_conversations", "val_conversations", "train_questions", "negatives",

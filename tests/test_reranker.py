@@ -19,7 +19,7 @@ import pytest
 from qgmem_train.config import PipelineConfig, load_pipeline_config
 from qgmem_train.errors import InputError
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
-from qgmem_train.reranker.data import RerankData, load_or_build, rerank_groups, sample_negatives
+from qgmem_train.reranker.data import RerankData, ensure_turns_store, load_or_build, rerank_groups, sample_negatives
 from qgmem_train.retrieval.rerank import build_reranker, rerank_document
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +108,15 @@ def test_split_never_mixes_conversations(sample_data, tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("[1]")
     with pytest.raises(InputError, match="bad.json"):
         RerankData.load(tmp_path / "bad.json")
+
+
+def test_turns_store_of_named_conversations_holds_those_only(sample_data, tmp_path: Path) -> None:
+    from qgmem_train.memory.store import MemoryStore
+
+    source, _, _ = sample_data
+    ensure_turns_store(source, tmp_path / "store", conversations=[VAL])
+    with MemoryStore.open(tmp_path / "store") as store:
+        assert store.namespaces() == [VAL]
 
 
 def test_document_keeps_times_and_entities_ahead_of_the_free_text() -> None:

@@ -33,8 +33,9 @@ TURNS_STORE_CONFIG = "pipeline:\n  models:\n    embedder: {embedder}\n  construc
 DATA_VERSION = 1
 
 
-def ensure_turns_store(input_path: Path, store: Path, *, dataset: str = "locomo", embedder: str = BUNDLED_EMBEDDER) -> None:
-    """Build, or extend, a turns-mode store (no LLM, no traces) of every conversation of the input.
+def ensure_turns_store(input_path: Path, store: Path, *, dataset: str = "locomo", embedder: str = BUNDLED_EMBEDDER,
+                       conversations: Sequence[str] | None = None) -> None:
+    """Build, or extend, a turns-mode store (no LLM, no traces) of every conversation of the input, or of ``conversations``.
 
     ``build`` resumes: conversations already stored are left as they are, so a complete store costs
     only the check.
@@ -44,7 +45,8 @@ def ensure_turns_store(input_path: Path, store: Path, *, dataset: str = "locomo"
     with tempfile.TemporaryDirectory(prefix="qgmem-turns-") as folder:
         settings = Path(folder) / "turns.yaml"
         settings.write_text(TURNS_STORE_CONFIG.format(embedder=json.dumps(embedder)))
-        code = build(["--dataset", dataset, "--input", str(input_path), "--store", str(store), "--units", "turns", "--config", str(settings)])
+        only = ["--conversation", *conversations] if conversations else []
+        code = build(["--dataset", dataset, "--input", str(input_path), "--store", str(store), "--units", "turns", "--config", str(settings), *only])
     if code:
         raise InputError(str(store), f"building the turns-mode store failed (exit code {code})")
 

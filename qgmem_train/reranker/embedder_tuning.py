@@ -107,12 +107,8 @@ def held_out_store(input_path: Path, conversations: list[str], embedder: str, st
 
     A scratch store of the run: its build's summary line stays out of the command's output (its progress bar shows).
     """
-    keep = set(conversations)
-    dialogues = [c for c in json.loads(read_text(input_path, kind="LoCoMo file")) if c.get("sample_id") in keep]
-    with tempfile.TemporaryDirectory(prefix="qgmem-held-out-") as folder, contextlib.redirect_stdout(io.StringIO()):
-        subset = Path(folder) / "held_out.json"
-        subset.write_text(json.dumps(dialogues))
-        ensure_turns_store(subset, store, embedder=embedder)
+    with contextlib.redirect_stdout(io.StringIO()):
+        ensure_turns_store(input_path, store, embedder=embedder, conversations=conversations)
 
 
 def retrieval_metrics(input_path: Path, store: Path, embedder_name: str, conversations: list[str]) -> dict[str, float]:
