@@ -78,15 +78,19 @@ def rankings(names: Sequence[str]) -> list[str]:
     return ["fused"] + [f"{name}, {mode}" for name in names for mode in MODES]
 
 
-def evaluate(input_path: Path, store: Path, embedder_ref: str, models: dict[str, Path], conversations: list[str],
+def evaluate(input_path: Path, store: Path, embedder_ref: str, models: dict[str, tuple[Path, str]], conversations: list[str],
              batch_size: int) -> tuple[list[dict], dict[str, ScoreOnce]]:
-    """Per-question metrics of every ranking (and the pool's recall@100) over ``conversations`` of a store built with ``embedder_ref``."""
+    """Per-question metrics of every ranking (and the pool's recall@100) over ``conversations`` of a store built with ``embedder_ref``.
+
+    ``models`` maps a name to (CrossEncoder folder, quantization).
+    """
     cfg = PipelineConfig(models=ModelsConfig(embedder=embedder_ref, device="cpu"))
     settings = {mode: PipelineConfig().retrieval for mode in MODES}
     for mode, retrieval in settings.items():
         retrieval.rerank_mode = mode
     embedder = build_embedder(cfg)
-    rerankers = {name: ScoreOnce(CrossEncoderReranker(str(folder), batch_size=batch_size, device="cpu")) for name, folder in models.items()}
+    rerankers = {name: ScoreOnce(CrossEncoderReranker(str(folder), batch_size=batch_size, device="cpu", quantization=quantization))
+                 for name, (folder, quantization) in models.items()}
     records = []
     with MemoryStore.open(store) as memory_store:
         for batch in locomo_question_batches(input_path, memory_store, embedder, cfg.retrieval, conversations):
@@ -134,11 +138,11 @@ def markdown(report: dict) -> str:
     lines = [f"# Trained cross-encoder rerankers on held-out LoCoMo conversations ({', '.join(report['conversations'])})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m.get('torch_threads')}, load average at start "
              f"{m.get('load_average_1m')}. Turns-mode store embedded with `{report['embedder']}`, rule-based intents, fused pool of 100 "
-             f"(RRF of BM25, dense, attributes), every ranking side by side in one run.", "", "| model | folder | layers | max length | negatives | trained on | steps | training s |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"(RRF of BM25, dense, attributes), every ranking side by side in one run.", "", "| model | folder | quantization | layers | max length | negatives | trained on | steps | training s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, model in report["models"].items():
         training = model["training"]
-        lines.append(f"| {name} | `{model['folder']}` | {model['layers']} | {model['max_length']} | {training.get('negatives')} | "
+        lines.append(f"| {name} | `{model['folder']}` | {model['quantization']} | {model['layers']} | {model['max_length']} | {training.get('negatives')} | "
                      f"{', '.join(training.get('train_conversations', []))} ({training.get('train_questions')} questions) | "
                      f"{training.get('steps')} | {training.get('seconds')} |")
     lines += ["", f"## All {s['n_questions']} questions (pool recall@100: {s['pool_recall@100']:.3f})", "",
@@ -148,7 +152,7 @@ def markdown(report: dict) -> str:
     for category, part in s["per_category"].items():
         for name in names:
             lines.append(f"| {category} | {part['n_questions']} | {name} | " + " | ".join(f"{part[name][k]:.3f}" for k in KEYS) + " |")
-    lines += ["", "Latency of scoring a pool of 100 candidates:", ""]
+    lines += ["", f"Latency of scoring a pool of 100 candidates ({report['batch_size']} pairs a forward pass):", ""]
     lines += [f"- {name}: p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms ({lat['pools_of_100']} pools)" for name, lat in s["latency"].items()]
     lines += ["", "Targets: " + "; ".join(f"{k} {v}" for k, v in report["targets"].items()) + ".", ""]
     for name, met in report["met"].items():
@@ -175,7 +179,7 @@ def read_training(folder: Path) -> dict:
 
 
 def main() -> None:
-    """Evaluate, print and write bench/results/reranker.{json,md}."""
+    """Evaluate, print and write bench/results/<report>.{json,md}."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, nargs="+", default=[ROOT / "checkpoints" / "reranker-cpu" / "model"],
                         help="trained CrossEncoder folders, compared side by side")
@@ -184,8 +188,10 @@ def main() -> None:
     parser.add_argument("--store", type=Path, help="turns-mode store built with --embedder; the evaluated conversations are added when missing "
                                                    "(default for the bundled embedder: out/reranker/locomo_turns)")
     parser.add_argument("--conversation", nargs="+", help="conversations to evaluate (default: the first model's validation conversations)")
-    parser.add_argument("--batch-size", type=int, default=32, help="pairs per forward pass of the cross-encoder")
+    parser.add_argument("--batch-size", type=int, default=8, help="pairs per forward pass of the cross-encoder (the pipeline's default)")
+    parser.add_argument("--int8", action="store_true", help="also run each model with its linear layers in dynamic int8 (models.reranker_quantization)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
+    parser.add_argument("--report", default="reranker", help="report name: writes <out>/<report>.json and .md")
     args = parser.parse_args()
     models = {model_name(folder): folder for folder in args.model}
     if len(models) < len(args.model):
@@ -203,21 +209,25 @@ def main() -> None:
     info = machine_info()
     ensure_turns_store(args.input, args.store, embedder=args.embedder, conversations=conversations)
     started = time.perf_counter()
-    records, rerankers = evaluate(args.input, args.store, args.embedder, models, conversations, args.batch_size)
+    variants = {name: (folder, "none") for name, folder in models.items()}
+    if args.int8:
+        variants.update({f"{name} int8": (folder, "int8") for name, folder in models.items()})
+    trainings.update({f"{name} int8": trainings[name] for name in models if f"{name} int8" in variants})
+    records, rerankers = evaluate(args.input, args.store, args.embedder, variants, conversations, args.batch_size)
     summary = summarise(records, rerankers)
     report = {
         "machine": info, "input": str(args.input), "store": str(args.store), "embedder": args.embedder, "conversations": conversations,
-        "models": {name: {"folder": str(models[name]), "layers": rerankers[name].reranker.model.model.config.num_hidden_layers,
+        "models": {name: {"folder": str(variants[name][0]), "quantization": variants[name][1], "layers": rerankers[name].reranker.model.model.config.num_hidden_layers,
                           "max_length": rerankers[name].reranker.model.max_length,
                           "training": {k: training.get(k) for k in ("train_conversations", "val_conversations", "train_questions", "negatives",
                                                                     "steps", "seconds", "validation_before", "validation_after", "hyperparameters")}}
                    for name, training in trainings.items()},
         "batch_size": args.batch_size, "summary": summary, "targets": TARGETS,
-        "met": {name: targets_met(summary, name) for name in models},
+        "met": {name: targets_met(summary, name) for name in variants},
         "seconds": round(time.perf_counter() - started, 1),
     }
     text = markdown(report)
-    write_report_atomic(args.out / "reranker.json", report, text)
+    write_report_atomic(args.out / f"{args.report}.json", report, text)
     print(text)
 
 

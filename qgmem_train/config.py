@@ -37,6 +37,8 @@ class ModelsConfig:
     """Reranker kind: yes/no LLM scoring, a sentence-transformers CrossEncoder, or RRF order."""
     reranker_model: str | None = None
     """Model of the reranker; ``None`` reuses ``llm`` (llm kind). Required for ``cross``."""
+    reranker_quantization: Literal["none", "int8"] = "none"
+    """``int8``: on the CPU, the ``cross`` reranker's linear layers run in dynamic int8 (torch); on a GPU it runs unquantized."""
     backend: Literal["transformers", "openai"] = "transformers"
     """Local transformers model, or an OpenAI-compatible HTTP server (vLLM, API models)."""
     base_url: str | None = None

@@ -211,6 +211,25 @@ def test_eval_retrieval_uses_the_trained_cross_encoder(sample_data, trained: Pat
     assert metrics["final_ranking"] == "reranked" and 0.0 <= metrics["reranked/ndcg@10"] <= 1.0
 
 
+@pytest.mark.slow
+def test_int8_reranker_quantizes_every_linear_layer_and_keeps_the_fp32_order(sample_data, trained: Path) -> None:
+    import torch
+    from scipy.stats import spearmanr
+
+    _, _, data = sample_data
+    example = next(e for e in data.examples if len(e.pool) >= 20)
+    documents = [data.document(example, uid) for uid in example.pool[:40]]
+    cfg = PipelineConfig()
+    cfg.models.reranker, cfg.models.reranker_model, cfg.models.device = "cross", str(trained), "cpu"
+    fp32 = build_reranker(cfg)
+    cfg.models.reranker_quantization = "int8"
+    int8 = build_reranker(cfg)
+    linear = sum(isinstance(m, torch.nn.Linear) for m in fp32.model.modules())
+    assert sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in int8.model.modules()) == linear > 0
+    assert not any(isinstance(m, torch.nn.Linear) for m in int8.model.modules())
+    assert spearmanr(fp32.score(example.question, documents), int8.score(example.question, documents)).statistic > 0.9
+
+
 def test_missing_reranker_folder_falls_back_to_the_fused_order_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = PipelineConfig()
     cfg.models.reranker, cfg.models.reranker_model = "cross", str(tmp_path / "not-built" / "model")

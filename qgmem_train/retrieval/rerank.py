@@ -17,9 +17,10 @@ of the dialogue, never the times or entities. Rerankers:
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import RERANK, RERANK_INSTRUCTION
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
+
+if TYPE_CHECKING:
+    import torch
 
 RERANKER_KINDS = ("llm", "cross", "none")
 log = logging.getLogger(__name__)
@@ -103,14 +107,20 @@ class CrossEncoderReranker:
 
     name = "cross"
 
-    def __init__(self, ref: str, *, batch_size: int = 8, device: str = "auto", cache_dir: str | None = None):
+    def __init__(self, ref: str, *, batch_size: int = 8, device: str = "auto", cache_dir: str | None = None, quantization: str = "none"):
         from sentence_transformers import CrossEncoder
 
         from qgmem_train.llm.resolver import pick_device, resolve_model_dir
 
+        device = pick_device(device)
         self.model_id = ref
         self.batch_size = batch_size
-        self.model = CrossEncoder(str(resolve_model_dir(ref, cache_dir)), device=pick_device(device))
+        self.model = CrossEncoder(str(resolve_model_dir(ref, cache_dir)), device=device)
+        self.quantization = quantization if device == "cpu" else "none"
+        if self.quantization == "int8":
+            quantize_linear_int8(self.model)
+        elif quantization != "none":
+            log.info("reranker quantization %s is for the CPU; on %s the cross-encoder runs unquantized", quantization, device)
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         """The cross-encoder's relevance score for every pair."""
@@ -118,6 +128,23 @@ class CrossEncoderReranker:
             return np.zeros(0, np.float32)
         pairs = [(query, d) for d in documents]
         return np.asarray(self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False), dtype=np.float32).reshape(-1)
+
+
+def quantize_linear_int8(model: torch.nn.Module) -> None:
+    """Swap every linear layer of ``model`` for torch's dynamic int8 one, in place: weights per output channel, activations per batch.
+
+    The matrix products then run in int8 (fbgemm on x86); activations are quantized with each batch's
+    own range, so a score can move slightly with the batch it is computed in. torch marks this eager
+    API deprecated (in favour of torchao) and warns on every call; the warnings are silenced here.
+    """
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 
 def names_missing_folder(ref: str) -> bool:
@@ -150,5 +177,6 @@ def build_reranker(cfg: PipelineConfig, kind: str | None = None, *, llm: ChatLLM
         if names_missing_folder(ref):
             log.warning("warning: cross-encoder folder %s not found (build it with `make reranker`); no reranker, the fused order stands", ref)
             return None
-        return CrossEncoderReranker(ref, batch_size=batch_size, device=cfg.models.device, cache_dir=cfg.models.cache_dir)
+        return CrossEncoderReranker(ref, batch_size=batch_size, device=cfg.models.device, cache_dir=cfg.models.cache_dir,
+                                    quantization=cfg.models.reranker_quantization)
     raise InputError("--reranker", f"unknown reranker {kind!r} (known: {', '.join(RERANKER_KINDS)})")
