@@ -3,15 +3,16 @@
 Every question (categories 1-4 with gold evidence) of the held-out conversations (those the first
 model's ``training.json`` lists as validation, unless ``--conversation`` names others; no model may
 have trained on them) is activated over the same turns-mode store: ``fused`` (the RRF order, no
-reranker), then for each model ``<name>, replace`` (the cross-encoder's order of the fused pool) and
-``<name>, rrf`` (RRF of both orders), side by side in one run. Each model scores each pool once and
-both modes reuse the scores. Reported: recall/precision/sufficiency/nDCG@10 overall and per category,
+reranker), then for each model ``<name>, replace`` (the cross-encoder's order of the fused pool),
+``<name>, rrf`` (RRF of both orders) and ``<name>, blend`` (its standardized scores with the fused rank
+as a prior, ``retrieval.rerank_prior``), side by side in one run. Each model scores each pool once and
+every mode reuses the scores. Reported: recall/precision/sufficiency/nDCG@10 overall and per category,
 the fused pool's recall@100 (the ceiling of any reordering), and each model's latency of scoring a
 pool of 100 candidates (p50/p95, on the threads torch uses).
 
     python bench/bench_reranker.py                        # checkpoints/reranker-cpu/model (make reranker)
     python bench/bench_reranker.py --model DIR [DIR ...] --conversation conv-30 conv-47
-    python bench/bench_reranker.py --embedder checkpoints/embedder-cpu/model --store out/reranker/held_out_tuned
+    python bench/bench_reranker.py --embedder checkpoints/embedder-cpu/model --store out/reranker/locomo_turns_tuned
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
 K = 10
 KEYS = (f"recall@{K}", f"precision@{K}", f"sufficiency@{K}", f"ndcg@{K}")
-MODES = ("replace", "rrf")
+MODES = ("replace", "rrf", "blend")
 TARGETS = {"ndcg@10": 0.60, "recall@10 gain over fused": 0.07, "latency p50 ms (100 candidates)": 300}
 
 

@@ -114,8 +114,11 @@ class RetrievalConfig:
     """Documents per reranker call."""
     approximate: bool = False
     """Use an approximate dense index (faiss HNSW) instead of exact search; for millions of units."""
-    rerank_mode: Literal["replace", "rrf"] = "replace"
-    """``replace``: the reranker's order is the working memory (paper); ``rrf``: RRF of the fused and reranked ranks (for weak rerankers)."""
+    rerank_mode: Literal["replace", "rrf", "blend"] = "replace"
+    """``replace``: the reranker's order is the working memory (paper); ``rrf``: RRF of the fused and reranked ranks;
+    ``blend``: the reranker's standardized scores with the fused rank as a prior (``rerank_prior``); both for rerankers weaker than the paper's."""
+    rerank_prior: float = 0.5
+    """``blend`` mode's β: a unit's score is its standardized reranker score minus β·ln(1 + its rank in the fused pool, from 0)."""
     lexical_context_turns: int = 1
     """Turns before a unit's first source turn (same session) added to its BM25 document: the question a reply answers."""
     sentence_vectors: bool = True
@@ -161,7 +164,7 @@ class PipelineConfig:
 _AT_LEAST: dict[str, int] = {
     "max_concurrency": 1, "max_retries": 0, "window": 1, "overlap": 0, "neighbours": 1, "min_cluster_size": 1, "max_trace_size": 2,
     "window_batch_size": 1, "index_batch_size": 1, "embed_batch_size": 1, "n": 1, "kappa": 0, "k": 1,
-    "rerank_batch_size": 1, "lexical_context_turns": 0, "max_new_tokens": 1, "batch_size": 1,
+    "rerank_batch_size": 1, "rerank_prior": 0, "lexical_context_turns": 0, "max_new_tokens": 1, "batch_size": 1,
 }  # fmt: skip
 """Smallest allowed value of each count setting (any group)."""
 _UNIT_INTERVAL = frozenset({"relation_threshold", "sem_threshold"})

@@ -49,7 +49,7 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ({"retrieval": {"rerank_mode": "bogus"}}, "retrieval.rerank_mode: expected one of replace, rrf, got 'bogus'"),
+        ({"retrieval": {"rerank_mode": "bogus"}}, "retrieval.rerank_mode: expected one of replace, rrf, blend, got 'bogus'"),
         ({"retrieval": {"k": "10"}}, "retrieval.k: expected an integer, got '10'"),
         ({"retrieval": {"lexical_context_turns": -1}}, "retrieval.lexical_context_turns: must be at least 0, got -1"),
         ({"retrieval": {"sem_threshold": 1.5}}, r"retrieval.sem_threshold: must lie in \[0, 1\], got 1.5"),
@@ -57,6 +57,8 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         ({"construction": {"traces": "yes"}}, "construction.traces: expected true or false, got 'yes'"),
         ({"models": {"llm_revision": 3}}, "models.llm_revision: expected a string or null, got 3"),
         ({"models": {"deadline_s": 0}}, "models.deadline_s: must be above 0, got 0"),
+        ({"retrieval": {"rerank_prior": -0.5}}, "retrieval.rerank_prior: must be at least 0, got -0.5"),
+        ({"models": {"reranker_quantization": "int4"}}, "models.reranker_quantization: expected one of none, int8, got 'int4'"),
         ({"construction": {"window": 4, "overlap": 4}}, r"construction.overlap: must be less than construction.window \(4\), got 4"),
         ({"construction": {"overlap": 7}}, r"construction.overlap: must be less than construction.window \(6\), got 7"),
     ],

@@ -106,6 +106,22 @@ def test_rerank_mode_replace_takes_the_reranker_order_and_rrf_fuses_it_with_the_
     assert fused.reranked[0] in (fused.fused[0], fused.fused[-1]) and set(fused.reranked) == set(fused.fused)
 
 
+def test_rerank_mode_blend_adds_the_fused_rank_prior_to_standardized_scores(memory, minilm) -> None:
+    def run(prior: float):
+        cfg = RetrievalConfig(n=6, k=6, rerank_mode="blend", rerank_prior=prior, drop_superseded=False)
+        return activate("What did Melanie paint?", None, memory, cfg=cfg, llm=None, embedder=minilm, reranker=_ReverseReranker())
+
+    scores = np.arange(6, dtype=np.float64)
+    standardized = (scores - scores.mean()) / scores.std()
+    blended = run(2.0)
+    expected = {uid: standardized[i] - 2.0 * np.log1p(i) for i, uid in enumerate(blended.fused)}
+    assert blended.reranked == sorted(expected, key=lambda uid: -expected[uid])
+    assert blended.scores == pytest.approx(sorted(expected.values(), reverse=True))
+    assert blended.reranked[0] == blended.fused[0]
+    alone = run(0.0)
+    assert alone.reranked == alone.fused[::-1]
+
+
 def test_rerank_document_holds_every_field(memory, minilm) -> None:
     index = ActivationIndex(memory, RetrievalConfig(), minilm)
     doc = rerank_document(memory.units[4], index.trajectory_of(memory.units[4]))

@@ -147,13 +147,13 @@ class WorkingMemory:
     intent: QueryIntent
     units: list[MemoryUnit]
     scores: list[float]
-    """Reranker score of each unit, or its RRF score (without a reranker, or with ``rerank_mode: rrf``)."""
+    """Reranker score of each unit, its blended score (``rerank_mode: blend``), or its RRF score (without a reranker, or ``rrf``)."""
     channels: dict[str, list[str]]
     """Unit ids of each channel's top n, best first."""
     fused: list[str]
     """The candidate pool in RRF order (without the superseded units below)."""
     reranked: list[str]
-    """The candidate pool in final order: the reranker's (or, with ``rerank_mode: rrf``, its fusion with the RRF order; the RRF order without a reranker)."""
+    """The candidate pool in final order: the reranker's (or, with ``rerank_mode: rrf`` or ``blend``, its fusion with the RRF order; the RRF order without a reranker)."""
     reranker: str
     superseded: list[str] = field(default_factory=list)
     """Units of the RRF top n left out of the pool (``drop_superseded``): their trace's current member is in it."""
@@ -213,6 +213,8 @@ def activate(
     else:
         documents = [index.document(units[row]) for row in pool]
         rerank_scores = reranker.score(question, documents)
+        if cfg.rerank_mode == "blend":
+            rerank_scores = blend_with_fused_rank(rerank_scores, cfg.rerank_prior)
         order_in_pool = np.argsort(-rerank_scores, kind="stable")
         order, scores = pool[order_in_pool], rerank_scores[order_in_pool]
         if cfg.rerank_mode == "rrf":
@@ -233,6 +235,17 @@ def activate(
         reranker=reranker.name if reranker is not None else "none",
         timings=timings,
     )
+
+
+def blend_with_fused_rank(scores: np.ndarray, prior: float) -> np.ndarray:
+    """Reranker scores of a fused pool (in pool order) standardized over the pool, minus ``prior``·ln(1 + fused rank from 0).
+
+    Standardizing makes the prior's weight mean the same for any reranker's score scale; with prior 0
+    the order is the reranker's own.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    standardized = (scores - scores.mean()) / (scores.std() + 1e-9)
+    return standardized - prior * np.log1p(np.arange(len(scores)))
 
 
 def search_channels(

@@ -1,0 +1,99 @@
+"""How ``rerank_mode: blend`` weighs the fused rank: the prior β chosen on the reranker's training conversations.
+
+``blend`` ranks a pool by the cross-encoder's scores standardized over the pool minus β·ln(1 + fused
+rank). β is chosen where no evaluation looks: the pools of the conversations the reranker trained on
+(``make reranker``'s cached pools, ``out/reranker/pools.json``), each scored once, every β of the grid
+applied to the same scores. Relevance is by gold unit (one unit a turn in a turns-mode store). The
+reranker has seen these questions, so it looks stronger here than on new conversations and a β chosen
+here errs towards the reranker; ``bench_reranker.py`` then measures the chosen β on the held-out ones.
+
+    python bench/bench_rerank_prior.py                       # checkpoints/reranker-cpu/model, every training question
+    python bench/bench_rerank_prior.py --stride 2 --quantization int8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from machine import machine_info
+
+from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics
+from qgmem_train.fileio import write_report_atomic
+from qgmem_train.reranker.cli import TRAINING_RECORD
+from qgmem_train.reranker.data import RerankData
+from qgmem_train.retrieval.activation import blend_with_fused_rank
+from qgmem_train.retrieval.rerank import CrossEncoderReranker
+
+ROOT = Path(__file__).resolve().parents[1]
+K = 10
+KEYS = (f"recall@{K}", f"ndcg@{K}")
+PRIORS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+def sweep(data: RerankData, reranker: CrossEncoderReranker, priors: tuple[float, ...], stride: int) -> list[dict]:
+    """Per-question metrics of the fused order and of ``blend`` at each prior, over every ``stride``-th question of ``data``."""
+    records = []
+    for example in data.examples[::stride]:
+        scores = reranker.score(example.question, [data.document(example, uid) for uid in example.pool])
+        orders = {"fused": example.pool}
+        for prior in priors:
+            blended = blend_with_fused_rank(scores, prior)
+            orders[f"blend {prior:g}"] = [example.pool[i] for i in np.argsort(-blended, kind="stable")]
+        sources = {uid: [uid] for uid in (*example.pool, *example.gold)}
+        records.append({"category": example.category, **ranking_metrics(orders, sources, set(example.gold), K)})
+    return records
+
+
+def markdown(report: dict) -> str:
+    """The sweep's table and the chosen prior."""
+    m = report["machine"]
+    lines = [f"# The prior of `rerank_mode: blend`, chosen on the reranker's training conversations ({', '.join(report['conversations'])})", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m.get('torch_threads')}, load average at start {m.get('load_average_1m')}. "
+             f"Reranker `{report['model']}` ({report['quantization']}), {report['n_questions']} questions (every {report['stride']}), "
+             f"cached fused pools of `{report['pools']}`, relevance by gold unit.", "",
+             "| ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(f"{row[k]:.4f}" for k in KEYS) + " |" for name, row in report["rankings"].items()]
+    lines += ["", f"Chosen (best recall@{K}, then nDCG@{K}): β = {report['chosen']:g}.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Score the training conversations' pools once, sweep β, print and write bench/results/<report>.{json,md}."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "reranker-cpu" / "model", help="trained CrossEncoder folder")
+    parser.add_argument("--pools", type=Path, default=ROOT / "out" / "reranker" / "pools.json", help="the reranker's cached pools (make reranker)")
+    parser.add_argument("--stride", type=int, default=1, help="every this-many-th training question")
+    parser.add_argument("--quantization", choices=("none", "int8"), default="none")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
+    parser.add_argument("--report", default="rerank_prior", help="report name: writes <out>/<report>.json and .md")
+    args = parser.parse_args()
+    if not (args.model / TRAINING_RECORD).exists() or not args.pools.exists():
+        raise SystemExit(f"{args.model / TRAINING_RECORD} or {args.pools} not found: train the reranker first (make reranker)")
+    training = json.loads((args.model / TRAINING_RECORD).read_text())
+    data = RerankData.load(args.pools).subset(training["train_conversations"])
+    info = machine_info()
+    started = time.perf_counter()
+    reranker = CrossEncoderReranker(str(args.model), device="cpu", quantization=args.quantization)
+    records = sweep(data, reranker, PRIORS, args.stride)
+    names = ["fused"] + [f"blend {p:g}" for p in PRIORS]
+    means = aggregate(records, [f"{name}/{key}" for name in names for key in KEYS])
+    rankings = {name: {key: round(means[f"{name}/{key}"], 4) for key in KEYS} for name in names}
+    chosen = max(PRIORS, key=lambda p: (rankings[f"blend {p:g}"][f"recall@{K}"], rankings[f"blend {p:g}"][f"ndcg@{K}"]))
+    report = {"machine": info, "model": str(args.model), "quantization": args.quantization, "pools": str(args.pools),
+              "conversations": data.conversations, "stride": args.stride, "n_questions": len(records), "rankings": rankings,
+              "chosen": chosen, "seconds": round(time.perf_counter() - started, 1)}
+    text = markdown(report)
+    write_report_atomic(args.out / f"{args.report}.json", report, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    main()
