@@ -55,7 +55,7 @@ def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [f"# The prior of `rerank_mode: blend`, chosen on the reranker's training conversations ({', '.join(report['conversations'])})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m.get('torch_threads')}, load average at start {m.get('load_average_1m')}. "
-             f"Reranker `{report['model']}` ({report['quantization']}), {report['n_questions']} questions (every {report['stride']}), "
+             f"Reranker `{report['model']}` (quantization {report['quantization']}), {report['n_questions']} questions (every {report['stride']}), "
              f"cached fused pools of `{report['pools']}`, relevance by gold unit.", "",
              "| ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(f"{row[k]:.4f}" for k in KEYS) + " |" for name, row in report["rankings"].items()]
