@@ -14,18 +14,17 @@ here errs towards the reranker; ``bench_reranker.py`` then measures the chosen Î
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench_reranker import read_training
 from machine import machine_info
 
 from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics
 from qgmem_train.fileio import write_report_atomic
-from qgmem_train.reranker.cli import TRAINING_RECORD
 from qgmem_train.reranker.data import RerankData
 from qgmem_train.retrieval.activation import blend_with_fused_rank
 from qgmem_train.retrieval.rerank import CrossEncoderReranker
@@ -73,9 +72,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     parser.add_argument("--report", default="rerank_prior", help="report name: writes <out>/<report>.json and .md")
     args = parser.parse_args()
-    if not (args.model / TRAINING_RECORD).exists() or not args.pools.exists():
-        raise SystemExit(f"{args.model / TRAINING_RECORD} or {args.pools} not found: train the reranker first (make reranker)")
-    training = json.loads((args.model / TRAINING_RECORD).read_text())
+    training = read_training(args.model)
+    if not args.pools.exists():
+        raise SystemExit(f"{args.pools} not found: train the reranker first (make reranker)")
     data = RerankData.load(args.pools).subset(training["train_conversations"])
     info = machine_info()
     started = time.perf_counter()
