@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from qgmem_train.config import PipelineConfig, load_pipeline_config
-from qgmem_train.errors import InputError
+from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.reranker.data import RerankData, ensure_turns_store, load_or_build, rerank_groups, sample_negatives
-from qgmem_train.retrieval.rerank import build_reranker, rerank_document
+from qgmem_train.retrieval.rerank import build_reranker, quantize_linear_int8, rerank_document
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "locomo_sample.json"
@@ -228,6 +228,14 @@ def test_int8_reranker_quantizes_every_linear_layer_and_keeps_the_fp32_order(sam
     assert sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in int8.model.modules()) == linear > 0
     assert not any(isinstance(m, torch.nn.Linear) for m in int8.model.modules())
     assert spearmanr(fp32.score(example.question, documents), int8.score(example.question, documents)).statistic > 0.9
+
+
+def test_int8_without_torchs_quantization_api_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setitem(sys.modules, "torch.ao.quantization", None)
+    with pytest.raises(ModelUnavailableError, match="reranker_quantization"):
+        quantize_linear_int8(torch.nn.Sequential(torch.nn.Linear(4, 4)))
 
 
 def test_missing_reranker_folder_falls_back_to_the_fused_order_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
