@@ -213,16 +213,16 @@ def main() -> None:
     variants = {name: (folder, "none") for name, folder in models.items()}
     if args.int8:
         variants.update({f"{name} int8": (folder, "int8") for name, folder in models.items()})
-    trainings.update({f"{name} int8": trainings[name] for name in models if f"{name} int8" in variants})
     records, rerankers = evaluate(args.input, args.store, args.embedder, variants, conversations, args.batch_size)
     summary = summarise(records, rerankers)
     report = {
         "machine": info, "input": str(args.input), "store": str(args.store), "embedder": args.embedder, "conversations": conversations,
-        "models": {name: {"folder": str(variants[name][0]), "quantization": variants[name][1], "layers": rerankers[name].reranker.model.model.config.num_hidden_layers,
+        "models": {name: {"folder": str(folder), "quantization": quantization, "layers": rerankers[name].reranker.model.model.config.num_hidden_layers,
                           "max_length": rerankers[name].reranker.model.max_length,
-                          "training": {k: training.get(k) for k in ("train_conversations", "val_conversations", "train_questions", "negatives",
-                                                                    "steps", "seconds", "validation_before", "validation_after", "hyperparameters")}}
-                   for name, training in trainings.items()},
+                          "training": {k: trainings[model_name(folder)].get(k) for k in (
+                              "train_conversations", "val_conversations", "train_questions", "negatives", "steps", "seconds",
+                              "validation_before", "validation_after", "hyperparameters")}}
+                   for name, (folder, quantization) in variants.items()},
         "batch_size": args.batch_size, "summary": summary, "targets": TARGETS,
         "met": {name: targets_met(summary, name) for name in variants},
         "seconds": round(time.perf_counter() - started, 1),

@@ -116,8 +116,7 @@ class CrossEncoderReranker:
         self.model_id = ref
         self.batch_size = batch_size
         self.model = CrossEncoder(str(resolve_model_dir(ref, cache_dir)), device=device)
-        self.quantization = quantization if device == "cpu" else "none"
-        if self.quantization == "int8":
+        if quantization == "int8" and device == "cpu":
             quantize_linear_int8(self.model)
         elif quantization != "none":
             log.info("reranker quantization %s is for the CPU; on %s the cross-encoder runs unquantized", quantization, device)
