@@ -8,12 +8,13 @@ final name.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -125,6 +126,39 @@ def replace_folder(staging: Path, path: Path) -> None:
             raise
         shutil.rmtree(aside)
     fsync_dir(path.parent)
+
+
+def publish_folder_once(final: Path, write: Callable[[Path], None]) -> Path:
+    """``final``, written by ``write(staging)`` into a temporary folder beside it and renamed into place, unless it exists.
+
+    For caches of derived files: a reader sees nothing or a complete folder; when two processes write
+    at once, the second rename loses and its copy is discarded.
+    """
+    if final.exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        write(staging)
+        os.chmod(staging, 0o755)
+        fsync_tree(staging)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not final.exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

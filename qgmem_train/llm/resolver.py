@@ -7,15 +7,13 @@ Only safetensors weights are read, and repository code runs only when asked for 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import ModelUnavailableError
+from qgmem_train.fileio import file_sha256, publish_folder_once
 
 PACKAGE_PREFIX = "pkg:"
 HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py"]
@@ -76,38 +74,10 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
         raise ModelUnavailableError(f"model {repo_id!r}{'@' + revision if revision else ''} unavailable: {why}".splitlines()[0]) from None
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
 def convert_gguf(gguf_path: Path, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Dequantize a GGUF model once into ``<cache>/converted/<name>-<sha>``; safe under concurrent callers.
-
-    The folder is written under a temporary name and renamed into place, so a reader sees either
-    nothing or a complete folder; when two processes convert at once, the second rename loses and
-    its copy is discarded.
-    """
-    root = default_cache_dir(cache_dir) / "converted"
-    final = root / f"{gguf_path.stem}-{_file_digest(gguf_path)}"
-    if final.exists():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
-        _write_hf_folder(gguf_path, staging)
-        os.chmod(staging, 0o755)
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if not final.exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
+    """Dequantize a GGUF model once into ``<cache>/converted/<name>-<sha>``; safe under concurrent callers."""
+    final = default_cache_dir(cache_dir) / "converted" / f"{gguf_path.stem}-{file_sha256(gguf_path)[:16]}"
+    return publish_folder_once(final, lambda staging: _write_hf_folder(gguf_path, staging))
 
 
 def _write_hf_folder(gguf_path: Path, target: Path) -> None:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from qgmem_train.config import ModelsConfig, PipelineConfig, pipeline_from_dict, settings_from_dict
 from qgmem_train.errors import InputError, ModelUnavailableError
-from qgmem_train.fileio import read_text
+from qgmem_train.fileio import file_sha256, read_text
 from qgmem_train.llm.prompts import PROMPTS_VERSION
 
 EXPORT_FORMAT = "qgmem-export"
@@ -82,15 +82,6 @@ class Export:
     """File name of the peft LoRA weights, ``None`` without LoRA."""
     reranker_files: tuple[str, ...] = ()
     """File names of the bundled cross-encoder (each starts with :data:`RERANKER_PREFIX`); empty when none is bundled."""
-
-
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def is_plain_name(name: str) -> bool:
