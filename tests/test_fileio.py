@@ -106,3 +106,23 @@ def test_without_an_atomic_swap_the_old_folder_goes_only_after_the_new_one_is_in
     monkeypatch.setattr(os, "replace", real_replace)
     assert [ex.answer for ex in read_trajectory_dataset(path)["train"]] == ["Lyon"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset"]
+
+
+def test_a_cached_folder_is_written_once_and_a_failed_write_leaves_nothing(tmp_path: Path) -> None:
+    final = tmp_path / "cache" / "derived"
+    calls: list[Path] = []
+
+    def write(staging: Path) -> None:
+        calls.append(staging)
+        (staging / "out.txt").write_text("done")
+
+    assert fileio.publish_folder_once(final, write) == final and (final / "out.txt").read_text() == "done"
+    assert fileio.publish_folder_once(final, write) == final and len(calls) == 1 and not calls[0].exists()
+
+    def fail(staging: Path) -> None:
+        (staging / "half.txt").write_text("half")
+        raise RuntimeError("export failed")
+
+    with pytest.raises(RuntimeError, match="export failed"):
+        fileio.publish_folder_once(tmp_path / "cache" / "other", fail)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["derived"]
