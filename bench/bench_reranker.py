@@ -13,6 +13,7 @@ pool of 100 candidates (p50/p95, on the threads torch uses).
     python bench/bench_reranker.py                        # checkpoints/reranker-cpu/model (make reranker)
     python bench/bench_reranker.py --model DIR [DIR ...] --conversation conv-30 conv-47
     python bench/bench_reranker.py --embedder checkpoints/embedder-cpu/model --store out/reranker/locomo_turns_tuned
+    python bench/bench_reranker.py --int8 --onnxruntime        # each model in torch and ONNX Runtime, fp32 and int8
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from qgmem_train.memory.store import MemoryStore
 from qgmem_train.reranker.cli import TRAINING_RECORD
 from qgmem_train.reranker.data import ensure_turns_store
 from qgmem_train.retrieval.activation import activate
-from qgmem_train.retrieval.rerank import CrossEncoderReranker
+from qgmem_train.retrieval.rerank import Reranker, build_reranker
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
@@ -53,7 +54,7 @@ class ScoreOnce:
 
     name = "cross"
 
-    def __init__(self, reranker: CrossEncoderReranker):
+    def __init__(self, reranker: Reranker):
         self.reranker = reranker
         self.model_id = reranker.model_id
         self.calls: list[tuple[int, float]] = []
@@ -74,24 +75,28 @@ def model_name(folder: Path) -> str:
     return folder.parent.name if folder.name == "model" else folder.name
 
 
+def variant_name(name: str, runtime: str, quantization: str) -> str:
+    """A model's name in the tables with how it runs: ``reranker-cpu``, ``reranker-cpu int8``, ``reranker-cpu onnxruntime int8``."""
+    return " ".join([name] + ([runtime] if runtime != "torch" else []) + ([quantization] if quantization != "none" else []))
+
+
 def rankings(names: Sequence[str]) -> list[str]:
     """The compared orders: the fused one, then each model in each rerank mode."""
     return ["fused"] + [f"{name}, {mode}" for name in names for mode in MODES]
 
 
-def evaluate(input_path: Path, store: Path, embedder_ref: str, models: dict[str, tuple[Path, str]], conversations: list[str],
+def evaluate(input_path: Path, store: Path, embedder_ref: str, models: dict[str, tuple[Path, str, str]], conversations: list[str],
              batch_size: int) -> tuple[list[dict], dict[str, ScoreOnce]]:
     """Per-question metrics of every ranking (and the pool's recall@100) over ``conversations`` of a store built with ``embedder_ref``.
 
-    ``models`` maps a name to (CrossEncoder folder, quantization).
+    ``models`` maps a name to (CrossEncoder folder, quantization, runtime).
     """
     cfg = PipelineConfig(models=ModelsConfig(embedder=embedder_ref, device="cpu"))
     settings = {mode: PipelineConfig().retrieval for mode in MODES}
     for mode, retrieval in settings.items():
         retrieval.rerank_mode = mode
     embedder = build_embedder(cfg)
-    rerankers = {name: ScoreOnce(CrossEncoderReranker(str(folder), batch_size=batch_size, device="cpu", quantization=quantization))
-                 for name, (folder, quantization) in models.items()}
+    rerankers = {name: ScoreOnce(cross_encoder(folder, quantization, runtime, batch_size)) for name, (folder, quantization, runtime) in models.items()}
     records = []
     with MemoryStore.open(store) as memory_store:
         for batch in locomo_question_batches(input_path, memory_store, embedder, cfg.retrieval, conversations):
@@ -108,6 +113,14 @@ def evaluate(input_path: Path, store: Path, embedder_ref: str, models: dict[str,
                                 "pool_recall@100": recall_at_k([sources[u] for u in orders["fused"]], gold, 100),
                                 **ranking_metrics(orders, sources, gold, K)})
     return records, rerankers
+
+
+def cross_encoder(folder: Path, quantization: str, runtime: str, batch_size: int) -> Reranker:
+    """The pipeline's ``cross`` reranker of ``folder`` on the CPU, as ``models.reranker_quantization`` and ``reranker_runtime`` say."""
+    cfg = PipelineConfig(models=ModelsConfig(reranker="cross", reranker_model=str(folder), reranker_quantization=quantization,
+                                             reranker_runtime=runtime, device="cpu"))
+    cfg.retrieval.rerank_batch_size = batch_size
+    return build_reranker(cfg)
 
 
 def pool_latency(reranker: ScoreOnce) -> dict:
@@ -139,11 +152,11 @@ def markdown(report: dict) -> str:
     lines = [f"# Trained cross-encoder rerankers on held-out LoCoMo conversations ({', '.join(report['conversations'])})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m.get('torch_threads')}, load average at start "
              f"{m.get('load_average_1m')}. Turns-mode store embedded with `{report['embedder']}`, rule-based intents, fused pool of 100 "
-             f"(RRF of BM25, dense, attributes), every ranking side by side in one run.", "", "| model | folder | quantization | layers | max length | negatives | trained on | steps | training s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"(RRF of BM25, dense, attributes), every ranking side by side in one run.", "", "| model | folder | runtime | quantization | layers | max length | negatives | trained on | steps | training s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, model in report["models"].items():
         training = model["training"]
-        lines.append(f"| {name} | `{model['folder']}` | {model['quantization']} | {model['layers']} | {model['max_length']} | {training.get('negatives')} | "
+        lines.append(f"| {name} | `{model['folder']}` | {model['runtime']} | {model['quantization']} | {model['layers']} | {model['max_length']} | {training.get('negatives')} | "
                      f"{', '.join(training.get('train_conversations', []))} ({training.get('train_questions')} questions) | "
                      f"{training.get('steps')} | {training.get('seconds')} |")
     lines += ["", f"## All {s['n_questions']} questions (pool recall@100: {s['pool_recall@100']:.3f})", "",
@@ -191,6 +204,8 @@ def main() -> None:
     parser.add_argument("--conversation", nargs="+", help="conversations to evaluate (default: the first model's validation conversations)")
     parser.add_argument("--batch-size", type=int, default=8, help="pairs per forward pass of the cross-encoder (the pipeline's default)")
     parser.add_argument("--int8", action="store_true", help="also run each model with its linear layers in dynamic int8 (models.reranker_quantization)")
+    parser.add_argument("--onnxruntime", action="store_true", help="also run each model (and its int8 form with --int8) in ONNX Runtime "
+                                                                   "(models.reranker_runtime)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     parser.add_argument("--report", default="reranker", help="report name: writes <out>/<report>.json and .md")
     args = parser.parse_args()
@@ -210,19 +225,21 @@ def main() -> None:
     info = machine_info()
     ensure_turns_store(args.input, args.store, embedder=args.embedder, conversations=conversations)
     started = time.perf_counter()
-    variants = {name: (folder, "none") for name, folder in models.items()}
-    if args.int8:
-        variants.update({f"{name} int8": (folder, "int8") for name, folder in models.items()})
+    runtimes = ["torch"] + (["onnxruntime"] if args.onnxruntime else [])
+    quantizations = ["none"] + (["int8"] if args.int8 else [])
+    variants = {variant_name(name, runtime, quantization): (folder, quantization, runtime)
+                for runtime in runtimes for quantization in quantizations for name, folder in models.items()}
     records, rerankers = evaluate(args.input, args.store, args.embedder, variants, conversations, args.batch_size)
     summary = summarise(records, rerankers)
     report = {
         "machine": info, "input": str(args.input), "store": str(args.store), "embedder": args.embedder, "conversations": conversations,
-        "models": {name: {"folder": str(folder), "quantization": quantization, "layers": rerankers[name].reranker.model.model.config.num_hidden_layers,
-                          "max_length": rerankers[name].reranker.model.max_length,
+        "models": {name: {"folder": str(folder), "runtime": runtime, "quantization": quantization,
+                          "layers": rerankers[name].reranker.cross_encoder.model.config.num_hidden_layers,
+                          "max_length": rerankers[name].reranker.cross_encoder.max_seq_length,
                           "training": {k: trainings[model_name(folder)].get(k) for k in (
                               "train_conversations", "val_conversations", "train_questions", "negatives", "steps", "seconds",
                               "validation_before", "validation_after", "hyperparameters")}}
-                   for name, (folder, quantization) in variants.items()},
+                   for name, (folder, quantization, runtime) in variants.items()},
         "batch_size": args.batch_size, "summary": summary, "targets": TARGETS,
         "met": {name: targets_met(summary, name) for name in variants},
         "seconds": round(time.perf_counter() - started, 1),

@@ -40,7 +40,8 @@ PROGRESS_BAR_SWITCHES = {
 QUIET_LEVEL = logging.ERROR
 
 _env_set: set[str] = set()
-_quiet = False
+_quiet: bool | None = None
+"""``None`` until :func:`configure_output` runs."""
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -107,7 +108,12 @@ def configure_output(verbose: bool = False) -> int:
 
 def is_quiet() -> bool:
     """Whether this process hides the libraries' output (set by :func:`configure_output`)."""
-    return _quiet
+    return bool(_quiet)
+
+
+def is_verbose() -> bool:
+    """Whether this process was configured to show the libraries' output (``-v`` or ``QGMEM_LOG_LEVEL`` below ERROR)."""
+    return _quiet is False
 
 
 def setup_output(argv: Sequence[str] | None = None) -> list[str]:

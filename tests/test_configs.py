@@ -62,3 +62,4 @@ def test_demo_config_runs_on_the_bundled_cpu_models() -> None:
     assert config.trainer.accelerator == "cpu" and config.trainer.precision == "32-true"
     assert config.pipeline.models.reranker == "cross" and config.pipeline.models.reranker_model == "checkpoints/reranker-cpu/model"
     assert config.pipeline.retrieval.rerank_mode == "blend" and config.pipeline.retrieval.rerank_prior == 0.5
+    assert config.pipeline.models.reranker_runtime == "onnxruntime"

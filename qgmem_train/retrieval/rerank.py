@@ -10,7 +10,8 @@ of the dialogue, never the times or entities. Rerankers:
 - ``cross``: a sentence-transformers CrossEncoder (``models.reranker_model``), e.g. the one
   ``python -m qgmem_train fit-reranker`` trains (``make reranker``). When ``models.reranker_model``
   names a local folder that does not exist (not built yet), one warning line says so and how to build
-  it, and the RRF order stands; a hub id that cannot be loaded is an error;
+  it, and the RRF order stands; a hub id that cannot be loaded is an error. On the CPU it runs in torch
+  or, with ``models.reranker_runtime: onnxruntime``, in ONNX Runtime (:mod:`.onnx_rerank`);
 - ``none``: no reranker; the RRF order stands (ablation).
 """
 
@@ -115,9 +116,9 @@ class CrossEncoderReranker:
         device = pick_device(device)
         self.model_id = ref
         self.batch_size = batch_size
-        self.model = CrossEncoder(str(resolve_model_dir(ref, cache_dir)), device=device)
+        self.cross_encoder = CrossEncoder(str(resolve_model_dir(ref, cache_dir)), device=device)
         if quantization == "int8" and device == "cpu":
-            quantize_linear_int8(self.model)
+            quantize_linear_int8(self.cross_encoder)
         elif quantization != "none":
             log.info("reranker quantization %s is for the CPU; on %s the cross-encoder runs unquantized", quantization, device)
 
@@ -126,7 +127,7 @@ class CrossEncoderReranker:
         if not documents:
             return np.zeros(0, np.float32)
         pairs = [(query, d) for d in documents]
-        return np.asarray(self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False), dtype=np.float32).reshape(-1)
+        return np.asarray(self.cross_encoder.predict(pairs, batch_size=self.batch_size, show_progress_bar=False), dtype=np.float32).reshape(-1)
 
 
 def quantize_linear_int8(model: torch.nn.Module) -> None:
@@ -180,6 +181,15 @@ def build_reranker(cfg: PipelineConfig, kind: str | None = None, *, llm: ChatLLM
         if names_missing_folder(ref):
             log.warning("warning: cross-encoder folder %s not found (build it with `make reranker`); no reranker, the fused order stands", ref)
             return None
-        return CrossEncoderReranker(ref, batch_size=batch_size, device=cfg.models.device, cache_dir=cfg.models.cache_dir,
+        from qgmem_train.llm.resolver import pick_device
+
+        device = pick_device(cfg.models.device)
+        if cfg.models.reranker_runtime == "onnxruntime" and device == "cpu":
+            from qgmem_train.retrieval.onnx_rerank import OnnxCrossEncoderReranker
+
+            return OnnxCrossEncoderReranker(ref, batch_size=batch_size, cache_dir=cfg.models.cache_dir, quantization=cfg.models.reranker_quantization)
+        if cfg.models.reranker_runtime == "onnxruntime":
+            log.info("reranker runtime onnxruntime is for the CPU; on %s the cross-encoder runs in torch", device)
+        return CrossEncoderReranker(ref, batch_size=batch_size, device=device, cache_dir=cfg.models.cache_dir,
                                     quantization=cfg.models.reranker_quantization)
     raise InputError("--reranker", f"unknown reranker {kind!r} (known: {', '.join(RERANKER_KINDS)})")

@@ -1,0 +1,130 @@
+"""A sentence-transformers CrossEncoder run by ONNX Runtime on the CPU (``models.reranker_runtime: onnxruntime``).
+
+The graph is exported once from the model folder's weights by torch's exporter, quantized to dynamic int8
+by ONNX Runtime when asked, and kept in ``<cache>/onnx/<folder>-<digest of its files>-<fp32|int8>``; an
+export therefore never ships an ONNX file, and a changed model gets a new graph. Pairs are tokenized by
+the CrossEncoder itself, batched longest first as its ``predict`` does, and the CrossEncoder's
+activation is applied to the logits, so the fp32 scores are torch's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qgmem_train.errors import ModelUnavailableError
+from qgmem_train.fileio import file_sha256, publish_folder_once
+from qgmem_train.logging_setup import is_verbose
+
+log = logging.getLogger(__name__)
+GRAPH_FILE = "model.onnx"
+
+
+def folder_digest(folder: Path) -> str:
+    """Digest of every file under ``folder`` (relative names and contents): a cache key that changes with the model."""
+    lines = "".join(f"{file_sha256(p)}  {p.relative_to(folder).as_posix()}\n" for p in sorted(folder.rglob("*")) if p.is_file())
+    return hashlib.sha256(lines.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def exporter_chatter_hidden() -> Iterator[None]:
+    """Drop log records up to WARNING while a graph is exported and quantized, unless output was made verbose.
+
+    torch's exporter warns through its own handler (operators of packages that are not installed) and
+    ONNX Runtime's quantizer through the root logger (a pre-processing hint, which would also give an
+    unconfigured root logger a handler); neither concerns someone scoring pairs.
+    """
+    root = logging.getLogger()
+    guard = logging.NullHandler()
+    root.addHandler(guard)
+    previous = root.manager.disable
+    if not is_verbose():
+        logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+        root.removeHandler(guard)
+
+
+def export_onnx(cross_encoder: Any, target: Path, quantization: str) -> None:
+    """Write ``target/model.onnx``: the CrossEncoder's model exported with dynamic batch and sequence axes, int8 when asked."""
+    import torch
+
+    names = list(cross_encoder.tokenizer.model_input_names)
+    example = cross_encoder.preprocess([("a question", "a document to score"), ("another question", "another")])
+    inputs = {name: example[name] for name in names}
+    graph = target / GRAPH_FILE
+    fp32 = target / "fp32.onnx" if quantization == "int8" else graph
+    axes = {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(cross_encoder.model.eval(), (), kwargs=inputs, input_names=names, output_names=["logits"],
+                                    dynamic_shapes={name: axes for name in names}, dynamo=True, external_data=False, verbose=False)
+        program.save(str(fp32), external_data=False)
+    if quantization == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(fp32), str(graph), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True)
+        fp32.unlink()
+
+
+def onnx_graph(cross_encoder: Any, folder: Path, quantization: str, cache_dir: str | os.PathLike | None) -> Path:
+    """The cached graph of the model in ``folder``, exported on first use (a few seconds, one info line)."""
+    from qgmem_train.llm.resolver import default_cache_dir
+
+    final = default_cache_dir(cache_dir) / "onnx" / f"{folder.name}-{folder_digest(folder)}-{'int8' if quantization == 'int8' else 'fp32'}"
+    if not final.exists():
+        log.info("exporting the reranker %s to ONNX (%s) once into %s", folder, quantization if quantization == "int8" else "fp32", final)
+    with exporter_chatter_hidden():
+        return publish_folder_once(final, lambda staging: export_onnx(cross_encoder, staging, quantization)) / GRAPH_FILE
+
+
+class OnnxCrossEncoderReranker:
+    """A CrossEncoder's scores from ONNX Runtime on the CPU, on as many threads as torch uses."""
+
+    name = "cross"
+
+    def __init__(self, ref: str, *, batch_size: int = 8, cache_dir: str | None = None, quantization: str = "none"):
+        try:
+            import onnxruntime
+        except ImportError:
+            raise ModelUnavailableError("models.reranker_runtime onnxruntime needs the onnxruntime package (pip install onnxruntime), "
+                                        "or set it to torch") from None
+        import torch
+        from sentence_transformers import CrossEncoder
+
+        from qgmem_train.llm.resolver import resolve_model_dir
+
+        folder = resolve_model_dir(ref, cache_dir)
+        self.model_id = ref
+        self.batch_size = batch_size
+        self.cross_encoder = CrossEncoder(str(folder), device="cpu")
+        self.input_names = list(self.cross_encoder.tokenizer.model_input_names)
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        graph = onnx_graph(self.cross_encoder, folder, quantization, cache_dir)
+        self.session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+
+    def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        """The cross-encoder's relevance score for every pair, longest documents batched together."""
+        import torch
+
+        order = np.argsort([-len(d) for d in documents], kind="stable")
+        scores = np.zeros(len(documents), np.float32)
+        for start in range(0, len(order), self.batch_size):
+            chosen = order[start : start + self.batch_size]
+            features = self.cross_encoder.preprocess([(query, documents[i]) for i in chosen])
+            logits = self.session.run(None, {name: features[name].numpy() for name in self.input_names})[0]
+            activated = self.cross_encoder.activation_fn(torch.from_numpy(logits))
+            scores[chosen] = activated.reshape(len(chosen), -1)[:, 0].numpy()
+        return scores
