@@ -7,6 +7,7 @@ reranker), then for each model ``<name>, replace`` (the cross-encoder's order of
 ``<name>, rrf`` (RRF of both orders) and ``<name>, blend`` (its standardized scores with the fused rank
 as a prior, ``retrieval.rerank_prior``), side by side in one run. Each model scores each pool once and
 every mode reuses the scores. Reported: recall/precision/sufficiency/nDCG@10 overall and per category,
+each ranking's recall@10 gain over the fused order with a paired bootstrap 95% interval over questions,
 the fused pool's recall@100 (the ceiling of any reordering), and each model's latency of scoring a
 pool of 100 candidates (p50/p95, on the threads torch uses).
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bootstrap import paired_bootstrap
 from machine import machine_info
 
 from qgmem_train.config import BUNDLED_EMBEDDER, ModelsConfig, PipelineConfig
@@ -46,6 +48,7 @@ DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
 K = 10
 KEYS = (f"recall@{K}", f"precision@{K}", f"sufficiency@{K}", f"ndcg@{K}")
 MODES = ("replace", "rrf", "blend")
+BOOTSTRAP_RESAMPLES = 10_000
 TARGETS = {"ndcg@10": 0.60, "recall@10 gain over fused": 0.07, "latency p50 ms (100 candidates)": 300}
 
 
@@ -142,7 +145,16 @@ def summarise(records: list[dict], rerankers: dict[str, ScoreOnce]) -> dict:
         "n_questions": means[f"n_questions/cat{c}"],
         **{name: {key: round(means[f"{name}/{key}/cat{c}"], 4) for key in KEYS} for name in names}} for c in categories}
     return {"n_questions": len(records), "pool_recall@100": round(means["pool_recall@100"], 4), "rankings": table,
-            "per_category": per_category, "latency": latency}
+            "recall_gain_over_fused": recall_gains(records, names[1:]), "per_category": per_category, "latency": latency}
+
+
+def recall_gains(records: list[dict], names: Sequence[str]) -> dict[str, dict]:
+    """Each ranking's recall@10 minus the fused order's, per question, with a paired bootstrap 95% interval over questions."""
+    def per_question(name: str) -> dict[str, float]:
+        return {f"{r['conversation']}:{r['qa_index']}": r[f"{name}/recall@{K}"] for r in records}
+
+    fused = per_question("fused")
+    return {name: paired_bootstrap(per_question(name), fused, resamples=BOOTSTRAP_RESAMPLES, seed=0) for name in names}
 
 
 def markdown(report: dict) -> str:
@@ -160,8 +172,9 @@ def markdown(report: dict) -> str:
                      f"{', '.join(training.get('train_conversations', []))} ({training.get('train_questions')} questions) | "
                      f"{training.get('steps')} | {training.get('seconds')} |")
     lines += ["", f"## All {s['n_questions']} questions (pool recall@100: {s['pool_recall@100']:.3f})", "",
-              "| ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 1) + "|"]
-    lines += [f"| {name} | " + " | ".join(f"{row[k]:.3f}" for k in KEYS) + " |" for name, row in s["rankings"].items()]
+              "| ranking | " + " | ".join(KEYS) + f" | recall@{K} gain over fused [95% interval over questions] |", "|---" * (len(KEYS) + 2) + "|"]
+    lines += [f"| {name} | " + " | ".join(f"{row[k]:.3f}" for k in KEYS) + f" | {gain_cell(s['recall_gain_over_fused'].get(name))} |"
+              for name, row in s["rankings"].items()]
     lines += ["", "## Per category", "", "| category | n | ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 3) + "|"]
     for category, part in s["per_category"].items():
         for name in names:
@@ -172,6 +185,14 @@ def markdown(report: dict) -> str:
     for name, met in report["met"].items():
         lines.append(f"- {name} met: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in met.items()))
     return "\n".join(lines) + "\n"
+
+
+def gain_cell(gain: dict | None) -> str:
+    """``+0.049 [+0.021, +0.078]``: a mean gain and its bootstrap interval; empty for the fused order itself."""
+    if gain is None:
+        return ""
+    low, high = gain["ci95"]
+    return f"{gain['mean_difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
 def targets_met(summary: dict, name: str) -> dict[str, bool]:

@@ -83,6 +83,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled models are local; ne
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from bootstrap import paired_bootstrap  # noqa: E402
 from machine import machine_info  # noqa: E402
 
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM  # noqa: E402
@@ -467,19 +468,6 @@ def per_question_f1(runs: list[dict[str, Any]]) -> dict[str, float]:
         for record in run["predictions"]:
             scores[record["question_id"]].append(float(record["f1"]))
     return {qid: statistics.fmean(v) for qid, v in scores.items()}
-
-
-def paired_bootstrap(first: dict[str, float], second: dict[str, float], resamples: int, seed: int) -> dict[str, Any]:
-    """Mean per-question difference ``first - second`` with a percentile bootstrap 95% interval over questions."""
-    import numpy as np
-
-    ids = sorted(set(first) & set(second))
-    diff = np.array([first[q] - second[q] for q in ids])
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(ids), size=(resamples, len(ids)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return {"questions": len(ids), "mean_difference": float(diff.mean()), "ci95": [float(low), float(high)],
-            "share_of_resamples_above_0": float((means > 0).mean()), "resamples": resamples, "seed": seed}  # fmt: skip
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], questions: dict[str, dict[str, str]], args: argparse.Namespace) -> dict[str, Any]:
