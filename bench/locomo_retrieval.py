@@ -24,7 +24,7 @@ import numpy as np
 from machine import cpu_model
 
 from qgmem_train.__main__ import main as cli
-from qgmem_train.eval.retrieval_metrics import question_metrics
+from qgmem_train.eval.retrieval_metrics import question_metrics, relevance
 from qgmem_train.eval.benchmarks import load_locomo_questions, spread_subset
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.reranker.data import ensure_turns_store
@@ -57,7 +57,7 @@ def baseline(input_path: Path, store_path: Path, limit: int | None) -> dict[str,
                          "dense": top_n(memory.fact_embeddings @ vector, 100)[0]}
                 rows = reciprocal_rank_fusion(lists, kappa=60, n=100)[0]
                 gold = set(q.evidence)
-                n_relevant = sum(1 for s in sources if gold.intersection(s))
+                n_relevant = sum(relevance(sources, gold))
                 for key, value in question_metrics([sources[r] for r in rows], gold, 10, n_relevant).items():
                     totals[key].append(value)
     return {key: round(float(np.mean(values)), 4) for key, values in totals.items()} | {"n_questions": len(questions)}

@@ -63,7 +63,7 @@ def ranking_metrics(rankings: Mapping[str, Sequence[str]], sources: Mapping[str,
 
     ``sources`` maps every unit of the namespace to its source turns: the relevant units nDCG counts are all of them, not only those ranked.
     """
-    n_relevant = sum(1 for s in sources.values() if gold.intersection(s))
+    n_relevant = sum(relevance(list(sources.values()), gold))
     return {f"{name}/{key}": value for name, ranking in rankings.items()
             for key, value in question_metrics([sources[u] for u in ranking], gold, k, n_relevant).items()}
 

@@ -46,7 +46,7 @@ def run_retrieval(args: argparse.Namespace) -> int:
     """Activate every eligible question of the stored conversations, score the rankings, write the report."""
     from qgmem_train.config import load_pipeline_config
     from qgmem_train.eval.plots import close, recall_curves_figure
-    from qgmem_train.eval.retrieval_metrics import aggregate, question_metrics, recall_curve
+    from qgmem_train.eval.retrieval_metrics import aggregate, question_metrics, recall_curve, relevance
     from qgmem_train.llm.factory import build_embedder, build_llm
     from qgmem_train.llm.prompts import PROMPTS_VERSION
     from qgmem_train.llm.structured import ParseStats
@@ -101,7 +101,7 @@ def run_retrieval(args: argparse.Namespace) -> int:
                 wm = activate(q.question, question_time.get(cid), memory, cfg=cfg.retrieval, llm=llm, embedder=embedder,
                               reranker=reranker, index=index, intent=intent, query_vectors=query_vectors)
                 gold = set(q.evidence)
-                n_relevant = sum(1 for s in sources.values() if gold.intersection(s))
+                n_relevant = sum(relevance(list(sources.values()), gold))
                 rankings = {**wm.channels, "fused": wm.fused}
                 if reranker is not None:
                     rankings["reranked"] = wm.reranked
