@@ -81,9 +81,10 @@ def onnx_graph(cross_encoder: Any, folder: Path, quantization: str, cache_dir: s
     """The cached graph of the model in ``folder``, exported on first use (a few seconds, one info line)."""
     from qgmem_train.llm.resolver import default_cache_dir
 
-    final = default_cache_dir(cache_dir) / "onnx" / f"{folder.name}-{folder_digest(folder)}-{'int8' if quantization == 'int8' else 'fp32'}"
+    precision = "int8" if quantization == "int8" else "fp32"
+    final = default_cache_dir(cache_dir) / "onnx" / f"{folder.name}-{folder_digest(folder)}-{precision}"
     if not final.exists():
-        log.info("exporting the reranker %s to ONNX (%s) once into %s", folder, quantization if quantization == "int8" else "fp32", final)
+        log.info("exporting the reranker %s to ONNX (%s) once into %s", folder, precision, final)
     with exporter_chatter_hidden():
         return publish_folder_once(final, lambda staging: export_onnx(cross_encoder, staging, quantization)) / GRAPH_FILE
 
