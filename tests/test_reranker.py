@@ -364,3 +364,54 @@ def test_fit_embedder_without_a_data_section_is_one_line_and_exit_2(tmp_path: Pa
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {config}: no data section (input, store, cache, val_conversations)"
     assert not (tmp_path / "embedder").exists()
+
+
+def test_distillation_loss_is_the_tempered_kl_to_the_teacher_and_ignores_padding() -> None:
+    import torch
+
+    from qgmem_train.reranker.module import distillation_loss
+
+    student = torch.tensor([[2.0, 1.0, 0.0], [0.5, 1.5, 99.0]])
+    teacher = torch.tensor([[1.0, 3.0, -1.0], [0.0, 2.0, -50.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    temperature = 2.0
+    expected = 0.0
+    for row, width in ((0, 3), (1, 2)):
+        target = torch.softmax(teacher[row, :width] / temperature, 0)
+        expected += (target * (target.log() - torch.log_softmax(student[row, :width] / temperature, 0))).sum().item()
+    expected *= temperature**2 / 2
+    assert distillation_loss(student, teacher, mask, temperature).item() == pytest.approx(expected, rel=1e-6)
+    assert distillation_loss(teacher, teacher, mask, temperature).item() == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize(("setting", "value"), [("distill_weight", 1.5), ("distill_weight", -0.1), ("distill_temperature", 0.0)])
+def test_distillation_settings_outside_their_range_are_refused_by_name(setting: str, value: float) -> None:
+    from qgmem_train.reranker.module import CrossEncoderModule
+
+    with pytest.raises(InputError, match=f"model.{setting}"):
+        CrossEncoderModule(num_layers=1, max_length=32, **{setting: value})
+
+
+@pytest.mark.slow
+def test_a_distilled_student_moves_toward_its_frozen_teacher(sample_data, trained: Path) -> None:
+    """A two-layer student of the tiny trained model: the teacher stays frozen and in eval mode, the student's KL to it drops."""
+    import torch
+
+    from qgmem_train.reranker.module import CrossEncoderModule
+
+    torch.manual_seed(0)
+    module = CrossEncoderModule(num_layers=2, max_length=64, teacher=str(trained), distill_weight=0.5, distill_temperature=2.0)
+    module.train()
+    assert module.cross_encoder.training and not module.teacher.training
+    assert not any(p.requires_grad for p in module.teacher.parameters())
+    frozen = {name: value.clone() for name, value in module.teacher.state_dict().items()}
+    groups = rerank_groups(sample_data[2], 7, seed=0)[:4]
+    first = module.losses(groups)
+    assert first["loss"].item() == pytest.approx(0.5 * first["label"].item() + 0.5 * first["distill"].item(), rel=1e-5)
+    optimizer = torch.optim.AdamW(module.cross_encoder.parameters(), lr=3e-4)
+    for _ in range(8):
+        optimizer.zero_grad()
+        module.losses(groups)["loss"].backward()
+        optimizer.step()
+    assert module.losses(groups)["distill"].item() < first["distill"].item()
+    assert all(torch.equal(value, frozen[name]) for name, value in module.teacher.state_dict().items())

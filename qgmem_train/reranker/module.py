@@ -6,7 +6,9 @@ The model is a sentence-transformers :class:`~sentence_transformers.CrossEncoder
 writes the CrossEncoder folder that ``models.reranker: cross`` and sentence-transformers load as is.
 Each batch holds groups of one positive document followed by its negatives; the loss is listwise
 (softmax cross-entropy of the positive against its group) or pairwise (logistic loss of the positive
-over each negative).
+over each negative). With a ``teacher`` (a trained CrossEncoder, frozen), the step also minimises the
+tempered KL divergence of the student's group distribution from the teacher's, so a smaller student
+learns the teacher's whole ordering of each group rather than only where the positive is.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ def group_loss(scores: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Ten
     return nn.functional.softplus(margins).mean()
 
 
+def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T²-scaled KL divergence of softmax(student / T) from softmax(teacher / T) over each group's real documents, averaged."""
+    student_log = torch.log_softmax((student / temperature).masked_fill(~mask, float("-inf")), dim=1)
+    teacher_log = torch.log_softmax((teacher / temperature).masked_fill(~mask, float("-inf")), dim=1)
+    divergence = (teacher_log.exp() * (teacher_log - student_log)).masked_fill(~mask, 0.0).sum(dim=1)
+    return divergence.mean() * temperature**2
+
+
 class CrossEncoderModule(pl.LightningModule):
     """Trains a CrossEncoder on groups of one positive and its hard negatives."""
 
@@ -54,6 +64,9 @@ class CrossEncoderModule(pl.LightningModule):
         min_lr_ratio: float = 0.0,
         chunk_size: int = 16,
         num_layers: int | None = None,
+        teacher: str | None = None,
+        distill_weight: float = 0.5,
+        distill_temperature: float = 1.0,
         cache_dir: str | None = None,
     ) -> None:
         """
@@ -68,25 +81,43 @@ class CrossEncoderModule(pl.LightningModule):
             min_lr_ratio: the rates decay (cosine) to this share of their peak at the last step.
             chunk_size: pairs per forward pass (a batch's pairs are sorted by length first); the loss is the same for any size.
             num_layers: keep only the base's first this many encoder layers (a smaller, faster reranker); null keeps them all.
+            teacher: a trained CrossEncoder (folder or hub id) to distil from, frozen; null trains on the labels alone.
+            distill_weight: share of the step's loss that is the KL to the teacher (the rest is the label loss); 0..1.
+            distill_temperature: softmax temperature of both score distributions in the KL; above 0.
             cache_dir: where converted bundled models are cached.
         """
         super().__init__()
+        if not 0.0 <= distill_weight <= 1.0:
+            raise InputError("model.distill_weight", f"{distill_weight} is outside 0..1")
+        if distill_temperature <= 0:
+            raise InputError("model.distill_temperature", f"{distill_temperature} must be above 0")
         self.save_hyperparameters()
         self.cross_encoder = load_cross_encoder(base_model, max_length=max_length, cache_dir=cache_dir, num_layers=num_layers)
+        self.teacher = None
+        if teacher is not None:
+            self.teacher = load_cross_encoder(teacher, max_length=max_length, cache_dir=cache_dir).eval().requires_grad_(False)
 
-    def scores(self, groups: list[RerankGroup]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scores (groups × longest group, padded) and the mask of real documents.
+    def train(self, mode: bool = True) -> CrossEncoderModule:
+        """Switch the student's mode; the teacher stays in eval mode (no dropout), whatever Lightning asks."""
+        super().train(mode)
+        if self.teacher is not None:
+            self.teacher.eval()
+        return self
+
+    def scores(self, groups: list[RerankGroup], cross_encoder: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores of ``cross_encoder`` (the student by default): groups × longest group, padded, and the mask of real documents.
 
         Pairs go through the model in chunks of similar length (sorted by characters), so short pairs
         are not padded to the longest of the batch; the scores are put back in group order.
         """
+        cross_encoder = self.cross_encoder if cross_encoder is None else cross_encoder
         pairs = [(g.question, d) for g in groups for d in g.documents]
         order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
         parts = []
         for start in range(0, len(order), self.hparams.chunk_size):
-            features = self.cross_encoder.preprocess([pairs[i] for i in order[start : start + self.hparams.chunk_size]])
+            features = cross_encoder.preprocess([pairs[i] for i in order[start : start + self.hparams.chunk_size]])
             features = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
-            parts.append(self.cross_encoder(features)["scores"].reshape(-1))
+            parts.append(cross_encoder(features)["scores"].reshape(-1))
         flat = torch.empty(len(pairs), dtype=parts[0].dtype, device=parts[0].device)
         flat = flat.index_copy(0, torch.tensor(order, device=flat.device), torch.cat(parts))
         width = max(len(g.documents) for g in groups)
@@ -96,13 +127,26 @@ class CrossEncoderModule(pl.LightningModule):
         out = torch.zeros(len(groups), width, dtype=flat.dtype, device=flat.device).masked_scatter(mask, flat)
         return out, mask
 
-    def _step(self, groups: list[RerankGroup], stage: str) -> torch.Tensor:
+    def losses(self, groups: list[RerankGroup]) -> dict[str, torch.Tensor]:
+        """``label`` (the loss against the positives), ``top1``, and with a teacher ``distill``; ``loss`` is what a step minimises."""
         scores, mask = self.scores(groups)
-        loss = group_loss(scores, mask, self.hparams.loss)
-        top1 = (scores.masked_fill(~mask, float("-inf")).argmax(dim=1) == 0).float().mean()
-        self.log(f"{stage}/loss", loss, batch_size=len(groups), prog_bar=True)
-        self.log(f"{stage}/top1", top1, batch_size=len(groups))
-        return loss
+        label = group_loss(scores, mask, self.hparams.loss)
+        out = {"label": label, "loss": label, "top1": (scores.masked_fill(~mask, float("-inf")).argmax(dim=1) == 0).float().mean()}
+        if self.teacher is not None:
+            with torch.no_grad():
+                teacher_scores, _ = self.scores(groups, self.teacher)
+            out["distill"] = distillation_loss(scores, teacher_scores, mask, self.hparams.distill_temperature)
+            weight = self.hparams.distill_weight
+            out["loss"] = (1 - weight) * label + weight * out["distill"]
+        return out
+
+    def _step(self, groups: list[RerankGroup], stage: str) -> torch.Tensor:
+        losses = self.losses(groups)
+        self.log(f"{stage}/loss", losses["label"], batch_size=len(groups), prog_bar=True)
+        self.log(f"{stage}/top1", losses["top1"], batch_size=len(groups))
+        if "distill" in losses:
+            self.log(f"{stage}/distill", losses["distill"], batch_size=len(groups))
+        return losses["loss"]
 
     def training_step(self, batch: list[RerankGroup], batch_idx: int) -> torch.Tensor:
         """Loss of one batch of groups."""
