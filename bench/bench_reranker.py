@@ -14,7 +14,7 @@ pool of 100 candidates (p50/p95, on the threads torch uses).
     python bench/bench_reranker.py                        # checkpoints/reranker-cpu/model (make reranker)
     python bench/bench_reranker.py --model DIR [DIR ...] --conversation conv-30 conv-47
     python bench/bench_reranker.py --embedder checkpoints/embedder-cpu/model --store out/reranker/locomo_turns_tuned
-    python bench/bench_reranker.py --int8 --runtime torch onnxruntime   # each model in both runtimes, fp32 and int8
+    python bench/bench_reranker.py --quantization none int8 --runtime torch onnxruntime   # each model in both runtimes, fp32 and int8
 """
 
 from __future__ import annotations
@@ -224,7 +224,8 @@ def main() -> None:
                                                    "(default for the bundled embedder: out/reranker/locomo_turns)")
     parser.add_argument("--conversation", nargs="+", help="conversations to evaluate (default: the first model's validation conversations)")
     parser.add_argument("--batch-size", type=int, default=8, help="pairs per forward pass of the cross-encoder (the pipeline's default)")
-    parser.add_argument("--int8", action="store_true", help="also run each model with its linear layers in dynamic int8 (models.reranker_quantization)")
+    parser.add_argument("--quantization", nargs="+", choices=("none", "int8"), default=["none"],
+                        help="precision of each model's linear layers (models.reranker_quantization); several are measured side by side (default: none)")
     parser.add_argument("--runtime", nargs="+", choices=("torch", "onnxruntime"), default=["torch"],
                         help="what runs each model (models.reranker_runtime); several are measured side by side (default: torch)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
@@ -246,9 +247,8 @@ def main() -> None:
     info = machine_info()
     ensure_turns_store(args.input, args.store, embedder=args.embedder, conversations=conversations)
     started = time.perf_counter()
-    quantizations = ["none"] + (["int8"] if args.int8 else [])
     variants = {variant_name(name, runtime, quantization): (folder, quantization, runtime)
-                for runtime in args.runtime for quantization in quantizations for name, folder in models.items()}
+                for runtime in args.runtime for quantization in args.quantization for name, folder in models.items()}
     records, rerankers = evaluate(args.input, args.store, args.embedder, variants, conversations, args.batch_size)
     summary = summarise(records, rerankers)
     report = {
