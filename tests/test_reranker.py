@@ -267,6 +267,29 @@ def test_onnxruntime_reranker_scores_as_torch_does_and_exports_once_into_the_cac
     np.testing.assert_allclose(build_reranker(cfg).score(example.question, documents), int8_scores, atol=1e-6)
 
 
+
+@pytest.mark.slow
+def test_onnxruntime_reranker_batches_pairs_by_token_count_and_pads_no_batch_beyond_its_longest(trained: Path, tmp_path: Path) -> None:
+    """Short-in-characters but many-token documents share batches with their peers in tokens, not in characters."""
+    from qgmem_train.retrieval.onnx_rerank import OnnxCrossEncoderReranker
+
+    reranker = OnnxCrossEncoderReranker(str(trained), batch_size=4, cache_dir=str(tmp_path))
+    documents = [("x" * (10 * i + 40)) if i % 2 else " ".join("a b c ? ! , ;"[: 2 * i + 3]) for i in range(12)]
+    tokens = [int(reranker.cross_encoder.preprocess([("Who?", d)])["attention_mask"].sum()) for d in documents]
+    widths: list[tuple[int, int]] = []
+    session = reranker.session
+
+    class Recording:
+        def run(self, outputs: object, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+            lengths = feed["attention_mask"].sum(axis=1)
+            widths.append((feed["input_ids"].shape[1], int(lengths.max()), int(lengths.min())))
+            return session.run(outputs, feed)
+
+    reranker.session = Recording()
+    reranker.score("Who?", documents)
+    assert [width for width, longest, _ in widths] == [longest for _, longest, _ in widths]
+    assert all(widths[i][2] >= widths[i + 1][1] for i in range(len(widths) - 1)), (widths, tokens)
+
 def test_onnxruntime_runtime_without_onnxruntime_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     cfg = PipelineConfig()

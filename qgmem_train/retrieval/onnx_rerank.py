@@ -3,8 +3,8 @@
 The graph is exported once from the model folder's weights by torch's exporter, quantized to dynamic int8
 by ONNX Runtime when asked, and kept in ``<cache>/onnx/<folder>-<digest of its files>-<fp32|int8>``; an
 export therefore never ships an ONNX file, and a changed model gets a new graph. Pairs are tokenized by
-the CrossEncoder itself, batched longest first as its ``predict`` does, and the CrossEncoder's
-activation is applied to the logits, so the fp32 scores are torch's.
+the CrossEncoder itself and batched by token count, longest first, and the CrossEncoder's activation
+is applied to the logits, so the fp32 scores are torch's.
 """
 
 from __future__ import annotations
@@ -117,15 +117,26 @@ class OnnxCrossEncoderReranker:
         self.session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
-        """The cross-encoder's relevance score for every pair, longest documents batched together."""
+        """The cross-encoder's relevance score for every pair, pairs with the most tokens batched together.
+
+        The pool is tokenized in one call (the CrossEncoder's own preprocessing); each batch is cut to
+        its longest pair, so no batch carries padding beyond what its own pairs need.
+        """
         import torch
 
-        order = np.argsort([-len(d) for d in documents], kind="stable")
         scores = np.zeros(len(documents), np.float32)
+        if not documents:
+            return scores
+        features = self.cross_encoder.preprocess([(query, d) for d in documents])
+        lengths = features["attention_mask"].sum(dim=1).numpy()
+        inputs = {name: features[name].numpy() for name in self.input_names}
+        right_padded = self.cross_encoder.tokenizer.padding_side == "right"
+        order = np.argsort(-lengths, kind="stable")
         for start in range(0, len(order), self.batch_size):
             chosen = order[start : start + self.batch_size]
-            features = self.cross_encoder.preprocess([(query, documents[i]) for i in chosen])
-            logits = self.session.run(None, {name: features[name].numpy() for name in self.input_names})[0]
+            width = int(lengths[chosen].max())
+            columns = slice(None, width) if right_padded else slice(-width, None)
+            logits = self.session.run(None, {name: values[chosen, columns] for name, values in inputs.items()})[0]
             activated = self.cross_encoder.activation_fn(torch.from_numpy(logits))
             scores[chosen] = activated.reshape(len(chosen), -1)[:, 0].numpy()
         return scores
