@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_reranker import read_training
+from bench_reranker import cross_encoder, read_training
 from machine import machine_info
 
 from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics
 from qgmem_train.fileio import write_report_atomic
 from qgmem_train.reranker.data import RerankData
 from qgmem_train.retrieval.activation import blend_with_fused_rank
-from qgmem_train.retrieval.rerank import CrossEncoderReranker
+from qgmem_train.retrieval.rerank import Reranker
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 10
@@ -35,7 +35,7 @@ KEYS = (f"recall@{K}", f"ndcg@{K}")
 PRIORS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 
 
-def sweep(data: RerankData, reranker: CrossEncoderReranker, priors: tuple[float, ...], stride: int) -> list[dict]:
+def sweep(data: RerankData, reranker: Reranker, priors: tuple[float, ...], stride: int) -> list[dict]:
     """Per-question metrics of the fused order and of ``blend`` at each prior, over every ``stride``-th question of ``data``."""
     records = []
     for example in data.examples[::stride]:
@@ -68,7 +68,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "reranker-cpu" / "model", help="trained CrossEncoder folder")
     parser.add_argument("--pools", type=Path, default=ROOT / "out" / "reranker" / "pools.json", help="the reranker's cached pools (make reranker)")
     parser.add_argument("--stride", type=int, default=1, help="every this-many-th training question")
-    parser.add_argument("--quantization", choices=("none", "int8"), default="none")
+    parser.add_argument("--quantization", choices=("none", "int8"), default="none", help="models.reranker_quantization (default: none)")
+    parser.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch", help="models.reranker_runtime (default: torch)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     parser.add_argument("--report", default="rerank_prior", help="report name: writes <out>/<report>.json and .md")
     args = parser.parse_args()
@@ -78,13 +79,13 @@ def main() -> None:
     data = RerankData.load(args.pools).subset(training["train_conversations"])
     info = machine_info()
     started = time.perf_counter()
-    reranker = CrossEncoderReranker(str(args.model), device="cpu", quantization=args.quantization)
+    reranker = cross_encoder(args.model, args.quantization, args.runtime, batch_size=8)
     records = sweep(data, reranker, PRIORS, args.stride)
     names = ["fused"] + [f"blend {p:g}" for p in PRIORS]
     means = aggregate(records, [f"{name}/{key}" for name in names for key in KEYS])
     rankings = {name: {key: round(means[f"{name}/{key}"], 4) for key in KEYS} for name in names}
     chosen = max(PRIORS, key=lambda p: (rankings[f"blend {p:g}"][f"recall@{K}"], rankings[f"blend {p:g}"][f"ndcg@{K}"]))
-    report = {"machine": info, "model": str(args.model), "quantization": args.quantization, "pools": str(args.pools),
+    report = {"machine": info, "model": str(args.model), "quantization": args.quantization, "runtime": args.runtime, "pools": str(args.pools),
               "conversations": data.conversations, "stride": args.stride, "n_questions": len(records), "rankings": rankings,
               "chosen": chosen, "seconds": round(time.perf_counter() - started, 1)}
     text = markdown(report)
