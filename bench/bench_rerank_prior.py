@@ -9,6 +9,7 @@ here errs towards the reranker; ``bench_reranker.py`` then measures the chosen Î
 
     python bench/bench_rerank_prior.py                       # checkpoints/reranker-cpu/model, every training question
     python bench/bench_rerank_prior.py --stride 2 --quantization int8
+    python bench/bench_rerank_prior.py --model checkpoints/reranker-cpu-small/model --runtime onnxruntime --quantization int8
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [f"# The prior of `rerank_mode: blend`, chosen on the reranker's training conversations ({', '.join(report['conversations'])})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m.get('torch_threads')}, load average at start {m.get('load_average_1m')}. "
-             f"Reranker `{report['model']}` (quantization {report['quantization']}), {report['n_questions']} questions (every {report['stride']}), "
+             f"Reranker `{report['model']}` (quantization {report['quantization']}, runtime {report.get('runtime', 'torch')}), {report['n_questions']} questions (every {report['stride']}), "
              f"cached fused pools of `{report['pools']}`, relevance by gold unit.", "",
              "| ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(f"{row[k]:.4f}" for k in KEYS) + " |" for name, row in report["rankings"].items()]
