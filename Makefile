@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo test bench graph-token-experiment reranker embedder clean
+.PHONY: setup demo test bench graph-token-experiment reranker reranker-small embedder clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ graph-token-experiment: setup
 RERANKER_ARGS ?=
 reranker: setup
 	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu.yaml $(RERANKER_ARGS)
+
+# A three-layer reranker distilled from that one (configs/reranker-cpu-small.yaml), which it trains first when missing:
+# about 19 minutes on 2 cores into checkpoints/reranker-cpu-small/model, a pool of 100 in 270 ms in ONNX Runtime int8.
+RERANKER_SMALL_ARGS ?=
+reranker-small: setup
+	test -f checkpoints/reranker-cpu/model/model.safetensors || $(MAKE) reranker
+	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu-small.yaml $(RERANKER_SMALL_ARGS)
 
 # The embedder fine-tuned on the reranker's pairs (optional): reuses the store and pools of `make reranker` (built when
 # missing), then trains and compares it with the bundled one on the held-out conversations (about 7 minutes on 2 cores)

