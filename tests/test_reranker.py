@@ -301,12 +301,14 @@ def test_onnxruntime_runtime_without_onnxruntime_is_one_line(monkeypatch: pytest
         build_reranker(cfg)
 
 
-def test_missing_reranker_folder_falls_back_to_the_fused_order_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(("folder", "command"), [("not-built", "`make reranker`"), ("reranker-cpu-small", "`make reranker-small`")])
+def test_missing_reranker_folder_falls_back_to_the_fused_order_with_one_warning_naming_its_build(
+        folder: str, command: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = PipelineConfig()
-    cfg.models.reranker, cfg.models.reranker_model = "cross", str(tmp_path / "not-built" / "model")
+    cfg.models.reranker, cfg.models.reranker_model = "cross", str(tmp_path / folder / "model")
     with caplog.at_level(logging.WARNING):
         assert build_reranker(cfg) is None
-    assert len(caplog.records) == 1 and "make reranker" in caplog.records[0].getMessage()
+    assert len(caplog.records) == 1 and command in caplog.records[0].getMessage()
 
 
 def _parse_reranker_config(name: str) -> Any:

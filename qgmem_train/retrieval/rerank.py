@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     import torch
 
 RERANKER_KINDS = ("llm", "cross", "none")
+BUILD_COMMANDS = {"reranker-cpu-small": "make reranker-small"}
+"""The make target that trains a shipped config's cross-encoder folder, by the folder's parent; others: ``make reranker``."""
 log = logging.getLogger(__name__)
 
 
@@ -179,7 +181,8 @@ def build_reranker(cfg: PipelineConfig, kind: str | None = None, *, llm: ChatLLM
         if not ref:
             raise ModelUnavailableError("reranker 'cross' needs models.reranker_model (a CrossEncoder path or hub id)")
         if names_missing_folder(ref):
-            log.warning("warning: cross-encoder folder %s not found (build it with `make reranker`); no reranker, the fused order stands", ref)
+            command = BUILD_COMMANDS.get(Path(ref).parent.name, "make reranker")
+            log.warning("warning: cross-encoder folder %s not found (build it with `%s`); no reranker, the fused order stands", ref, command)
             return None
         from qgmem_train.llm.resolver import pick_device
 
