@@ -432,6 +432,16 @@ def test_distillation_settings_outside_their_range_are_refused_by_name(setting: 
         CrossEncoderModule(num_layers=1, max_length=32, **{setting: value})
 
 
+
+@pytest.mark.parametrize(("setting", "folder", "command"), [("teacher", "reranker-cpu", "make reranker"),
+                                                           ("base_model", "reranker-cpu-small", "make reranker-small")])
+def test_a_missing_teacher_or_base_folder_is_refused_by_setting_with_its_build(setting: str, folder: str, command: str, tmp_path: Path) -> None:
+    from qgmem_train.reranker.module import CrossEncoderModule
+
+    missing = str(tmp_path / folder / "model")
+    with pytest.raises(InputError, match=f"^model.{setting}: .*{missing}.*`{command}`"):
+        CrossEncoderModule(num_layers=1, max_length=32, **{setting: missing})
+
 @pytest.mark.slow
 def test_a_distilled_student_moves_toward_its_frozen_teacher(sample_data, trained: Path) -> None:
     """A two-layer student of the tiny trained model: the teacher stays frozen and in eval mode, the student's KL to it drops."""

@@ -25,6 +25,7 @@ from qgmem_train.config import BUNDLED_EMBEDDER
 from qgmem_train.errors import InputError
 from qgmem_train.model.schedule import warmup_cosine
 from qgmem_train.reranker.data import RerankGroup
+from qgmem_train.retrieval.rerank import build_command, names_missing_folder
 
 SCORE_ACTIVATION = "torch.nn.modules.linear.Identity"
 """Saved activation: raw logits, which never tie the way saturated sigmoids do."""
@@ -91,6 +92,9 @@ class CrossEncoderModule(pl.LightningModule):
             raise InputError("model.distill_weight", f"{distill_weight} is outside 0..1")
         if distill_temperature <= 0:
             raise InputError("model.distill_temperature", f"{distill_temperature} must be above 0")
+        for setting, ref in (("base_model", base_model), ("teacher", teacher)):
+            if ref is not None and names_missing_folder(ref):
+                raise InputError(f"model.{setting}", f"folder {ref} not found (build it with `{build_command(ref)}`)")
         self.save_hyperparameters()
         self.cross_encoder = load_cross_encoder(base_model, max_length=max_length, cache_dir=cache_dir, num_layers=num_layers)
         self.teacher = None

@@ -159,6 +159,11 @@ def names_missing_folder(ref: str) -> bool:
     return looks_local and not Path(ref).expanduser().exists()
 
 
+def build_command(ref: str) -> str:
+    """The make target that trains the cross-encoder folder ``ref`` (``make reranker`` unless a shipped config names another)."""
+    return BUILD_COMMANDS.get(Path(ref).parent.name, "make reranker")
+
+
 def build_reranker(cfg: PipelineConfig, kind: str | None = None, *, llm: ChatLLM | None = None) -> Reranker | None:
     """The reranker of ``kind`` (default ``cfg.models.reranker``); ``None`` for ``none``.
 
@@ -181,8 +186,7 @@ def build_reranker(cfg: PipelineConfig, kind: str | None = None, *, llm: ChatLLM
         if not ref:
             raise ModelUnavailableError("reranker 'cross' needs models.reranker_model (a CrossEncoder path or hub id)")
         if names_missing_folder(ref):
-            command = BUILD_COMMANDS.get(Path(ref).parent.name, "make reranker")
-            log.warning("warning: cross-encoder folder %s not found (build it with `%s`); no reranker, the fused order stands", ref, command)
+            log.warning("warning: cross-encoder folder %s not found (build it with `%s`); no reranker, the fused order stands", ref, build_command(ref))
             return None
         from qgmem_train.llm.resolver import pick_device
 
