@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -159,6 +159,11 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def checksums_digest(sums: Mapping[str, str]) -> str:
+    """Short SHA-256 of ``sha256sum``-style lines (``<hex>  <name>``, in the mapping's order): one key for a set of files."""
+    return hashlib.sha256("".join(f"{digest}  {name}\n" for name, digest in sums.items()).encode()).hexdigest()[:16]
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

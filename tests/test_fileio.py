@@ -126,3 +126,16 @@ def test_a_cached_folder_is_written_once_and_a_failed_write_leaves_nothing(tmp_p
     with pytest.raises(RuntimeError, match="export failed"):
         fileio.publish_folder_once(tmp_path / "cache" / "other", fail)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["derived"]
+
+
+def test_a_set_of_checksums_has_one_short_digest_over_its_sha256sum_listing(tmp_path: Path) -> None:
+    import hashlib
+
+    from qgmem_train.fileio import checksums_digest, file_sha256
+
+    (tmp_path / "a.json").write_text("{}")
+    (tmp_path / "b.bin").write_bytes(b"\0" * 10)
+    sums = {name: file_sha256(tmp_path / name) for name in ("a.json", "b.bin")}
+    listing = f"{sums['a.json']}  a.json\n{sums['b.bin']}  b.bin\n"
+    assert checksums_digest(sums) == hashlib.sha256(listing.encode()).hexdigest()[:16]
+    assert checksums_digest({**sums, "b.bin": file_sha256(tmp_path / "a.json")}) != checksums_digest(sums)

@@ -13,7 +13,6 @@ This module also defines the export format (file names, checksum file) that ``py
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
 import ipaddress
 import json
@@ -27,7 +26,7 @@ from urllib.parse import urlsplit
 
 from qgmem_train.config import ModelsConfig, PipelineConfig, pipeline_from_dict, settings_from_dict
 from qgmem_train.errors import InputError, ModelUnavailableError
-from qgmem_train.fileio import file_sha256, read_text
+from qgmem_train.fileio import checksums_digest, file_sha256, read_text
 from qgmem_train.llm.prompts import PROMPTS_VERSION
 
 EXPORT_FORMAT = "qgmem-export"
@@ -194,7 +193,7 @@ def bundled_reranker_folder(export: Export, cache_dir: str | Path | None = None)
 
     sums = read_checksums(export.folder)
     wanted = {name[len(RERANKER_PREFIX):]: sums[name] for name in export.reranker_files}
-    digest = hashlib.sha256("".join(f"{sums[n]}  {n}\n" for n in export.reranker_files).encode()).hexdigest()[:16]
+    digest = checksums_digest({n: sums[n] for n in export.reranker_files})
     final = default_cache_dir(cache_dir) / "rerankers" / digest
     if final.is_dir() and {p.name for p in final.iterdir()} == set(wanted) and all(file_sha256(final / n) == d for n, d in wanted.items()):
         return final

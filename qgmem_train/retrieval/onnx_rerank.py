@@ -9,7 +9,6 @@ is applied to the logits, so the fp32 scores are torch's.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import warnings
@@ -21,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from qgmem_train.errors import ModelUnavailableError
-from qgmem_train.fileio import file_sha256, publish_folder_once
+from qgmem_train.fileio import checksums_digest, file_sha256, publish_folder_once
 from qgmem_train.logging_setup import is_verbose
 
 log = logging.getLogger(__name__)
@@ -30,8 +29,7 @@ GRAPH_FILE = "model.onnx"
 
 def folder_digest(folder: Path) -> str:
     """Digest of every file under ``folder`` (relative names and contents): a cache key that changes with the model."""
-    lines = "".join(f"{file_sha256(p)}  {p.relative_to(folder).as_posix()}\n" for p in sorted(folder.rglob("*")) if p.is_file())
-    return hashlib.sha256(lines.encode()).hexdigest()[:16]
+    return checksums_digest({p.relative_to(folder).as_posix(): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()})
 
 
 @contextmanager
