@@ -9,7 +9,8 @@ import numpy as np
 from qgmem_train.config import PipelineConfig
 from qgmem_train.memory.construct import embed_units
 from qgmem_train.memory.store import MemoryStore, WindowResult
-from qgmem_train.memory.traces import consolidate_traces, link_clusters, members_json, order_members
+from qgmem_train.memory.trace_graph import build_trace_graph, linked_components
+from qgmem_train.memory.traces import consolidate_traces, members_json, order_members
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from tests.fakes import ScriptedLLM
 
@@ -74,11 +75,10 @@ def test_threshold_neighbours_and_serial_order_without_times(minilm) -> None:
     relations = minilm.encode(["Alex lives in", "Alex lives in", "Bea plays", "Alex resides in"])
     facts = minilm.encode(["Alex lives in Lisbon", "Alex lives in Porto", "Bea plays violin", "Alex resides in Rome"])
     cos = float(relations[0] @ relations[3])
-    clusters = link_clusters(facts, relations, neighbours=20, threshold=0.80, min_size=2)
-    expected = [[0, 1, 3]] if cos >= 0.80 else [[0, 1]]
-    assert clusters == expected
-    assert link_clusters(facts, relations, neighbours=20, threshold=1.01, min_size=2) == []
-    assert link_clusters(facts, relations, neighbours=0, threshold=0.0, min_size=2) == []
+    clusters = lambda neighbours, threshold: [c.tolist() for c in linked_components(build_trace_graph(facts, relations, neighbours, threshold), None, 2)]  # noqa: E731
+    assert clusters(20, 0.80) == ([[0, 1, 3]] if cos >= 0.80 else [[0, 1]])
+    assert clusters(20, 1.01) == []
+    assert clusters(0, 0.0) == []
     undated = [_unit("a", 5, "x", ("A", "is", "x"), None), _unit("b", 2, "y", ("A", "is", "y"), None)]
     assert [u.id for u in order_members(undated)] == ["b", "a"]
     assert '"time": "serial-2"' in members_json(order_members(undated))

@@ -14,9 +14,9 @@ from qgmem_train.errors import InputError
 from qgmem_train.memory import traces as traces_module
 from qgmem_train.memory.neighbours import can_extend, extend_neighbours, moved, nearest_neighbours
 from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
-from qgmem_train.memory.trace_graph import build_trace_graph, extend_trace_graph, moved_graph
+from qgmem_train.memory.trace_graph import build_trace_graph, extend_trace_graph, linked_components, moved_graph
 from qgmem_train.memory.trace_graph_file import cached_rows, fingerprints, graph_path, read_graph
-from qgmem_train.memory.traces import consolidate_traces, link_clusters, time_runs
+from qgmem_train.memory.traces import consolidate_traces, time_runs
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.memory.unit_table import UnitView
 from tests.fakes import ScriptedLLM
@@ -137,16 +137,17 @@ def test_extended_graph_equals_a_built_one() -> None:
     np.testing.assert_array_equal(graph.related, build_trace_graph(facts, relations, 20, 0.90).related)
 
 
-def test_link_clusters_keep_the_trace_rule() -> None:
+def test_linked_components_keep_the_trace_rule() -> None:
     rng = np.random.default_rng(4)
     facts = _clustered(240, dim=24, seed=5)
     relations = _unit_vectors(rng, 240, rng.standard_normal((12, 24)), 0.25, 24)
     linkable = rng.random(240) > 0.2
     expected = _reference_clusters(facts, relations, 20, 0.80, 2, linkable)
     assert len(expected) > 3
-    assert link_clusters(facts, relations, 20, 0.80, 2, linkable) == expected
-    assert link_clusters(facts, relations, 20, 0.80, 2, linkable, exact_max=0) != []
-    assert link_clusters(facts, relations, 20, 0.80, 4) == _reference_clusters(facts, relations, 20, 0.80, 4, np.ones(240, bool))
+    clusters = lambda graph, linkable, min_size: [c.tolist() for c in linked_components(graph, linkable, min_size)]  # noqa: E731
+    assert clusters(build_trace_graph(facts, relations, 20, 0.80), linkable, 2) == expected
+    assert clusters(build_trace_graph(facts, relations, 20, 0.80, exact_max=0), linkable, 2) != []
+    assert clusters(build_trace_graph(facts, relations, 20, 0.80), None, 4) == _reference_clusters(facts, relations, 20, 0.80, 4, np.ones(240, bool))
 
 
 def test_time_runs_cap_sizes_and_leave_older_runs_alone() -> None:

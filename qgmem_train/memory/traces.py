@@ -28,33 +28,13 @@ from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import TRACE_CONSOLIDATION
 from qgmem_train.llm.schemas import TrajectoryOutput
 from qgmem_train.llm.structured import ParseStats, generate_structured
-from qgmem_train.memory.neighbours import BLOCK_BYTES, EXACT_MAX_UNITS, can_extend
+from qgmem_train.memory.neighbours import can_extend
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.trace_graph import TraceGraph, build_trace_graph, extend_trace_graph, linked_components
 from qgmem_train.memory.trace_graph_file import fingerprints, graph_path, read_graph, write_graph
 from qgmem_train.memory.turn_units import FALLBACK_PREDICATE
 from qgmem_train.memory.types import MemoryUnit, Trace
 from qgmem_train.memory.unit_table import unit_texts
-
-
-def link_clusters(
-    fact_embeddings: np.ndarray,
-    relation_embeddings: np.ndarray,
-    neighbours: int,
-    threshold: float,
-    min_size: int,
-    linkable: np.ndarray | None = None,
-    *,
-    exact_max: int = EXACT_MAX_UNITS,
-    block_bytes: int = BLOCK_BYTES,
-) -> list[list[int]]:
-    """Connected components (as sorted unit indices) of the relation-linked k-nearest-fact-neighbour graph.
-
-    ``linkable`` (bool per unit) leaves units out of every link, e.g. turns-mode units without a relation;
-    ``exact_max`` and ``block_bytes`` are as in :func:`~qgmem_train.memory.neighbours.nearest_neighbours`.
-    """
-    graph = build_trace_graph(fact_embeddings, relation_embeddings, neighbours, threshold, exact_max=exact_max, block_bytes=block_bytes)
-    return [c.tolist() for c in linked_components(graph, linkable, min_size)]
 
 
 def time_runs(count: int, max_size: int | None, min_size: int) -> list[slice]:
