@@ -465,3 +465,21 @@ def test_a_distilled_student_moves_toward_its_frozen_teacher(sample_data, traine
         optimizer.step()
     assert module.losses(groups)["distill"].item() < first["distill"].item()
     assert all(torch.equal(value, frozen[name]) for name, value in module.teacher.state_dict().items())
+
+
+def test_fit_embedder_reads_the_data_section_with_fit_rerankers_defaults_and_checks(tmp_path: Path) -> None:
+    from qgmem_train.errors import InputError
+    from qgmem_train.reranker.datamodule import RerankDataModule
+    from qgmem_train.reranker.embedder_tuning import rerank_data_module
+
+    config = tmp_path / "reranker.yaml"
+    config.write_text("data:\n  val_conversations: [conv-30]\n  negatives: 3\n")
+    data = rerank_data_module(config)
+    expected = RerankDataModule(val_conversations=["conv-30"], negatives=3)
+    assert (data.input, data.store, data.cache, data.val_conversations) == (expected.input, expected.store, expected.cache, ["conv-30"])
+    config.write_text("data:\n  val_conversations: [conv-30]\n  negativs: 3\n")
+    with pytest.raises(InputError, match=r"data\.negativs.*not a setting"):
+        rerank_data_module(config)
+    config.write_text("data:\n  input: x.json\n")
+    with pytest.raises(InputError, match=r"data\.val_conversations"):
+        rerank_data_module(config)

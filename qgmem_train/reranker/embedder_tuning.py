@@ -24,16 +24,19 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 
-from qgmem_train.config import BUNDLED_EMBEDDER, ModelsConfig, PipelineConfig
+from qgmem_train.config import ModelsConfig, PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import read_text, replace_folder
 from qgmem_train.logging_setup import is_quiet
-from qgmem_train.reranker.data import HARD_TOP, RerankData, ensure_turns_store, load_or_build
+from qgmem_train.reranker.data import HARD_TOP, RerankData, ensure_turns_store
+
+if TYPE_CHECKING:
+    from qgmem_train.reranker.datamodule import RerankDataModule
 
 DEFAULT_OUT = "checkpoints/embedder-cpu/model"
 K = 10
@@ -140,18 +143,23 @@ def improves(comparison: dict[str, dict[str, float]]) -> bool:
     return all(comparison["tuned"][f"fused/{key}"] > comparison["base"][f"fused/{key}"] for key in METRICS)
 
 
-def read_data_section(config: Path) -> dict[str, Any]:
-    """The ``data`` section of a reranker config: ``input``, ``store``, ``cache``, ``val_conversations`` (and ``embedder``)."""
+def rerank_data_module(config: Path) -> RerankDataModule:
+    """The reranker data of a reranker config's ``data`` section, with ``fit-reranker``'s defaults and checks."""
+    import inspect
+
+    from qgmem_train.reranker.datamodule import RerankDataModule
+
     try:
         data = (yaml.safe_load(read_text(config, kind="reranker config")) or {}).get("data")
     except yaml.YAMLError as exc:
         raise InputError(str(config), f"not YAML ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise InputError(str(config), "no data section (input, store, cache, val_conversations)")
-    for field in ("input", "store", "val_conversations"):
-        if not data.get(field):
-            raise InputError(str(config), f"data.{field} is missing")
-    return data
+    settings = [name for name in inspect.signature(RerankDataModule).parameters if name != "device"]
+    for name in data:
+        if name not in settings:
+            raise InputError(f"data.{name}", f"not a setting of the reranker data (known: {', '.join(settings)})")
+    return RerankDataModule(**data)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -171,13 +179,11 @@ def main(argv: list[str]) -> int:
     """Build the triples, fine-tune, compare on the held-out conversations, publish the folder and print one summary line."""
     args = parse_args(argv)
     started = time.perf_counter()
-    data_cfg = read_data_section(args.config)
-    input_path, store = Path(data_cfg["input"]), Path(data_cfg["store"])
-    base = data_cfg.get("embedder", BUNDLED_EMBEDDER)
-    held_out = [str(c) for c in data_cfg["val_conversations"]]
-    cfg = PipelineConfig(models=ModelsConfig(embedder=base, device="cpu"))
-    data = load_or_build(input_path, store, Path(data_cfg["cache"]) if data_cfg.get("cache") else None, cfg)
-    train_data, val_data = data.split(held_out)
+    data_module = rerank_data_module(args.config)
+    data_module.setup()
+    input_path, store, held_out = data_module.input, data_module.store, [str(c) for c in data_module.val_conversations]
+    base = data_module.pipeline.models.embedder
+    train_data, val_data = data_module.train_data, data_module.val_data
     train = training_triples(train_data, store, base, args.seed)
     val = training_triples(val_data, store, base, args.seed)
     if not train["anchor"] or not val["anchor"]:
