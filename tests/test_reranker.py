@@ -6,6 +6,7 @@ split by conversation has one to train on and one to validate on.
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -157,7 +158,8 @@ def trained_run(sample_data, tmp_path_factory: pytest.TempPathFactory) -> tuple[
         "--data.input", str(source), "--data.store", str(store), "--data.cache", str(folder / "pools.json"),
         "--data.val_conversations", f"[{VAL}]", "--data.negatives", "7", "--data.batch_size", "4", "--model.max_length", "64",
         "--model.learning_rate", "0.0001", "--model.head_learning_rate", "0.0003", "--model.warmup_fraction", "0.0", "--trainer.max_epochs", "6",
-        "--trainer.default_root_dir", str(folder), "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(folder), "--trainer.enable_progress_bar", "false",
+        "--trainer.logger", json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(folder), "name": "logs"}}),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "fit-reranker:" in result.stdout and str(out) in result.stdout
@@ -184,6 +186,16 @@ def test_tiny_training_lowers_validation_loss_and_records_its_split(trained: Pat
     record = json.loads((trained / "training.json").read_text())
     assert record["train_conversations"] == [TRAIN] and record["val_conversations"] == [VAL]
     assert record["steps"] > 0 and record["validation_after"]["val/loss"] < record["validation_before"]["val/loss"]
+
+
+@pytest.mark.slow
+def test_each_weights_are_validated_once_before_training_and_after_each_epoch(trained: Path) -> None:
+    """Six epochs log seven validation passes: the final weights are not validated a second time after ``fit``."""
+    (metrics,) = (trained.parent / "logs").glob("version_*/metrics.csv")
+    passes = [row for row in csv.DictReader(metrics.open()) if row["val/loss"]]
+    assert len(passes) == 1 + 6
+    record = json.loads((trained / "training.json").read_text())
+    assert record["validation_after"]["val/loss"] == round(float(passes[-1]["val/loss"]), 4)
 
 
 @pytest.mark.slow

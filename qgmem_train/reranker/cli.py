@@ -2,10 +2,10 @@
 
 LightningCLI over :class:`CrossEncoderModule` and :class:`RerankDataModule` (``seed_everything``,
 ``trainer``, ``model``, ``data`` sections, overridable as ``--model.learning_rate 3e-5``), plus
-``--out``: the folder the trained CrossEncoder is written to. The run validates once before training
-and once after; the folder is published atomically with ``training.json`` beside the weights (the
-split, both validation losses, steps and seconds), so a later evaluation knows which conversations
-the model never saw.
+``--out``: the folder the trained CrossEncoder is written to. The run validates before training and
+after each epoch (once more only when the last epoch ended without a pass); the folder is published
+atomically with ``training.json`` beside the weights (the split, both validation losses, steps and
+seconds), so a later evaluation knows which conversations the model never saw.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from qgmem_train.fileio import replace_folder
@@ -36,6 +37,16 @@ class RerankerCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--out", default=DEFAULT_OUT, help="folder for the trained CrossEncoder (replaced atomically)")
+
+
+class LastValidation(Callback):
+    """Remembers the optimizer step of the latest validation pass, so the final weights are validated once."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.step = trainer.global_step
 
 
 def _metrics(trainer: Any) -> dict[str, float]:
@@ -67,7 +78,7 @@ def training_record(cli: RerankerCLI, before: dict[str, float], after: dict[str,
 
 
 def main(argv: list[str]) -> int:
-    """Validate, fit, validate, then publish the CrossEncoder folder and print one summary line."""
+    """Validate, fit (validating the final weights once), then publish the CrossEncoder folder and print one summary line."""
     started = time.perf_counter()
     route_to_root("lightning")
     with warnings.catch_warnings():
@@ -75,10 +86,13 @@ def main(argv: list[str]) -> int:
         trainer_defaults = {"enable_model_summary": False, "enable_checkpointing": False} if is_quiet() else {"enable_checkpointing": False}
         cli = RerankerCLI(CrossEncoderModule, RerankDataModule, args=argv, run=False, save_config_callback=None, trainer_defaults=trainer_defaults)
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    last_validation = LastValidation()
+    trainer.callbacks.append(last_validation)
     trainer.validate(model, datamodule=data, verbose=False)
     before = _metrics(trainer)
     trainer.fit(model, datamodule=data)
-    trainer.validate(model, datamodule=data, verbose=False)
+    if last_validation.step != trainer.global_step:
+        trainer.validate(model, datamodule=data, verbose=False)
     after = _metrics(trainer)
     out = Path(cli.config.out)
     out.parent.mkdir(parents=True, exist_ok=True)
