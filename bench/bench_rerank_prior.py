@@ -1,4 +1,4 @@
-"""How ``rerank_mode: blend`` weighs the fused rank: the prior β chosen on the reranker's training conversations.
+"""How ``rerank_mode: blend`` weighs the fused rank: the prior β chosen where no evaluation looks.
 
 ``blend`` ranks a pool by the cross-encoder's scores standardized over the pool minus β·ln(1 + fused
 rank). β is chosen where no evaluation looks: the pools of the conversations the reranker trained on
@@ -6,10 +6,13 @@ rank). β is chosen where no evaluation looks: the pools of the conversations th
 applied to the same scores. Relevance is by gold unit (one unit a turn in a turns-mode store). The
 reranker has seen these questions, so it looks stronger here than on new conversations and a β chosen
 here errs towards the reranker; ``bench_reranker.py`` then measures the chosen β on the held-out ones.
+``--conversation`` sweeps other cached conversations instead, such as those a model trained with
+another split never saw, so β is chosen on held-out questions that are not the benchmark's.
 
     python bench/bench_rerank_prior.py                       # checkpoints/reranker-cpu/model, every training question
     python bench/bench_rerank_prior.py --stride 2 --quantization int8
     python bench/bench_rerank_prior.py --model checkpoints/reranker-cpu-small/model --runtime onnxruntime --quantization int8
+    python bench/bench_rerank_prior.py --model MODEL_TRAINED_WITHOUT_THEM --conversation conv-26 conv-41
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def sweep(data: RerankData, reranker: Reranker, priors: tuple[float, ...], strid
 def markdown(report: dict) -> str:
     """The sweep's table and the chosen prior."""
     m = report["machine"]
-    lines = [f"# The prior of `rerank_mode: blend`, chosen on the reranker's training conversations ({', '.join(report['conversations'])})", "",
+    lines = [f"# The prior of `rerank_mode: blend`, chosen on {report.get('split', 'training')} conversations of the reranker ({', '.join(report['conversations'])})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m.get('torch_threads')}, load average at start {m.get('load_average_1m')}. "
              f"Reranker `{report['model']}` (quantization {report['quantization']}, runtime {report.get('runtime', 'torch')}), {report['n_questions']} questions (every {report['stride']}), "
              f"cached fused pools of `{report['pools']}`, relevance by gold unit.", "",
@@ -64,11 +67,12 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    """Score the training conversations' pools once, sweep β, print and write bench/results/<report>.{json,md}."""
+    """Score the chosen conversations' pools once, sweep β, print and write bench/results/<report>.{json,md}."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "reranker-cpu" / "model", help="trained CrossEncoder folder")
     parser.add_argument("--pools", type=Path, default=ROOT / "out" / "reranker" / "pools.json", help="the reranker's cached pools (make reranker)")
-    parser.add_argument("--stride", type=int, default=1, help="every this-many-th training question")
+    parser.add_argument("--conversation", nargs="+", help="cached conversations to sweep (default: the model's training conversations)")
+    parser.add_argument("--stride", type=int, default=1, help="every this-many-th question")
     parser.add_argument("--quantization", choices=("none", "int8"), default="none", help="models.reranker_quantization (default: none)")
     parser.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch", help="models.reranker_runtime (default: torch)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
@@ -77,7 +81,14 @@ def main() -> None:
     training = read_training(args.model)
     if not args.pools.exists():
         raise SystemExit(f"{args.pools} not found: train the reranker first (make reranker)")
-    data = RerankData.load(args.pools).subset(training["train_conversations"])
+    conversations = args.conversation or training["train_conversations"]
+    pools = RerankData.load(args.pools)
+    missing = sorted(set(conversations) - set(pools.documents))
+    if missing:
+        raise SystemExit(f"{args.pools} has no pools of {', '.join(missing)} (it has {', '.join(sorted(pools.documents))})")
+    data = pools.subset(conversations)
+    trained = set(conversations) & set(training["train_conversations"])
+    split = "training" if trained == set(conversations) else "held-out" if not trained else "training and held-out"
     info = machine_info()
     started = time.perf_counter()
     reranker = cross_encoder(args.model, args.quantization, args.runtime, batch_size=8)
@@ -87,7 +98,7 @@ def main() -> None:
     rankings = {name: {key: round(means[f"{name}/{key}"], 4) for key in KEYS} for name in names}
     chosen = max(PRIORS, key=lambda p: (rankings[f"blend {p:g}"][f"recall@{K}"], rankings[f"blend {p:g}"][f"ndcg@{K}"]))
     report = {"machine": info, "model": str(args.model), "quantization": args.quantization, "runtime": args.runtime, "pools": str(args.pools),
-              "conversations": data.conversations, "stride": args.stride, "n_questions": len(records), "rankings": rankings,
+              "split": split, "conversations": data.conversations, "stride": args.stride, "n_questions": len(records), "rankings": rankings,
               "chosen": chosen, "seconds": round(time.perf_counter() - started, 1)}
     text = markdown(report)
     write_report_atomic(args.out / f"{args.report}.json", report, text)
