@@ -121,8 +121,9 @@ class RetrievalConfig:
     rerank_mode: Literal["replace", "rrf", "blend"] = "replace"
     """``replace``: the reranker's order is the working memory (paper); ``rrf``: RRF of the fused and reranked ranks;
     ``blend``: the reranker's standardized scores with the fused rank as a prior (``rerank_prior``); both for rerankers weaker than the paper's."""
-    rerank_prior: float = 0.5
-    """``blend`` mode's β: a unit's score is its standardized reranker score minus β·ln(1 + its rank in the fused pool, from 0)."""
+    rerank_prior: float = 0.75
+    """``blend`` mode's β: a unit's score is its standardized reranker score minus β·ln(1 + its rank in the fused pool, from 0).
+    0.75: best recall@10 for the trained CPU reranker on LoCoMo conversations it never saw (bench/results/rerank_prior_two_epochs.md)."""
     lexical_context_turns: int = 1
     """Turns before a unit's first source turn (same session) added to its BM25 document: the question a reply answers."""
     sentence_vectors: bool = True

