@@ -40,13 +40,13 @@ graph-token-experiment: setup
 	$(PY) bench/graph_token_experiment.py --out out/graph_token $(EXPERIMENT_ARGS)
 
 # The cross-encoder reranker (configs/reranker-cpu.yaml): builds the LoCoMo dev turns-mode store and pools on the first run,
-# then trains (about 20 minutes on 2 cores from a fresh checkout) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--trainer.max_epochs 2'.
+# then trains two epochs (about 19 minutes on 2 cores from a fresh checkout) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--data.negatives 15'.
 RERANKER_ARGS ?=
 reranker: setup
 	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu.yaml $(RERANKER_ARGS)
 
 # A three-layer reranker distilled from that one (configs/reranker-cpu-small.yaml), which it trains first when missing:
-# about 19 minutes on 2 cores into checkpoints/reranker-cpu-small/model, a pool of 100 in 270 ms in ONNX Runtime int8.
+# about 15 minutes on 2 cores into checkpoints/reranker-cpu-small/model, a pool of 100 in 215 ms in ONNX Runtime int8.
 RERANKER_SMALL_ARGS ?=
 reranker-small: setup
 	test -f checkpoints/reranker-cpu/model/model.safetensors || $(MAKE) reranker
