@@ -189,7 +189,7 @@ def test_tiny_training_lowers_validation_loss_and_records_its_split(trained: Pat
 
 
 @pytest.mark.slow
-def test_each_weights_are_validated_once_before_training_and_after_each_epoch(trained: Path) -> None:
+def test_weights_are_validated_before_training_and_once_after_each_epoch(trained: Path) -> None:
     """Six epochs log seven validation passes: the final weights are not validated a second time after ``fit``."""
     (metrics,) = (trained.parent / "logs").glob("version_*/metrics.csv")
     passes = [row for row in csv.DictReader(metrics.open()) if row["val/loss"]]
