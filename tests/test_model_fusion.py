@@ -23,7 +23,8 @@ def data() -> TrajectoryDataModule:
 def model(tmp_path_factory, data) -> GraphAugmentedLM:
     folder = save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
     torch.manual_seed(0)
-    model = GraphAugmentedLM(**tiny_module_kwargs(folder, data.feature_dim, graph_tokens=2))
+    # The whole sequence in one pass: tests/test_prefix_cache.py checks the cached path against this one.
+    model = GraphAugmentedLM(**tiny_module_kwargs(folder, data.feature_dim, graph_tokens=2, prefix_cache=False))
     model.load_backbone("cpu")
     return model
 

@@ -10,6 +10,7 @@ its config, tokenizer and chat template, and a hash of the settings that shape t
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import lightning as L
@@ -39,8 +40,19 @@ from qgmem_train.model.fusion import (
     target_ids,
     truncate_to_tokens,
 )
+from qgmem_train.model.prefix_cache import (
+    PrefixKV,
+    attend_to_prefix,
+    cache_key,
+    compute_prefix,
+    generate_after_prefix,
+    shared_prefix,
+    unsupported_reason,
+)
 from qgmem_train.model.schedule import warmup_cosine
 from qgmem_train.model.trajectory import TrajectoryExample
+
+log = logging.getLogger(__name__)
 
 GraphBatch = dict[str, Any]
 """What the data module yields: ``{"examples": list[TrajectoryExample], "graph": torch_geometric Batch}``."""
@@ -77,6 +89,7 @@ class GraphAugmentedLM(L.LightningModule):
         lora_alpha: int = 16,
         lora_target_modules: list[str] | None = None,
         gradient_checkpointing: bool = False,
+        prefix_cache: bool = True,
         learning_rate: float = 1e-4,
         weight_decay: float = 0.05,
         warmup_fraction: float = 0.05,
@@ -108,6 +121,8 @@ class GraphAugmentedLM(L.LightningModule):
             lora_alpha: LoRA scaling numerator.
             lora_target_modules: modules LoRA wraps (default ``q_proj``, ``v_proj``).
             gradient_checkpointing: recompute LLM decoder-layer activations in backward to save memory.
+            prefix_cache: compute the frozen prompt prefix (every token before the graph slot) once and reuse its
+                keys and values in every step and generation; applies without LoRA (see ``prefix_cache_status``).
             learning_rate: AdamW peak learning rate.
             weight_decay: AdamW weight decay.
             warmup_fraction: share of the run's optimizer steps spent warming up linearly to the peak rate.
@@ -129,6 +144,7 @@ class GraphAugmentedLM(L.LightningModule):
         self.llm: Any = None
         self.embedding_norm: float | None = None
         self._constraint: Any = None
+        self._prefix: PrefixKV | None = None
         self.encoder: RelationalGraphEncoder | None = None
         self.projector: GraphTokenProjector | None = None
         if graph_tokens > 0:
@@ -163,6 +179,9 @@ class GraphAugmentedLM(L.LightningModule):
         if hp.gradient_checkpointing:
             llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.llm = llm
+        if hp.gradient_checkpointing and self.prefix_cache_status()[0]:
+            _keep_read_only_cache_when_checkpointing(llm)
+        self._prefix = None
         self.to(torch.device(target))
         self.embedding_norm = float(llm.get_input_embeddings().weight.detach().float().norm(dim=-1).mean())
         if self.projector is not None:
@@ -205,28 +224,67 @@ class GraphAugmentedLM(L.LightningModule):
         chat = final_answer_chat(example.question, example.question_time, context, example.graph, text_path=self.hparams.text_path)
         return chat_prompt_ids(self.tokenizer, chat)
 
-    def training_inputs(self, batch: GraphBatch, graph_embeds: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def prefix_cache_status(self) -> tuple[bool, str]:
+        """Whether the frozen-prefix cache applies to this model, and why: the line fit prints at its start."""
+        if not self.hparams.prefix_cache:
+            return False, "off (model.prefix_cache: false)"
+        reason = unsupported_reason(self._backbone(), self.hparams.lora_r)
+        if reason is not None:
+            return False, f"off: {reason}"
+        return True, "on: the tokens before the graph slot run through the frozen LLM once, not in every step"
+
+    def cached_prefix(self, prompts: list[PromptIds]) -> PrefixKV | None:
+        """The keys and values of the batch's shared prefix (computed on first use and whenever what they depend on changes).
+
+        ``None`` when the cache is off or the prompts do not share the tokens before their slot.
+        """
+        if not self.prefix_cache_status()[0]:
+            return None
+        ids = shared_prefix(prompts)
+        if ids is None:
+            return None
+        llm = self._backbone()
+        key = cache_key(llm, ids)
+        if self._prefix is None or self._prefix.key != key:
+            self._prefix = compute_prefix(llm, ids, key)
+        return self._prefix
+
+    def on_fit_start(self) -> None:
+        """Say whether the prefix cache is on and why, and compute it before the first step."""
+        enabled, why = self.prefix_cache_status()
+        if self.trainer.is_global_zero:
+            log.info("prefix cache: %s", why)
+        if enabled:
+            self.cached_prefix([self.prompt_ids(_probe_example())])
+
+    def training_inputs(self, batch: GraphBatch, graph_embeds: torch.Tensor | None = None) -> dict[str, Any]:
         """Right-padded embeddings, mask, position ids and labels (loss on target JSON + EOS only).
 
         ``graph_embeds`` are the batch's graph tokens when the caller has them already (else computed).
+        With the prefix cache the embeddings start after the shared prefix, and the inputs carry the
+        read-only cache that holds it (``cache``), a mask covering it and position ids continuing it.
         """
         examples = batch["examples"]
         prompts = [self.prompt_ids(ex) for ex in examples]
         targets = [target_ids(self.tokenizer, ex.target_json()) for ex in examples]
-        embeds = embed_token_ids(self._backbone().get_input_embeddings(), [p.ids + t for p, t in zip(prompts, targets)])
+        prefix = self.cached_prefix(prompts)
+        skip = prefix.length if prefix is not None else 0
+        embeds = embed_token_ids(self._backbone().get_input_embeddings(), [p.ids[skip:] + t for p, t in zip(prompts, targets)])
         if graph_embeds is None:
             graph_embeds = self.graph_embeddings(batch["graph"])
-        embeds = insert_graph_tokens(embeds, graph_embeds, [p.graph_slot for p in prompts])
-        labels = [sequence_labels(len(p.ids), t, self.hparams.graph_tokens, self.device) for p, t in zip(prompts, targets)]
-        return pad_right(embeds, labels)
+        embeds = insert_graph_tokens(embeds, graph_embeds, [p.graph_slot - skip for p in prompts])
+        labels = [sequence_labels(len(p.ids) - skip, t, self.hparams.graph_tokens, self.device) for p, t in zip(prompts, targets)]
+        inputs = pad_right(embeds, labels)
+        return inputs if prefix is None else attend_to_prefix(inputs, prefix)
 
-    def hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def hidden_states(self, inputs: dict[str, Any]) -> torch.Tensor:
         """Last hidden states of the LLM's decoder for padded inputs (no vocabulary projection)."""
         decoder = self._backbone().get_decoder()
         output = decoder(
             inputs_embeds=inputs["inputs_embeds"],
             attention_mask=inputs["attention_mask"],
             position_ids=inputs["position_ids"],
+            cache=inputs.get("cache"),
             use_cache=False,
         )
         return output.last_hidden_state
@@ -285,20 +343,28 @@ class GraphAugmentedLM(L.LightningModule):
         """Greedy final-answer generations for a batch (left padded) under the answer JSON schema.
 
         Decoding starts from ``inputs_embeds`` (the graph tokens have no token ids) and every step is
-        masked by the same llguidance JSON-schema constraint as the text path's answers.
+        masked by the same llguidance JSON-schema constraint as the text path's answers. With the prefix
+        cache, decoding starts from the cached prefix and only the rest of each prompt is prefilled.
         """
         from qgmem_train.llm.local import JsonSchemaConstraint
 
         llm = self._backbone()
         prompts = [self.prompt_ids(ex) for ex in examples]
-        embeds = embed_token_ids(llm.get_input_embeddings(), [p.ids for p in prompts])
-        inputs = pad_left(insert_graph_tokens(embeds, self.graph_embeddings(graph), [p.graph_slot for p in prompts]))
+        prefix = self.cached_prefix(prompts)
+        skip = prefix.length if prefix is not None else 0
+        embeds = embed_token_ids(llm.get_input_embeddings(), [p.ids[skip:] for p in prompts])
+        inputs = pad_left(insert_graph_tokens(embeds, self.graph_embeddings(graph), [p.graph_slot - skip for p in prompts]))
+        cache = {}
+        if prefix is not None:
+            inputs = generate_after_prefix(inputs, prefix)
+            cache = {"cache": prefix.for_generation(len(examples))}
         if self._constraint is None:
             self._constraint = JsonSchemaConstraint(self.tokenizer, int(llm.get_output_embeddings().weight.shape[0]))
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         output = llm.generate(
             inputs_embeds=inputs["inputs_embeds"],
             attention_mask=inputs["attention_mask"],
+            **cache,
             max_new_tokens=self.hparams.max_new_tokens,
             do_sample=False,
             pad_token_id=pad_id,
@@ -402,6 +468,24 @@ def _load_frozen_llm(ref: str, revision: str | None, dtype: str, quantization: s
     model.requires_grad_(False)
     model.eval()
     return model
+
+
+def _probe_example() -> TrajectoryExample:
+    """A question with nothing around it: its prompt has the same prefix as every example's (the prefix ends before the user content)."""
+    return TrajectoryExample(
+        case_id="", question_id="", source_dataset="", namespace="", question="?", question_time="", context="", answer="", reasoning_path=""
+    )
+
+
+def _keep_read_only_cache_when_checkpointing(llm: Any) -> None:
+    """Let checkpointed decoder layers keep the prefix cache in training (transformers drops a layer's cache there by default).
+
+    The prefix cache is read-only (:class:`~qgmem_train.model.prefix_cache.ReadOnlyPrefixCache`), so a
+    layer that runs again in backward reads the same keys and values: the case transformers'
+    ``_can_checkpoint_with_cache`` flag is for.
+    """
+    for layer in llm.get_decoder().layers:
+        layer._can_checkpoint_with_cache = True
 
 
 def _add_lora(model: Any, rank: int, alpha: int, target_modules: list[str]) -> Any:

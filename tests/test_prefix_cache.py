@@ -1,0 +1,178 @@
+"""The frozen-prefix cache: the same losses, gradients and greedy answers as running the whole prompt, for less work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from qgmem_train.model.datamodule import TrajectoryDataModule
+from qgmem_train.model.module import GraphAugmentedLM
+from tests.test_model_cluster import TEMPLATES
+from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+
+
+@pytest.fixture(scope="module")
+def llm_dir(tmp_path_factory) -> Path:
+    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
+
+
+@pytest.fixture(scope="module")
+def data() -> TrajectoryDataModule:
+    module = TrajectoryDataModule(str(FIXTURE), batch_size=3, shuffle=False)
+    module.setup("fit")
+    return module
+
+
+def _pair(data: TrajectoryDataModule, **settings: object) -> tuple[GraphAugmentedLM, GraphAugmentedLM]:
+    """The same freshly initialised model twice: prefix cache on, then off."""
+    models = []
+    for cached in (True, False):
+        torch.manual_seed(0)
+        model = GraphAugmentedLM(feature_dim=data.feature_dim, prefix_cache=cached, **settings)
+        model.load_backbone("cpu")
+        models.append(model)
+    return models[0], models[1]
+
+
+def _tiny(llm_dir: Path, data: TrajectoryDataModule, **overrides: object) -> tuple[GraphAugmentedLM, GraphAugmentedLM]:
+    settings = tiny_module_kwargs(llm_dir, data.feature_dim, graph_tokens=2, **overrides)
+    settings.pop("feature_dim")
+    return _pair(data, **settings)
+
+
+def _loss_and_gradients(model: GraphAugmentedLM, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.train()
+    model.zero_grad()
+    losses = model.example_losses(batch)
+    losses.mean().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return losses.detach(), grads
+
+
+def _assert_same_training(cached: GraphAugmentedLM, plain: GraphAugmentedLM, batch: dict) -> None:
+    """Per-example losses and every gradient within 1e-5 relative (a gradient by its norm: some are zero up to rounding)."""
+    cached_losses, cached_grads = _loss_and_gradients(cached, batch)
+    plain_losses, plain_grads = _loss_and_gradients(plain, batch)
+    assert torch.allclose(cached_losses, plain_losses, rtol=1e-5, atol=1e-7), (cached_losses, plain_losses)
+    assert set(cached_grads) == set(plain_grads) and {n.split(".")[0] for n in plain_grads} == {"encoder", "projector"}
+    for name, grad in plain_grads.items():
+        error = float((cached_grads[name] - grad).norm())
+        assert error <= 1e-5 * float(grad.norm()) + 1e-10, f"{name}: {error} against a gradient of norm {float(grad.norm())}"
+
+
+def test_the_cache_runs_only_the_tokens_after_the_prefix(llm_dir, data) -> None:
+    cached, plain = _tiny(llm_dir, data)
+    batch = data.collate(data.splits["train"][:3])
+    with_cache, without = cached.training_inputs(batch), plain.training_inputs(batch)
+    prefix = cached.prompt_ids(batch["examples"][0]).graph_slot
+    assert prefix > 10 and with_cache["cache"].get_seq_length() == prefix
+    assert with_cache["inputs_embeds"].shape[1] == without["inputs_embeds"].shape[1] - prefix
+    assert torch.equal(with_cache["attention_mask"], without["attention_mask"])
+    assert torch.equal(with_cache["position_ids"], without["position_ids"][:, prefix:])
+
+
+def test_losses_and_gradients_equal_for_a_right_padded_batch_of_mixed_lengths(llm_dir, data) -> None:
+    cached, plain = _tiny(llm_dir, data)
+    batch = data.collate(data.splits["train"][:3])
+    lengths = {len(cached.prompt_ids(ex).ids) for ex in batch["examples"]}
+    assert len(lengths) > 1, "the fixture should give prompts of different lengths"
+    _assert_same_training(cached, plain, batch)
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_losses_and_gradients_equal_under_each_chat_template(llm_dir, data, name: str) -> None:
+    cached, plain = _tiny(llm_dir, data)
+    for model in (cached, plain):
+        model.tokenizer.chat_template = TEMPLATES[name][0]
+        model.tokenizer.bos_token = "<|endoftext|>"
+    _assert_same_training(cached, plain, data.collate(data.splits["train"][:2]))
+
+
+def test_gradient_checkpointing_keeps_the_cache_and_the_gradients(llm_dir, data) -> None:
+    cached, plain = _tiny(llm_dir, data, gradient_checkpointing=True)
+    _assert_same_training(cached, plain, data.collate(data.splits["train"][:3]))
+
+
+def test_greedy_answers_are_identical_for_a_left_padded_batch(llm_dir, data) -> None:
+    cached, plain = _tiny(llm_dir, data)
+    examples = data.splits["train"][:3]
+    graph = data.collate(examples)["graph"]
+    answers = cached.generate(examples, graph)
+    assert answers == plain.generate(examples, graph)
+    assert cached._prefix is not None and cached._prefix.length == cached.prompt_ids(examples[0]).graph_slot
+
+
+def test_the_cache_is_off_with_lora_and_says_so(llm_dir, data) -> None:
+    cached, _ = _tiny(llm_dir, data, lora_r=4)
+    enabled, why = cached.prefix_cache_status()
+    assert not enabled and "LoRA" in why
+    inputs = cached.training_inputs(data.collate(data.splits["train"][:2]))
+    assert "cache" not in inputs and cached._prefix is None
+
+
+def test_a_changed_system_prompt_rebuilds_the_cache(llm_dir, data, monkeypatch) -> None:
+    from qgmem_train.answer import prompt as answer_prompt
+    from qgmem_train.llm.prompts import PromptTemplate
+
+    cached, plain = _tiny(llm_dir, data)
+    batch = data.collate(data.splits["train"][:2])
+    cached.example_losses(batch)
+    first = cached._prefix
+    original = answer_prompt.FINAL_ANSWER
+    monkeypatch.setattr(answer_prompt, "FINAL_ANSWER", PromptTemplate(name=original.name, system=original.system + " Be brief.", user=original.user))
+    _assert_same_training(cached, plain, batch)
+    assert cached._prefix is not first and cached._prefix.length > first.length
+
+
+class _DecoderLengths(Callback):
+    """Sequence lengths each decoder layer's first op sees during training steps (a recomputation runs forward again)."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        for layer in pl_module.llm.model.layers:
+            layer.input_layernorm.register_forward_hook(lambda module, args, out: self.lengths.append(int(args[0].shape[1])))
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fit_runs_the_prefix_once_and_checkpointed_layers_still_recompute(llm_dir, data, tmp_path, caplog, checkpointing: bool) -> None:
+    caplog.set_level("INFO", logger="qgmem_train.model.module")
+    lengths = {}
+    for cached in (True, False):
+        L.seed_everything(0)
+        settings = tiny_module_kwargs(llm_dir, data.feature_dim, gradient_checkpointing=checkpointing, val_generate=False, prefix_cache=cached)
+        model = GraphAugmentedLM(**settings)
+        calls = _DecoderLengths()
+        trainer = L.Trainer(
+            accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path / str(cached), callbacks=[calls],
+        )  # fmt: skip
+        trainer.fit(model, datamodule=data)
+        lengths[cached] = calls.lengths
+    layers = 2
+    assert len(lengths[True]) == len(lengths[False]) == (2 if checkpointing else 1) * layers
+    prefix = model.prompt_ids(data.splits["train"][0]).graph_slot
+    assert all(c == p - prefix for c, p in zip(lengths[True], lengths[False])), lengths
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prefix cache:")]
+    assert said == ["prefix cache: on: the tokens before the graph slot run through the frozen LLM once, not in every step",
+                    "prefix cache: off (model.prefix_cache: false)"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_smollm2_losses_gradients_and_answers_equal_with_and_without_the_cache(data) -> None:
+    from qgmem_train.config import BUNDLED_LLM
+
+    cached, plain = _pair(
+        data, llm=BUNDLED_LLM, dtype="float32", gnn_hidden=32, gnn_layers=1, gnn_heads=2, projector_hidden=32,
+        max_context_tokens=64, max_new_tokens=32,
+    )  # fmt: skip
+    examples = data.splits["train"][:2]
+    assert len({len(cached.prompt_ids(ex).ids) for ex in examples}) > 1, "prompts of different lengths"
+    batch = data.collate(examples)
+    _assert_same_training(cached, plain, batch)
+    assert cached.generate(examples, batch["graph"]) == plain.generate(examples, batch["graph"])
