@@ -175,8 +175,11 @@ def test_ask_with_model_answers_from_an_export_folder_with_metrics_in_its_card(l
     out = export_model(tmp_path / "tiny.ckpt", config, tmp_path / "model", eval_report=metrics)
     card = (out / "README.md").read_text()
     assert "| recall@10 | 0.5000 |" in card and "| n_questions | 3 |" in card and "per_category" not in card
-    with QGMemPredictor.from_pretrained(out, intent="rules").memory("alice", tmp_path / "store") as memory:
+    predictor = QGMemPredictor.from_pretrained(out, intent="rules")
+    with predictor.memory("alice", tmp_path / "store") as memory:
         memory.add_session(SESSION, session_id="S1")
+        assert memory.ask("What did Melanie paint?").path == "graph"
+    assert predictor.model.prefix_cache_status()[0] and predictor.model._prefix is not None, "the export answers from the cached prefix"
     result = ask_with_model(out, tmp_path / "store", "alice", "What did Melanie paint?", intent="rules")
     assert result.path == "graph" and [u.id for u in result.units] == ["S1:2", "S1:1"]
 
