@@ -1,6 +1,6 @@
 """Typed configuration: model references and the paper's hyperparameters as defaults.
 
-Groups mirror the YAML sections (``models``, ``construction``, ``retrieval``, ``generation``) so that
+Groups mirror the YAML sections (``models``, ``construction``, ``retrieval``, ``graph``, ``generation``) so that
 ``retrieval.kappa`` on a command line, in a YAML file and in code name the same value.
 """
 
@@ -139,6 +139,15 @@ class RetrievalConfig:
 
 
 @dataclass
+class GraphConfig:
+    """How a working memory becomes its local graph (paper III-C1); retrieval does not read these."""
+
+    attribute_edges: bool = False
+    """Link each unit's subject to the entities (``mentions``) and locations (``at``) it names, so units that share one
+    meet in a node (not in the paper: its graph has one edge per unit)."""
+
+
+@dataclass
 class GenerationConfig:
     """Decoding settings shared by every LLM stage."""
 
@@ -159,6 +168,7 @@ class PipelineConfig:
     models: ModelsConfig = field(default_factory=ModelsConfig)
     construction: ConstructionConfig = field(default_factory=ConstructionConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    graph: GraphConfig = field(default_factory=GraphConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -254,6 +264,7 @@ _GROUPS: dict[str, type] = {
     "models": ModelsConfig,
     "construction": ConstructionConfig,
     "retrieval": RetrievalConfig,
+    "graph": GraphConfig,
     "generation": GenerationConfig,
 }
 

@@ -61,3 +61,45 @@ def test_text_path_appends_labelled_facts_after_the_context_labels() -> None:
     plain = final_answer_chat("Where is Alice?", "2023-06-01", context, graph, text_path=False)[-1]["content"]
     assert GRAPH_FACTS_HEADING not in plain and context in plain
 
+
+
+def attributed(i: int, subject: str, obj: str, entities: list[str], locations: list[str]) -> MemoryUnit:
+    u = unit(i, subject, "says", obj)
+    u.entities, u.locations = entities, locations
+    return u
+
+
+def test_attribute_edges_join_two_units_that_share_an_entity() -> None:
+    units = [
+        attributed(0, "Melanie", "I took Biscuit to Lisbon", ["Biscuit"], ["Lisbon"]),
+        attributed(1, "Caroline", "Is biscuit your dog?", ["biscuit", "Caroline"], []),
+    ]
+    plain = local_graph_from_units(units)
+    assert plain.num_edges == 2 and plain.num_nodes == 4, "without the switch: one edge per unit, two stars"
+    graph = local_graph_from_units(units, attribute_edges=True)
+    assert graph.triples() == [
+        ("Melanie", "says", "I took Biscuit to Lisbon"),
+        ("Melanie", "mentions", "Biscuit"),
+        ("Melanie", "at", "Lisbon"),
+        ("Caroline", "says", "Is biscuit your dog?"),
+        ("Caroline", "mentions", "Biscuit"),
+    ], "the subject's own name is no attribute edge; 'biscuit' meets 'Biscuit' in one node"
+    biscuit = graph.node_labels.index("Biscuit")
+    assert {graph.node_labels[s] for s, d in zip(graph.edge_src, graph.edge_dst) if d == biscuit} == {"Melanie", "Caroline"}
+
+
+def test_attribute_edges_keep_the_unit_budget_and_name_each_edges_unit() -> None:
+    from qgmem_train.answer.evidence import edge_unit_ids
+
+    units = [attributed(i, f"s{i}", f"o{i}", ["Biscuit"], []) for i in range(5)]
+    graph = local_graph_from_units(units, max_edges=3, attribute_edges=True)
+    assert graph.num_edges == 6 and {s for s, _, _ in graph.triples()} == {"s0", "s1", "s2"}
+    assert edge_unit_ids(units, max_edges=3, attribute_edges=True) == ["u0", "u0", "u1", "u1", "u2", "u2"]
+    assert edge_unit_ids(units, max_edges=3) == ["u0", "u1", "u2"]
+
+
+def test_graph_settings_read_the_attribute_edges_switch() -> None:
+    from qgmem_train.config import pipeline_from_dict
+
+    assert pipeline_from_dict({}).graph.attribute_edges is False
+    assert pipeline_from_dict({"graph": {"attribute_edges": True}}).graph.attribute_edges is True

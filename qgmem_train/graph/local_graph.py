@@ -2,7 +2,8 @@
 
 One directed edge per activated unit, subject → object, labelled by the unit's predicate, so a
 working memory of k units gives at most k edges and 2k nodes; nodes are deduplicated by their
-normalised label. The label-only :class:`LocalGraph` is what trajectories record; :func:`graph_to_data`
+normalised label. With ``attribute_edges`` a unit also links its subject to each entity it names
+(``mentions``) and each location (``at``), so two units about "Biscuit" or "Lisbon" meet in one node. The label-only :class:`LocalGraph` is what trajectories record; :func:`graph_to_data`
 attaches embedder features (node: f_emb(label), edge: f_emb(predicate)) for the encoder.
 """
 
@@ -53,11 +54,16 @@ class LocalGraph:
         return [(self.node_labels[s], p, self.node_labels[d]) for s, d, p in zip(self.edge_src, self.edge_dst, self.edge_labels)]
 
 
-def local_graph_from_units(units: Sequence[MemoryUnit], max_edges: int | None = None) -> LocalGraph:
-    """Build the local graph of the working memory's units, in their order (at most ``max_edges`` edges).
+MENTIONS, AT = "mentions", "at"
+"""Predicates of attribute edges: subject → a named entity, subject → a location."""
+
+
+def local_graph_from_units(units: Sequence[MemoryUnit], max_edges: int | None = None, attribute_edges: bool = False) -> LocalGraph:
+    """Build the local graph of the working memory's units, in their order (edges of at most ``max_edges`` units).
 
     A unit whose subject or object is empty after normalisation contributes no edge. A node keeps
-    the spelling of its first occurrence.
+    the spelling of its first occurrence. With ``attribute_edges`` each contributing unit's own edge is
+    followed by its attribute edges (:func:`unit_attribute_edges`), which the unit budget does not count.
     """
     graph = LocalGraph()
     index: dict[str, int] = {}
@@ -69,15 +75,35 @@ def local_graph_from_units(units: Sequence[MemoryUnit], max_edges: int | None = 
             graph.node_labels.append(label.strip())
         return index[key]
 
+    contributing = 0
     for unit in units:
-        if max_edges is not None and graph.num_edges >= max_edges:
+        if max_edges is not None and contributing >= max_edges:
             break
         if not normalize_label(unit.subject) or not normalize_label(unit.object):
             continue
-        graph.edge_src.append(node(unit.subject))
-        graph.edge_dst.append(node(unit.object))
-        graph.edge_labels.append(unit.predicate.strip())
+        contributing += 1
+        triples = [(unit.predicate.strip(), unit.object)] + (unit_attribute_edges(unit) if attribute_edges else [])
+        for predicate, target in triples:
+            graph.edge_src.append(node(unit.subject))
+            graph.edge_dst.append(node(target))
+            graph.edge_labels.append(predicate)
     return graph
+
+
+def unit_attribute_edges(unit: MemoryUnit) -> list[tuple[str, str]]:
+    """``(predicate, target)`` of a unit's attribute edges: ``mentions`` per entity, then ``at`` per location.
+
+    Targets that normalise to nothing, to the subject or the object, or to an earlier target are left out.
+    """
+    seen = {normalize_label(unit.subject), normalize_label(unit.object), ""}
+    edges = []
+    for predicate, labels in ((MENTIONS, unit.entities), (AT, unit.locations)):
+        for label in labels:
+            key = normalize_label(label)
+            if key not in seen:
+                seen.add(key)
+                edges.append((predicate, label))
+    return edges
 
 
 def graph_to_data(graph: LocalGraph, embed: LabelEmbedder, dim: int) -> Data:

@@ -100,7 +100,7 @@ class PredictorMemory:
             )  # fmt: skip
             seconds.update(wm.timings)
             start = time.perf_counter()
-            evidence = answer_evidence(wm.units, memory, predictor.llm, max_edges=cfg.retrieval.k)
+            evidence = answer_evidence(wm.units, memory, predictor.llm, max_edges=cfg.retrieval.k, attribute_edges=cfg.graph.attribute_edges)
             seconds["serialize"] = time.perf_counter() - start
         model = predictor.model
         generate = self._generate_graph if model is not None else self._generate_text
