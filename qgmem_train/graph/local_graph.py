@@ -106,16 +106,19 @@ def unit_attribute_edges(unit: MemoryUnit) -> list[tuple[str, str]]:
     return edges
 
 
-def graph_to_data(graph: LocalGraph, embed: LabelEmbedder, dim: int) -> Data:
+def graph_to_data(graph: LocalGraph, embed: LabelEmbedder, dim: int, question: np.ndarray | None = None) -> Data:
     """A torch_geometric ``Data`` with ``x`` (nodes × dim), ``edge_index``, ``edge_attr`` (edges × dim).
 
     ``dim`` is the embedder's width, needed for the empty graph (no nodes). Labels ride along as
-    ``node_labels`` and ``edge_labels`` so a batch can be inspected or recorded.
+    ``node_labels`` and ``edge_labels`` so a batch can be inspected or recorded. ``question`` (the
+    question's embedding) rides along as ``question_embedding`` ``(1, dim)``, for the query readout.
     """
     x = _features(graph.node_labels, embed, dim)
     edge_attr = _features(graph.edge_labels, embed, dim)
     edge_index = torch.tensor([graph.edge_src, graph.edge_dst], dtype=torch.long).reshape(2, -1)
+    extra = {} if question is None else {"question_embedding": torch.as_tensor(np.asarray(question, dtype=np.float32)).reshape(1, dim)}
     return Data(
+        **extra,
         x=x,
         edge_index=edge_index,
         edge_attr=edge_attr,

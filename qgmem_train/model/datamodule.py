@@ -2,8 +2,9 @@
 
 The folder's own ``train``/``validation``/``test`` splits are used as they are; a folder with a single
 split is divided by a hash of the case id, so a case never straddles two splits and the split does
-not depend on row order. Node and edge labels are embedded once at setup with the retrieval embedder
-and cached; batches carry the examples plus a torch_geometric ``Batch`` of their local graphs.
+not depend on row order. Node and edge labels, and the questions, are embedded once at setup with the retrieval
+embedder and cached; batches carry the examples plus a torch_geometric ``Batch`` of their local graphs, each with
+its question's embedding (``question_embedding``, read by the ``query`` readout).
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ class TrajectoryDataModule(L.LightningDataModule):
         self.embedder = Embedder(embedder, revision=embedder_revision, cache_dir=cache_dir)
         self.splits: dict[str, list[TrajectoryExample]] = {}
         self._features: dict[str, np.ndarray] = {}
+        self._questions: dict[str, np.ndarray] = {}
 
     @property
     def feature_dim(self) -> int:
@@ -160,10 +162,11 @@ class TrajectoryDataModule(L.LightningDataModule):
             # setup runs after the strategy has set up this process's environment, so root_device is this rank's device
             self.embedder.model.to(self.trainer.strategy.root_device)
         self._features = self._embed(labels)
+        self._questions = self._embed(sorted({ex.question for part in self.splits.values() for ex in part}))
 
     def _embed(self, labels: list[str]) -> dict[str, np.ndarray]:
         batch = 256
-        rows = [self.embedder.encode(labels[i : i + batch]) for i in tqdm(range(0, len(labels), batch), desc="embedding graph labels", disable=len(labels) <= batch)]
+        rows = [self.embedder.encode(labels[i : i + batch]) for i in tqdm(range(0, len(labels), batch), desc="embedding graph labels and questions", disable=len(labels) <= batch)]
         matrix = np.concatenate(rows) if rows else np.zeros((0, self.feature_dim), dtype=np.float32)
         return dict(zip(labels, matrix))
 
@@ -171,8 +174,14 @@ class TrajectoryDataModule(L.LightningDataModule):
         return np.stack([self._features[label] for label in labels])
 
     def collate(self, examples: list[TrajectoryExample]) -> dict[str, Any]:
-        """The examples plus the ``Batch`` of their local graphs with cached label features."""
-        graphs = [graph_to_data(ex.graph, self._label_features, self.feature_dim) for ex in examples]
+        """The examples plus the ``Batch`` of their local graphs with cached label features and question embeddings.
+
+        A question met after setup (an example swapped in by the caller) is embedded then.
+        """
+        missing = sorted({ex.question for ex in examples} - set(self._questions))
+        if missing:
+            self._questions.update(zip(missing, self.embedder.encode(missing)))
+        graphs = [graph_to_data(ex.graph, self._label_features, self.feature_dim, self._questions[ex.question]) for ex in examples]
         return {"examples": examples, "graph": Batch.from_data_list(graphs)}
 
     def train_dataloader(self) -> DataLoader:

@@ -1,6 +1,7 @@
 """The LightningModule of graph-augmented generation (paper III-C): a frozen LLM, a trainable graph path.
 
-Trainable: the relational graph encoder and the projector (plus LoRA adapters when ``lora_r > 0``).
+Trainable: the relational graph encoder, the graph readout's own parameters (``query``) and the projector (plus
+LoRA adapters when ``lora_r > 0``).
 The LLM's own weights never change and it stays in eval mode (no dropout) even while Lightning trains.
 Its weights load in ``configure_model``, on the device the strategy gives this process (every launch
 mode: Lightning's launcher, torchrun, srun); ``load_backbone`` does the same outside a Trainer.
@@ -23,6 +24,7 @@ from qgmem_train.config import BUNDLED_LLM
 from qgmem_train.errors import InputError
 from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.projector import GraphTokenProjector
+from qgmem_train.graph.readout import READOUTS, GraphTokens, build_readout
 from qgmem_train.llm.schemas import AnswerOutput
 from qgmem_train.llm.structured import strict_json_schema
 from qgmem_train.model.answers import answer_scores
@@ -77,6 +79,7 @@ class GraphAugmentedLM(L.LightningModule):
         cache_dir: str | None = None,
         trust_remote_code: bool = False,
         graph_tokens: int = 1,
+        graph_readout: Literal["mean", "edges", "query"] = "mean",
         text_path: bool = False,
         gnn_hidden: int = 1024,
         gnn_layers: int = 3,
@@ -108,7 +111,10 @@ class GraphAugmentedLM(L.LightningModule):
             quantization: bitsandbytes quantization of the frozen LLM (``4bit`` is NF4); CUDA only.
             cache_dir: cache of converted bundled models.
             trust_remote_code: allow repository code of the LLM; off by default.
-            graph_tokens: number T of graph tokens; 0 runs the same prompt with no graph (the paper's ablation).
+            graph_tokens: number T of graph tokens (the ``edges`` readout: at most T); 0 runs the same prompt with no graph (the paper's ablation).
+            graph_readout: how node states become graph tokens: ``mean`` (the paper's mean pool), ``edges`` (one token per
+                edge in the text path's fact order, at most T, masked in a batch) or ``query`` (T attention pools queried by
+                the question's embedding); see :mod:`qgmem_train.graph.readout`.
             text_path: append the local graph to the prompt as labelled facts (API backbones; use with ``graph_tokens: 0``).
             gnn_hidden: hidden width of the graph encoder.
             gnn_layers: message-passing layers.
@@ -134,6 +140,8 @@ class GraphAugmentedLM(L.LightningModule):
         super().__init__()
         if graph_tokens < 0:
             raise InputError("model.graph_tokens", "must be 0 (no graph) or more")
+        if graph_readout not in READOUTS:
+            raise InputError("model.graph_readout", f"{graph_readout!r} is not one of {', '.join(READOUTS)}")
         if max_new_tokens <= JSON_OVERHEAD_TOKENS:
             raise InputError("model.max_new_tokens", f"must be more than {JSON_OVERHEAD_TOKENS} to hold an answer JSON")
         self.save_hyperparameters()
@@ -147,9 +155,13 @@ class GraphAugmentedLM(L.LightningModule):
         self._prefix: PrefixKV | None = None
         self.encoder: RelationalGraphEncoder | None = None
         self.projector: GraphTokenProjector | None = None
+        self.readout: torch.nn.Module | None = None
         if graph_tokens > 0:
             self.encoder = RelationalGraphEncoder(feature_dim, gnn_hidden, gnn_layers, gnn_heads, gnn_dropout, reverse_edges=reverse_edges)
-            self.projector = GraphTokenProjector(gnn_hidden, projector_hidden, backbone.hidden_size, graph_tokens, normalize=projector_norm)
+            self.readout = build_readout(graph_readout, gnn_hidden, feature_dim, graph_tokens)
+            self.projector = GraphTokenProjector(
+                self.readout.out_dim, projector_hidden, backbone.hidden_size, self.readout.tokens_per_vector, normalize=projector_norm
+            )
 
     def configure_model(self) -> None:
         """Lightning hook: load the frozen LLM once, on the device the strategy gives this process."""
@@ -211,12 +223,16 @@ class GraphAugmentedLM(L.LightningModule):
                         layer.training = True
         return self
 
-    def graph_embeddings(self, graph: Batch) -> torch.Tensor | None:
-        """``(B, T, H)`` graph tokens of a batch of local graphs, or ``None`` when ``graph_tokens`` is 0."""
-        if self.encoder is None or self.projector is None:
+    def graph_embeddings(self, graph: Batch) -> GraphTokens | None:
+        """Graph tokens ``(B, T_max, H)`` of a batch of local graphs from the configured readout, with their mask when the
+        count varies per graph (``edges``); ``None`` when ``graph_tokens`` is 0."""
+        if self.encoder is None or self.projector is None or self.readout is None:
             return None
         graph = graph.to(self.device)
-        return self.projector(self.encoder(graph))
+        vectors, mask = self.readout(self.encoder.node_states(graph), graph)
+        size, count = vectors.shape[0], vectors.shape[1] * self.readout.tokens_per_vector
+        tokens = self.projector(vectors.flatten(0, 1)).reshape(size, count, self.projector.llm_hidden_size)
+        return GraphTokens(tokens, mask)
 
     def prompt_ids(self, example: TrajectoryExample) -> PromptIds:
         """Chat-templated FINAL_ANSWER token ids of one example (context cut to ``max_context_tokens``) and its graph slot."""
@@ -257,7 +273,7 @@ class GraphAugmentedLM(L.LightningModule):
         if enabled:
             self.cached_prefix([self.prompt_ids(_probe_example())])
 
-    def training_inputs(self, batch: GraphBatch, graph_embeds: torch.Tensor | None = None) -> dict[str, Any]:
+    def training_inputs(self, batch: GraphBatch, graph_embeds: GraphTokens | None = None) -> dict[str, Any]:
         """Right-padded embeddings, mask, position ids and labels (loss on target JSON + EOS only).
 
         ``graph_embeds`` are the batch's graph tokens when the caller has them already (else computed).
@@ -289,7 +305,7 @@ class GraphAugmentedLM(L.LightningModule):
         )
         return output.last_hidden_state
 
-    def example_losses(self, batch: GraphBatch, graph_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def example_losses(self, batch: GraphBatch, graph_embeds: GraphTokens | None = None) -> torch.Tensor:
         """Per-example mean token cross-entropy on the target JSON + EOS: ``(B,)``."""
         inputs = self.training_inputs(batch, graph_embeds)
         return per_example_loss(self.hidden_states(inputs), inputs["labels"], self._backbone().get_output_embeddings())
@@ -299,8 +315,9 @@ class GraphAugmentedLM(L.LightningModule):
         graph_embeds = self.graph_embeddings(batch["graph"])
         loss = self.example_losses(batch, graph_embeds).mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=size)
-        if graph_embeds is not None and self.embedding_norm:
-            ratio = graph_embeds.detach().float().norm(dim=-1).mean() / self.embedding_norm
+        real = torch.cat(graph_embeds.per_example()) if graph_embeds is not None else None
+        if real is not None and real.shape[0] and self.embedding_norm:
+            ratio = real.detach().float().norm(dim=-1).mean() / self.embedding_norm
             self.log("train/graph_token_norm_ratio", ratio, batch_size=size)
         return loss
 
@@ -415,7 +432,7 @@ class GraphAugmentedLM(L.LightningModule):
     def checkpoint_metadata(self) -> dict[str, Any]:
         """Base model id, revision and fingerprint, plus the hash of every setting that shapes or feeds the trainable parameters."""
         shape_keys = (
-            "llm", "llm_revision", "dtype", "quantization", "feature_dim", "graph_tokens", "text_path", "gnn_hidden",
+            "llm", "llm_revision", "dtype", "quantization", "feature_dim", "graph_tokens", "graph_readout", "text_path", "gnn_hidden",
             "gnn_layers", "gnn_heads", "reverse_edges", "projector_hidden", "projector_norm", "lora_r", "lora_alpha",
             "lora_target_modules",
         )  # fmt: skip
