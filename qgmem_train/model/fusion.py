@@ -87,17 +87,20 @@ def embed_token_ids(embedding: torch.nn.Module, sequences: Sequence[Sequence[int
     return list(torch.split(embedding(flat), [len(seq) for seq in sequences]))
 
 
-def insert_graph_tokens(token_embeds: Sequence[torch.Tensor], graph_embeds: torch.Tensor | None, slots: Sequence[int]) -> list[torch.Tensor]:
+def insert_graph_tokens(
+    token_embeds: Sequence[torch.Tensor], graph_embeds: torch.Tensor | None, slots: Sequence[int], graph_mask: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     """Splice each sample's ``(T, H)`` graph tokens in at its slot; unchanged when ``None``.
 
+    With ``graph_mask`` ``(B, T)`` (a readout whose token count varies per sample) only a sample's real tokens
+    (mask 1) are spliced in: a masked graph token never reaches the LLM, so the padding of :func:`pad_right` and
+    :func:`pad_left` masks it from attention and position ids count real tokens only, as in a one-sample pass.
     Graph tokens are cast to the LLM embedding dtype (bf16 backbones) so the concatenation is uniform.
     """
     if graph_embeds is None or graph_embeds.shape[1] == 0:
         return list(token_embeds)
-    return [
-        torch.cat([seq[:slot], graph.to(seq.dtype), seq[slot:]])
-        for seq, graph, slot in zip(token_embeds, graph_embeds, slots)
-    ]
+    rows = list(graph_embeds) if graph_mask is None else [graph[keep.bool()] for graph, keep in zip(graph_embeds, graph_mask)]
+    return [torch.cat([seq[:slot], graph.to(seq.dtype), seq[slot:]]) for seq, graph, slot in zip(token_embeds, rows, slots)]
 
 
 def pad_right(embeds: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -288,8 +288,10 @@ class GraphAugmentedLM(L.LightningModule):
         embeds = embed_token_ids(self._backbone().get_input_embeddings(), [p.ids[skip:] + t for p, t in zip(prompts, targets)])
         if graph_embeds is None:
             graph_embeds = self.graph_embeddings(batch["graph"])
-        embeds = insert_graph_tokens(embeds, graph_embeds, [p.graph_slot - skip for p in prompts])
-        labels = [sequence_labels(len(p.ids) - skip, t, self.hparams.graph_tokens, self.device) for p, t in zip(prompts, targets)]
+        counts = graph_embeds.counts() if graph_embeds is not None else [0] * len(examples)
+        tokens, mask = graph_embeds if graph_embeds is not None else (None, None)
+        embeds = insert_graph_tokens(embeds, tokens, [p.graph_slot - skip for p in prompts], mask)
+        labels = [sequence_labels(len(p.ids) - skip, t, n, self.device) for p, t, n in zip(prompts, targets, counts)]
         inputs = pad_right(embeds, labels)
         return inputs if prefix is None else attend_to_prefix(inputs, prefix)
 
@@ -370,7 +372,8 @@ class GraphAugmentedLM(L.LightningModule):
         prefix = self.cached_prefix(prompts)
         skip = prefix.length if prefix is not None else 0
         embeds = embed_token_ids(llm.get_input_embeddings(), [p.ids[skip:] for p in prompts])
-        inputs = pad_left(insert_graph_tokens(embeds, self.graph_embeddings(graph), [p.graph_slot - skip for p in prompts]))
+        tokens, mask = self.graph_embeddings(graph) or (None, None)
+        inputs = pad_left(insert_graph_tokens(embeds, tokens, [p.graph_slot - skip for p in prompts], mask))
         cache = {}
         if prefix is not None:
             inputs = generate_after_prefix(inputs, prefix)
