@@ -133,12 +133,16 @@ class PredictorMemory:
             case_id=self.namespace, question_id="", source_dataset="", namespace=self.namespace, question=question,
             question_time=question_time or "", context=evidence.context.text, answer="", reasoning_path="", graph=evidence.graph,
         )  # fmt: skip
-        batch = Batch.from_data_list([graph_to_data(evidence.graph, embedder.encode, embedder.dim)])
+        data = graph_to_data(evidence.graph, embedder.encode, embedder.dim, question=embedder.encode([question])[0])
+        batch = Batch.from_data_list([data])
         seconds["graph"] = time.perf_counter() - start
         start = time.perf_counter()
         generated = model.generate([example], batch)[0]
         seconds["generate"] = time.perf_counter() - start
-        prompt_tokens = len(model.prompt_ids(example).ids) + model.hparams.graph_tokens
+        graph_tokens = model.hparams.graph_tokens
+        if model.hparams.get("graph_readout") == "edges":
+            graph_tokens = min(graph_tokens, evidence.graph.num_edges)
+        prompt_tokens = len(model.prompt_ids(example).ids) + graph_tokens
         return generated, parse_answer(generated), prompt_tokens, self.predictor.llm.count_tokens(generated)
 
     def _generate_text(self, question: str, question_time: str | None, evidence: AnswerEvidence, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
