@@ -123,3 +123,18 @@ def test_unknown_readout_is_refused(llm_dir, data) -> None:
 
     with pytest.raises(InputError, match="model.graph_readout"):
         GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, graph_readout="max"))
+
+
+def test_validation_logs_answer_loss_and_graph_token_diagnostics(llm_dir, data) -> None:
+    import lightning as L
+
+    model = _module(llm_dir, data, graph_readout="query", graph_tokens=2, val_generate=False)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    metrics = trainer.validate(model, datamodule=data, verbose=False)[0]
+    assert {"val/loss", "val/answer_loss", "val/graph_token_cosine", "val/graph_token_between_variance_ratio"} <= set(metrics)
+    assert metrics["val/answer_loss"] != metrics["val/loss"] and -1.0 <= metrics["val/graph_token_cosine"] <= 1.0
+    batch = data.collate(data.splits["validation"])
+    with torch.no_grad():
+        whole, answer = model.evaluation_losses(batch)
+    assert metrics["val/answer_loss"] == pytest.approx(float(answer.mean()), rel=1e-4)
+    assert metrics["val/loss"] == pytest.approx(float(whole.mean()), rel=1e-4)

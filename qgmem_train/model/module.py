@@ -22,11 +22,13 @@ from qgmem_train.answer.parsing import parse_answer
 from qgmem_train.answer.prompt import final_answer_chat
 from qgmem_train.config import BUNDLED_LLM
 from qgmem_train.errors import InputError
+from qgmem_train.graph.diagnostics import graph_token_diagnostics
 from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.graph.readout import READOUTS, GraphTokens, build_readout
 from qgmem_train.llm.schemas import AnswerOutput
 from qgmem_train.llm.structured import strict_json_schema
+from qgmem_train.model.answer_span import answer_labels, answer_token_mask
 from qgmem_train.model.answers import answer_scores
 from qgmem_train.model.backbone import describe_backbone
 from qgmem_train.model.checkpoint import METADATA_KEY, check_compatible, config_hash, trainable_state_dict
@@ -153,6 +155,7 @@ class GraphAugmentedLM(L.LightningModule):
         self.embedding_norm: float | None = None
         self._constraint: Any = None
         self._prefix: PrefixKV | None = None
+        self._eval_tokens: list[torch.Tensor] = []
         self.encoder: RelationalGraphEncoder | None = None
         self.projector: GraphTokenProjector | None = None
         self.readout: torch.nn.Module | None = None
@@ -312,6 +315,13 @@ class GraphAugmentedLM(L.LightningModule):
         inputs = self.training_inputs(batch, graph_embeds)
         return per_example_loss(self.hidden_states(inputs), inputs["labels"], self._backbone().get_output_embeddings())
 
+    def evaluation_losses(self, batch: GraphBatch, graph_embeds: GraphTokens | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-example losses ``(B,)`` on the whole target and on the answer field's tokens alone, from one LLM pass."""
+        inputs = self.training_inputs(batch, graph_embeds)
+        hidden, head = self.hidden_states(inputs), self._backbone().get_output_embeddings()
+        masks = [answer_token_mask(self.tokenizer, ex) for ex in batch["examples"]]
+        return per_example_loss(hidden, inputs["labels"], head), per_example_loss(hidden, answer_labels(inputs["labels"], masks), head)
+
     def training_step(self, batch: GraphBatch, batch_idx: int) -> torch.Tensor:
         size = len(batch["examples"])
         graph_embeds = self.graph_embeddings(batch["graph"])
@@ -329,14 +339,37 @@ class GraphAugmentedLM(L.LightningModule):
     def test_step(self, batch: GraphBatch, batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
-    def _evaluate(self, batch: GraphBatch, stage: str) -> None:
-        """Log the split's loss and, with ``val_generate``, its answer scores.
+    def on_validation_epoch_start(self) -> None:
+        self._eval_tokens = []
 
-        Every logged value is a tensor on the module's device or a Python number (which Lightning puts
-        there), so ``sync_dist`` can all-reduce it under NCCL.
+    def on_test_epoch_start(self) -> None:
+        self._eval_tokens = []
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_token_diagnostics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_token_diagnostics("test")
+
+    def _log_token_diagnostics(self, stage: str) -> None:
+        """Log how much the pass's graph tokens vary with the question (:mod:`qgmem_train.graph.diagnostics`); nothing without a graph."""
+        for name, value in graph_token_diagnostics(self._eval_tokens).items():
+            self.log(f"{stage}/graph_token_{name}", value, sync_dist=True)
+        self._eval_tokens = []
+
+    def _evaluate(self, batch: GraphBatch, stage: str) -> None:
+        """Log the split's loss on the whole target and on the answer field alone and, with ``val_generate``, its answer scores.
+
+        The graph tokens are kept for the pass's diagnostics. Every logged value is a tensor on the module's device or a
+        Python number (which Lightning puts there), so ``sync_dist`` can all-reduce it under NCCL.
         """
         size = len(batch["examples"])
-        self.log(f"{stage}/loss", self.example_losses(batch).mean(), prog_bar=True, batch_size=size, sync_dist=True)
+        graph_embeds = self.graph_embeddings(batch["graph"])
+        if graph_embeds is not None:
+            self._eval_tokens += [t.detach().cpu() for t in graph_embeds.per_example()]
+        whole, answer = self.evaluation_losses(batch, graph_embeds)
+        self.log(f"{stage}/loss", whole.mean(), prog_bar=True, batch_size=size, sync_dist=True)
+        self.log(f"{stage}/answer_loss", answer.mean(), batch_size=size, sync_dist=True)
         if not self.hparams.val_generate:
             return
         records = self.predict_step(batch, 0)
