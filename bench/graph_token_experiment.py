@@ -13,17 +13,31 @@ Stages (progress lines for each; rerunning the same command resumes):
    with turns units, rule intent, gold targets) builds its memory once instead of once per category file;
    each question's category is kept beside it for the per-category scores. Questions are capped per split
    (a seeded sample of each conversation's questions) before data prep, which activates only those.
-2. **Runs.** The frozen SmolLM2 (``--llm``) with, per variant: (a) graph token T=1; (b) T=4; (c) the same
-   token trained on empty graphs (a learned soft prompt: the control for the graph's content); (d)
-   ``graph_tokens: 0``, no training; (e) the text path, the graph's facts in the prompt, no training; (f)
-   LoRA r=8 on the backbone without graph. Trained variants run ``--steps`` optimizer steps (seeded,
-   ``deterministic=True``), validate loss on the validation conversation every ``steps / --val-checks``
-   steps, keep the best (lowest validation loss) and the last checkpoint, and are tested with the best.
-   Nothing is chosen on the test conversation.
-3. **Report.** Test loss, valid-JSON rate, F1, BLEU-1 and exact match (mean ± std over seeds), F1 per
-   category, and a paired bootstrap 95% interval over test questions of the F1 differences (a) − (c) and
-   (a) − (d) (per-question F1 averaged over seeds). Written to ``results.json``, ``results.md`` and PNGs
-   (``loss_curves.png``, ``f1.png``, ``f1_per_category.png``) in ``--out``.
+2. **Runs.** The frozen SmolLM2 (``--llm``) with, per arm (``--variants``, keys below): each graph design, ``mean1`` (the
+   paper's mean readout, T=1), ``mean4`` (T=4), ``edges`` (one token per edge, at most ``--edge-tokens``) and ``query``
+   (``--query-tokens`` question-queried pools); for each, ``<design>-soft``, the same number of tokens trained on empty
+   graphs (a learned soft prompt; for ``edges`` the mean readout with the cap's worth of tokens, since an empty graph has
+   no edges), and ``<design>-shuffled``, the design's trained checkpoint tested with each test question given another
+   question's graph from the same conversation (no training); ``lora`` (LoRA r=8, no graph) and ``lora+<design>``
+   (``--lora-readout``); ``text`` (the graph's facts in the prompt, no training); ``none`` (no graph, no training).
+   Local graphs carry attribute edges (``graph.attribute_edges``; ``--no-attribute-edges`` for the paper's). Trained arms
+   run ``--steps`` optimizer steps (seeded, ``deterministic=True``), validate on the validation conversation every
+   ``steps / --val-checks`` steps, keep the best checkpoint by ``--monitor`` (the answer-span loss by default) and the last,
+   and are tested with the best. Nothing is chosen on the test conversations.
+3. **Report.** Per arm: the answer-span loss (the answer field's tokens alone, primary), the whole-target loss,
+   valid-JSON rate, F1, BLEU-1 and exact match (mean ± std over seeds), F1 per category, the graph tokens' mean pairwise
+   cosine and between-question variance ratio on the test questions; paired bootstrap 95% intervals over test
+   questions (per-question values averaged over seeds) of each design against its soft prompt, its shuffled graphs and
+   no graph, of LoRA + design against LoRA, and of the text path against no graph, on answer-span loss and on F1.
+   Written to ``results.json``, ``results.md`` and PNGs (``loss_curves.png``, ``f1.png``, ``f1_per_category.png``) in ``--out``.
+
+Staging (``--variants`` and the resume make rounds): the screening round is one seed of every arm (the default); then
+``--seeds 3 --seeded <best design> <best design>-soft lora+<best design> --lora-readout <best design>`` into the same
+``--out`` adds seeds 1 and 2 of those arms (and of their shuffled tests) and rebuilds the report over every finished run.
+
+Split: ``--test-count`` (2) test conversations, one validation conversation, the rest train (seven LoCoMo
+conversations: train on four), every question of the test conversations (``--max-test-questions`` caps them);
+``--max-context-tokens`` 600 (the paper's budget; 128 to see what the tokens carry when the text cannot).
 
 Layout of ``--out``: ``data/`` (staged cases, data-prep output, ``trajectories/`` with the split, ``split.json``),
 ``runs/<variant>-seed<k>/`` (``checkpoints/best-*.ckpt`` and ``last.ckpt``: trainable parameters only, for
@@ -31,32 +45,12 @@ Layout of ``--out``: ``data/`` (staged cases, data-prep output, ``trajectories/`
 exists is skipped, so a killed experiment resumes at the run it was in. Settings that change the data or the
 runs are recorded in ``settings.json``; rerunning with other ones into the same ``--out`` is refused.
 
-Defaults, chosen by measurement for about 75 minutes on 2 cores shared with other jobs (load average 4-7
-while this was written). Measured with SmolLM2-135M in float32 and one torch thread: a training step of one
-example (about 500 tokens, of which the prompt's fixed system part is 279) 3.9 s, for T=1, T=4 and LoRA alike;
-the loss of one example 1.7 s; a schema-constrained answer 2.3 s per question in batches of 8; building one
-LoCoMo conversation's memory (about 600 turns) 73 s without sentence vectors (144 s with); activation 0.4 s a
-question. With two threads on the shared machine the same step took 29.5 s (threads waiting on each other
-while other processes held the cores), hence ``--threads 1``. The defaults:
+Measured speeds (SmolLM2-135M in float32, one torch thread, 2 shared cores, before the prefix cache): a training step of
+one example of about 500 tokens 3.9 s; a schema-constrained answer 2.3 s per question in batches of 8; building one
+LoCoMo conversation's memory (about 600 turns) 73 s; ``--threads 1`` because two threads ran 8x slower on the shared
+machine.
 
-- ``--steps 60`` optimizer steps of ``--batch-size 1`` per trained run, not the specified 300: eight trained
-  runs (3 seeds of (a) and (c), one of (b) and (f)) of 300 steps take about 8 × 300 × 3.9 s ≈ 2.6 hours of
-  training alone here. ``--steps 300`` runs the specified setting with everything else the same (into a new
-  ``--out``; the data stage is then rebuilt, about 11 minutes).
-- ``--max-test-questions 30`` (a seeded sample of the test conversation's questions; about 2 minutes of test
-  loss and generation per run, ten runs), ``--max-val-questions 12`` with ``--val-checks 3``,
-  ``--max-train-questions 300`` (as many as 300 steps of batch 1 use; 60 steps see 60 of them).
-- ``--max-context-tokens 128`` of serialized working memory, ``--max-new-tokens 96`` (each answer string is
-  capped at 36 characters by the schema), learning rate 1e-3 with 10% warm-up and cosine decay for every
-  trained variant, graph encoder width 256 (2 layers), projector 512.
-- Data prep without dynamic memory traces (``pipeline.construction.traces: false``: SmolLM2 writing the
-  traces' trajectories took 460 of a case's 630 s) and without sentence vectors (``--sentence-vectors`` to
-  add them); the whole haystack of every conversation is built. About 11 minutes for the seven conversations.
-
-Estimate: data 11 min, each trained run about 7 min (60 steps, 3 validations, test), each untrained run 2.5 min:
-about 73 minutes in all at the speeds above; a busier machine stretches it.
-
-Bad input (no folder, no cases, fewer than three conversations) is one line on stderr and exit 2.
+Bad input (no folder, no cases, too few conversations for the split, an unknown arm) is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -94,7 +88,7 @@ from qgmem_train.memory.types import Session  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "convomem" / "test_cases"
 SPLITS = ("train", "validation", "test")
-METRICS = ("test_loss", "json_valid", "f1", "bleu1", "exact_match")
+METRICS = ("test_answer_loss", "test_loss", "json_valid", "f1", "bleu1", "exact_match")
 """Per-run test metrics, in table order."""
 STAGED_CATEGORY = "conversations"
 """Folder of the staged cases (data prep's one category): one case per conversation."""
@@ -109,27 +103,69 @@ class Variant:
     key: str
     name: str
     graph_tokens: int = 0
+    graph_readout: str = "mean"
     text_path: bool = False
     lora_r: int = 0
     empty_graphs: bool = False
     """Train and evaluate on empty graphs (the learned soft-prompt control)."""
+    shuffled_of: str | None = None
+    """Test the checkpoint of this arm (same seed) with each test question given another question's graph; no training."""
 
     @property
     def trained(self) -> bool:
         """Whether the variant has trainable parameters (else it is only validated and tested)."""
-        return self.graph_tokens > 0 or self.lora_r > 0
+        return self.shuffled_of is None and (self.graph_tokens > 0 or self.lora_r > 0)
 
 
-def variants(control_tokens: int = 1) -> dict[str, Variant]:
-    """The six arms of the experiment, by letter."""
-    return {
-        "a": Variant("a", "(a) graph token T=1", graph_tokens=1),
-        "b": Variant("b", "(b) graph tokens T=4", graph_tokens=4),
-        "c": Variant("c", f"(c) soft prompt T={control_tokens} (empty graphs)", graph_tokens=control_tokens, empty_graphs=True),
-        "d": Variant("d", "(d) no graph, no training"),
-        "e": Variant("e", "(e) text path: graph facts in the prompt, no training", text_path=True),
-        "f": Variant("f", "(f) LoRA r=8, no graph", lora_r=8),
+GRAPH_ARMS = ("mean1", "mean4", "edges", "query")
+"""The trained graph designs; each has a same-size soft prompt (``<arm>-soft``) and a shuffled-graph test (``<arm>-shuffled``)."""
+
+
+def variants(edge_tokens: int = 10, query_tokens: int = 4, lora_readout: str = "edges") -> dict[str, Variant]:
+    """Every arm of the experiment, by key, in run order (a shuffled-graph arm after the arm whose checkpoint it tests).
+
+    The soft prompt of the ``edges`` readout is the mean readout with ``edge_tokens`` tokens on empty graphs: per-edge
+    tokens of an empty graph are none at all, so its same-size prompt is the cap's worth of learned tokens.
+    """
+    designs = {
+        "mean1": Variant("mean1", "graph token T=1 (mean readout, the paper's)", graph_tokens=1),
+        "mean4": Variant("mean4", "graph tokens T=4 (mean readout)", graph_tokens=4),
+        "edges": Variant("edges", f"edge tokens, at most {edge_tokens} (edges readout)", graph_tokens=edge_tokens, graph_readout="edges"),
+        "query": Variant("query", f"query tokens T={query_tokens} (query readout)", graph_tokens=query_tokens, graph_readout="query"),
     }
+    arms: dict[str, Variant] = {}
+    for key, design in designs.items():
+        soft_readout = "mean" if design.graph_readout == "edges" else design.graph_readout
+        arms[key] = design
+        arms[f"{key}-soft"] = Variant(f"{key}-soft", f"soft prompt T={design.graph_tokens} for {key} (empty graphs)",
+                                      graph_tokens=design.graph_tokens, graph_readout=soft_readout, empty_graphs=True)  # fmt: skip
+        arms[f"{key}-shuffled"] = replace(design, key=f"{key}-shuffled", name=f"{design.name}, shuffled test graphs", shuffled_of=key)
+    lora_design = designs[lora_readout]
+    arms["lora"] = Variant("lora", "LoRA r=8, no graph", lora_r=8)
+    arms[f"lora+{lora_readout}"] = replace(lora_design, key=f"lora+{lora_readout}", name=f"LoRA r=8 + {lora_design.name}", lora_r=8)
+    arms["text"] = Variant("text", "text path: graph facts in the prompt, no training", text_path=True)
+    arms["none"] = Variant("none", "no graph, no training")
+    return arms
+
+
+def shuffled_graphs(examples: list[Any], seed: int) -> list[Any]:
+    """Each example with the local graph of another example of the same case (conversation), never its own.
+
+    Within a case the examples are put in a seeded random order and each takes the graph of the next one (the last
+    the first's): a derangement by position. A case with a single example has no other graph to give: refused.
+    """
+    by_case: dict[str, list[int]] = defaultdict(list)
+    for i, example in enumerate(examples):
+        by_case[example.case_id].append(i)
+    out = list(examples)
+    for case_id, members in sorted(by_case.items()):
+        if len(members) < 2:
+            raise InputError(case_id, "one test question only: no other question's graph to shuffle in")
+        order = list(members)
+        random.Random(f"shuffle:{seed}:{case_id}").shuffle(order)
+        for i, j in zip(order, order[1:] + order[:1]):
+            out[i] = replace(examples[i], graph=examples[j].graph)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -204,24 +240,30 @@ def find_conversations(root: Path) -> list[ConversationCases]:
     return sorted(found, key=lambda c: c.name)
 
 
-def split_conversations(names: list[str], seed: int, test: str | None = None, validation: str | None = None) -> dict[str, list[str]]:
-    """One test and one validation conversation (named, else drawn with ``seed``), every other one train.
+def split_conversations(
+    names: list[str], seed: int, test: list[str] | None = None, validation: str | None = None, test_count: int = 1
+) -> dict[str, list[str]]:
+    """``test_count`` test conversations and one validation conversation (named, else drawn with ``seed``), every other one train.
 
-    A conversation is in exactly one split; fewer than three conversations cannot be split.
+    A conversation is in exactly one split; the split needs at least one train conversation.
     """
     names = sorted(set(names))
-    if len(names) < 3:
-        raise InputError("--data", f"{len(names)} conversation(s) found ({', '.join(names) or 'none'}); the split needs at least 3 (train, validation, test)")
-    for option, name in (("--test-conversation", test), ("--validation-conversation", validation)):
+    count = len(test) if test else test_count
+    if len(names) < count + 2:
+        raise InputError(
+            "--data", f"{len(names)} conversation(s) found ({', '.join(names) or 'none'}); the split needs at least {count + 2} "
+            f"(train, validation, {count} test)",
+        )  # fmt: skip
+    for option, name in [("--test-conversation", t) for t in test or []] + [("--validation-conversation", validation)]:
         if name is not None and name not in names:
             raise InputError(option, f"{name!r} is not a conversation here (found: {', '.join(names)})")
-    if test is not None and test == validation:
+    if test and validation in test:
         raise InputError("--validation-conversation", "must differ from --test-conversation")
-    pool = [n for n in names if n not in (test, validation)]
+    pool = [n for n in names if n not in (test or []) and n != validation]
     random.Random(f"split:{seed}").shuffle(pool)
-    test = test or pool.pop(0)
+    tests = sorted(test) if test else sorted(pool.pop(0) for _ in range(count))
     validation = validation or pool.pop(0)
-    return {"train": sorted(pool), "validation": [validation], "test": [test]}
+    return {"train": sorted(pool), "validation": [validation], "test": tests}
 
 
 def quotas(total: int | None, sizes: list[int]) -> list[int]:
@@ -265,7 +307,7 @@ def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     started = time.perf_counter()
     conversations = find_conversations(args.data)
     by_name = {c.name: c for c in conversations}
-    split = split_conversations(list(by_name), args.split_seed, args.test_conversation, args.validation_conversation)
+    split = split_conversations(list(by_name), args.split_seed, args.test_conversation, args.validation_conversation, args.test_count)
     caps = {"train": args.max_train_questions, "validation": args.max_val_questions, "test": args.max_test_questions}
     log.info(
         "[data] %d conversations in %s: %s", len(conversations), args.data,
@@ -299,6 +341,7 @@ def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         f"  models:\n    llm: {BUNDLED_LLM}\n    embedder: {args.embedder}\n    reranker: none\n    dtype: float32\n    device: cpu\n"
         f"  construction:\n    units: turns\n    traces: false\n    sentence_vectors: {str(args.sentence_vectors).lower()}\n"
         "  retrieval:\n    k: 10\n"
+        f"  graph:\n    attribute_edges: {str(args.attribute_edges).lower()}\n"
     )  # fmt: skip
     cfg, pipeline = load_data_prep_config(config)
     log.info("[data] data prep: %d staged cases, %d questions (%s)", len(conversations), len(questions), config)
@@ -339,8 +382,8 @@ def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- runs
 
 
-def loss_curve_callback(every: int) -> Any:
-    """A Lightning callback recording train loss per step and validation loss per check, logging progress."""
+def loss_curve_callback(every: int, monitor: str = "val/loss") -> Any:
+    """A Lightning callback recording train loss per step and the ``monitor`` validation loss per check, logging progress."""
     import lightning as L
 
     class LossCurve(L.Callback):
@@ -361,17 +404,34 @@ def loss_curve_callback(every: int) -> Any:
                 log.info("    step %d/%d train loss %.4f (%.1f s/step)", step, trainer.max_steps, float(loss), rate)
 
         def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-            if trainer.sanity_checking or "val/loss" not in trainer.callback_metrics:
+            if trainer.sanity_checking or monitor not in trainer.callback_metrics:
                 return
-            value = float(trainer.callback_metrics["val/loss"])
+            value = float(trainer.callback_metrics[monitor])
             self.val.append([trainer.global_step, value])
-            log.info("    step %d val loss %.4f", trainer.global_step, value)
+            log.info("    step %d %s %.4f", trainer.global_step, monitor, value)
 
     return LossCurve()
 
 
-def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path: Path, run_dir: Path) -> dict[str, Any]:
-    """Train (when the variant has something to train), validate, then test and predict the test conversation."""
+def per_question_losses(model: Any, data: Any) -> dict[str, dict[str, float]]:
+    """Whole-target and answer-span loss per test question id, with the model's current weights."""
+    import torch
+
+    model.eval()
+    out: dict[str, dict[str, float]] = {}
+    with torch.no_grad():
+        for batch in data.test_dataloader():
+            whole, answer = model.evaluation_losses(batch)
+            for example, w, a in zip(batch["examples"], whole.tolist(), answer.tolist()):
+                out[example.question_id] = {"loss": w, "answer_loss": a}
+    return out
+
+
+def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path: Path, run_dir: Path, source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train (when the variant has something to train), validate, then test and predict the test conversations.
+
+    A shuffled-graph arm trains nothing: it tests ``source``'s best checkpoint (its arm, same seed) on shuffled test graphs.
+    """
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -389,17 +449,20 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
     data.setup()
     if variant.empty_graphs:
         data.splits = {name: [replace(ex, graph=LocalGraph()) for ex in part] for name, part in data.splits.items()}
+    if variant.shuffled_of is not None:
+        data.splits["test"] = shuffled_graphs(data.splits["test"], seed)
     torch.manual_seed(seed)
     model = GraphAugmentedLM(
-        feature_dim=data.feature_dim, llm=args.llm, dtype="float32", graph_tokens=variant.graph_tokens, text_path=variant.text_path,
+        feature_dim=data.feature_dim, llm=args.llm, dtype="float32", graph_tokens=variant.graph_tokens,
+        graph_readout=variant.graph_readout, text_path=variant.text_path,
         gnn_hidden=args.gnn_hidden, gnn_layers=2, gnn_heads=4, projector_hidden=2 * args.gnn_hidden, lora_r=variant.lora_r,
         learning_rate=args.lr, weight_decay=0.0, warmup_fraction=0.1, max_context_tokens=args.max_context_tokens,
         max_new_tokens=args.max_new_tokens, val_generate=False,
     )  # fmt: skip
     every = max(1, math.ceil(args.steps / args.val_checks))
-    curve = loss_curve_callback(max(1, args.steps // 10))
+    curve = loss_curve_callback(max(1, args.steps // 10), args.monitor)
     checkpoints = ModelCheckpoint(
-        dirpath=run_dir / "checkpoints", filename="best-{step}", monitor="val/loss", mode="min", save_top_k=1, save_last=True
+        dirpath=run_dir / "checkpoints", filename="best-{step}", monitor=args.monitor, mode="min", save_top_k=1, save_last=True
     )
     trainer = L.Trainer(
         accelerator="cpu", devices=1, precision="32-true", max_steps=args.steps, val_check_interval=every, check_val_every_n_epoch=None,
@@ -409,7 +472,10 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         enable_checkpointing=variant.trained,
     )  # fmt: skip
     train_s, best_step, ckpt = 0.0, None, None
-    if variant.trained:
+    if source is not None:
+        ckpt, best_step, best_val = source["checkpoint_best"], source["best_step"], source["best_val_loss"]
+        log.info("  testing the checkpoint of %s, seed %d, on shuffled test graphs: %s", variant.shuffled_of, seed, ckpt)
+    elif variant.trained:
         log.info("  training %d steps (batch %d, validation every %d steps)", args.steps, args.batch_size, every)
         fit_started = time.perf_counter()
         trainer.fit(model, datamodule=data)
@@ -420,12 +486,17 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         best_val = float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else None
     else:
         log.info("  nothing to train: validation and test only")
-        best_val = trainer.validate(model, datamodule=data, verbose=False)[0]["val/loss"]
+        best_val = trainer.validate(model, datamodule=data, verbose=False)[0][args.monitor]
         curve.val.append([0, best_val])
     eval_started = time.perf_counter()
     log.info("  testing %d questions of the test conversation", len(data.splits["test"]))
-    test_loss = trainer.test(model, datamodule=data, ckpt_path=ckpt or None, verbose=False)[0]["test/loss"]
+    tested = trainer.test(model, datamodule=data, ckpt_path=ckpt or None, verbose=False)[0]
+    test_loss = tested["test/loss"]
+    diagnostics = {key.removeprefix("test/"): float(v) for key, v in tested.items() if key.startswith("test/graph_token_")}
     records = [r for batch in trainer.predict(model, datamodule=data, ckpt_path=ckpt or None) for r in batch]
+    losses = per_question_losses(model, data)  # predict left the tested checkpoint's weights in the model
+    for record in records:
+        record.update(losses[record["question_id"]])
     eval_s = time.perf_counter() - eval_started
     scores = {key: statistics.fmean(float(r[field]) for r in records) for key, field in
               (("json_valid", "valid_json"), ("f1", "f1"), ("bleu1", "bleu1"), ("exact_match", "exact_match"))}  # fmt: skip
@@ -433,7 +504,8 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         "variant": variant.key,
         "name": variant.name,
         "seed": seed,
-        "steps": args.steps if variant.trained else 0,
+        "steps": args.steps if variant.trained else (source["steps"] if source else 0),
+        "checkpoint_of": variant.shuffled_of,
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "wall_s": round(time.perf_counter() - started, 1),
         "train_s": round(train_s, 1),
@@ -441,11 +513,13 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         "eval_s": round(eval_s, 1),
         "best_val_loss": best_val,
         "best_step": best_step,
-        "checkpoint_best": checkpoints.best_model_path if variant.trained else None,
+        "checkpoint_best": ckpt if source else (checkpoints.best_model_path if variant.trained else None),
         "checkpoint_last": checkpoints.last_model_path if variant.trained else None,
         "train_curve": curve.train,
         "val_curve": curve.val,
         "test_loss": float(test_loss),
+        "test_answer_loss": statistics.fmean(r["answer_loss"] for r in records),
+        **diagnostics,
         **scores,
         "predictions": records,
     }
@@ -461,17 +535,27 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def per_question_f1(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """F1 per test question id, averaged over the runs (seeds)."""
+def per_question(runs: list[dict[str, Any]], field: str) -> dict[str, float]:
+    """``field`` (``f1``, ``answer_loss``) per test question id, averaged over the runs (seeds)."""
     scores: dict[str, list[float]] = defaultdict(list)
     for run in runs:
         for record in run["predictions"]:
-            scores[record["question_id"]].append(float(record["f1"]))
+            scores[record["question_id"]].append(float(record[field]))
     return {qid: statistics.fmean(v) for qid, v in scores.items()}
 
 
+def comparisons(arms: dict[str, Variant]) -> list[tuple[str, str]]:
+    """``(arm, control)`` pairs the report bootstraps: each graph design against its soft prompt, its shuffled graphs and no
+    graph; LoRA + a design against LoRA alone; the text path against no graph."""
+    pairs = [(key, f"{key}{suffix}") for key in GRAPH_ARMS for suffix in ("-soft", "-shuffled")]
+    pairs += [(key, "none") for key in GRAPH_ARMS]
+    pairs += [(key, "lora") for key in arms if key.startswith("lora+")]
+    return pairs + [("text", "none")]
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]], questions: dict[str, dict[str, str]], args: argparse.Namespace) -> dict[str, Any]:
-    """Per-variant means ± std over seeds, per-category F1, and the paired bootstrap of (a) − (c) and (a) − (d)."""
+    """Per-variant means ± std over seeds, per-category F1, graph-token diagnostics, and the paired bootstraps of :func:`comparisons`
+    (F1, and answer-span loss)."""
     out: dict[str, Any] = {"variants": {}, "bootstrap": {}}
     for key, done in runs.items():
         if not done:
@@ -481,15 +565,24 @@ def summarize(runs: dict[str, list[dict[str, Any]]], questions: dict[str, dict[s
             mean, std = mean_std([r[metric] for r in done])
             row[metric] = {"mean": mean, "std": std}
         by_category: dict[str, list[float]] = defaultdict(list)
-        for qid, f1 in per_question_f1(done).items():
+        for qid, f1 in per_question(done, "f1").items():
             by_category[questions[qid]["category"]].append(f1)
         row["f1_per_category"] = {c: {"mean": statistics.fmean(v), "questions": len(v)} for c, v in sorted(by_category.items())}
         row["runs"] = [{k: v for k, v in r.items() if k not in ("predictions",)} for r in done]
+        for name in ("graph_token_cosine", "graph_token_between_variance_ratio"):
+            values = [r[name] for r in done if r.get(name) is not None]
+            if values:
+                row[name] = statistics.fmean(values)
         out["variants"][key] = row
-    for other in ("c", "d"):
-        if runs.get("a") and runs.get(other):
-            out["bootstrap"][f"a-{other}"] = paired_bootstrap(
-                per_question_f1(runs["a"]), per_question_f1(runs[other]), args.bootstrap_resamples, args.bootstrap_seed
+    out["bootstrap_answer_loss"] = {}
+    for arm, control in comparisons(variants(args.edge_tokens, args.query_tokens, args.lora_readout)):
+        if runs.get(arm) and runs.get(control):
+            pair = f"{arm} - {control}"
+            out["bootstrap"][pair] = paired_bootstrap(
+                per_question(runs[arm], "f1"), per_question(runs[control], "f1"), args.bootstrap_resamples, args.bootstrap_seed
+            )
+            out["bootstrap_answer_loss"][pair] = paired_bootstrap(
+                per_question(runs[control], "answer_loss"), per_question(runs[arm], "answer_loss"), args.bootstrap_resamples, args.bootstrap_seed
             )
     return out
 
@@ -521,27 +614,34 @@ def markdown(result: dict[str, Any]) -> str:
         f"Data prep (`{dp['config']}`): turns units, rule intent, gold targets, no traces; one staged case per conversation; "
         f"{dp['seconds_per_case']} seconds per case, {dp['questions_per_hour']} questions/hour, {dp['wall_s']:.0f} s in all.", "",
         f"Training: frozen `{s['llm']}` (float32), {s['steps']} optimizer steps of batch {s['batch_size']}, learning rate {s['lr']} "
-        f"(10% warm-up, cosine), validation loss every {math.ceil(s['steps'] / s['val_checks'])} steps on the validation conversation "
-        f"(best checkpoint tested); context {s['max_context_tokens']} tokens, {s['max_new_tokens']} new tokens, schema-constrained.", "",
-        "## Test conversation", "",
-        "| variant | seeds | steps | test loss | valid JSON | F1 | BLEU-1 | EM |", "|---|---|---|---|---|---|---|---|",
+        f"(10% warm-up, cosine), {s['monitor']} every {math.ceil(s['steps'] / s['val_checks'])} steps on the validation conversation "
+        f"(best checkpoint tested); context {s['max_context_tokens']} tokens, {s['max_new_tokens']} new tokens, schema-constrained; "
+        f"local graphs {'with' if s['attribute_edges'] else 'without'} attribute edges.", "",
+        "## Test conversations", "",
+        "| variant | seeds | steps | answer loss | test loss | valid JSON | F1 | BLEU-1 | EM | token cosine | between-question variance |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for row in variants_.values():
+        diag = [f"{row[k]:.3f}" if k in row else "" for k in ("graph_token_cosine", "graph_token_between_variance_ratio")]
         lines.append(
-            f"| {row['name']} | {len(row['seeds'])} | {row['steps']} | {fmt(row['test_loss'])} | {fmt(row['json_valid'])} | "
-            f"{fmt(row['f1'])} | {fmt(row['bleu1'])} | {fmt(row['exact_match'])} |"
+            f"| {row['name']} | {len(row['seeds'])} | {row['steps']} | {fmt(row['test_answer_loss'])} | {fmt(row['test_loss'])} | "
+            f"{fmt(row['json_valid'])} | {fmt(row['f1'])} | {fmt(row['bleu1'])} | {fmt(row['exact_match'])} | {diag[0]} | {diag[1]} |"
         )
-    lines += ["", "Mean ± sample std over seeds (no ± for one seed)."]
-    boot = result["summary"]["bootstrap"]
-    if boot:
-        lines += ["", "## Paired bootstrap of the F1 difference", "",
-                  "| difference | questions | mean | 95% interval | resamples above 0 |", "|---|---|---|---|---|"]  # fmt: skip
-        for key, b in boot.items():
+    lines += ["", "Mean ± sample std over seeds (no ± for one seed). Answer loss: the answer field's tokens alone; test loss: the whole "
+              "target. Token cosine and between-question variance: the graph tokens of the test questions (`qgmem_train/graph/diagnostics.py`)."]  # fmt: skip
+    for title, key, unit in (("answer-span loss (control − arm: above 0, the arm is better)", "bootstrap_answer_loss", "answer loss"),
+                             ("F1 (arm − control)", "bootstrap", "F1")):  # fmt: skip
+        boot = result["summary"].get(key) or {}
+        if not boot:
+            continue
+        lines += ["", f"## Paired bootstrap of the {title}", "",
+                  "| arm − control | questions | mean | 95% interval | resamples above 0 |", "|---|---|---|---|---|"]  # fmt: skip
+        for pair, b in boot.items():
             lines.append(
-                f"| {key.replace('-', ' − ')} | {b['questions']} | {b['mean_difference']:+.4f} | "
+                f"| {pair.replace(' - ', ' − ')} | {b['questions']} | {b['mean_difference']:+.4f} | "
                 f"[{b['ci95'][0]:+.4f}, {b['ci95'][1]:+.4f}] | {b['share_of_resamples_above_0']:.3f} |"
             )
-        lines += ["", f"Per-question F1 averaged over seeds; {next(iter(boot.values()))['resamples']} resamples of the test questions, seed {s['bootstrap_seed']}."]
+        lines += ["", f"Per-question {unit} averaged over seeds; {next(iter(boot.values()))['resamples']} resamples of the test questions, seed {s['bootstrap_seed']}."]
     categories = sorted({c for row in variants_.values() for c in row["f1_per_category"]})
     if categories:
         lines += ["", "## F1 per category", "", "| variant | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]
@@ -570,7 +670,7 @@ def plot(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Pat
     variants_ = result["summary"]["variants"]
     written = []
     trained = [k for k, done in runs.items() if done and done[0]["steps"]]
-    reference = variants_.get("d", {}).get("runs", [{}])[0].get("best_val_loss")
+    reference = variants_.get("none", {}).get("runs", [{}])[0].get("best_val_loss")
     columns = max(1, len(trained))
     fig, axes = plt.subplots(1, columns, figsize=(4.5 * columns, 3.6), squeeze=False, sharey=True)
     for ax, key in zip(axes[0], trained):
@@ -582,11 +682,11 @@ def plot(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Pat
                 steps, losses = zip(*run["val_curve"])
                 ax.plot(steps, losses, marker="o", label=f"validation, seed {run['seed']}")
         if reference is not None:
-            ax.axhline(reference, color="grey", linestyle="--", linewidth=1, label="validation, (d) no graph")
+            ax.axhline(reference, color="grey", linestyle="--", linewidth=1, label="validation, no graph")
         ax.set_title(variants_[key]["name"], fontsize=9)
         ax.set_xlabel("optimizer step")
         ax.legend(fontsize=6)
-    axes[0][0].set_ylabel("loss (target JSON tokens)")
+    axes[0][0].set_ylabel(f"loss ({result['settings']['monitor']})")
     if not trained:
         axes[0][0].text(0.5, 0.5, "no trained variant", ha="center", va="center")
     fig.tight_layout()
@@ -599,7 +699,7 @@ def plot(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Pat
     means = [row["f1"]["mean"] for row in variants_.values()]
     errors = [row["f1"]["std"] or 0.0 for row in variants_.values()]
     ax.bar(range(len(names)), means, yerr=errors, capsize=4, color="tab:blue")
-    ax.set_xticks(range(len(names)), [n.split(" ", 1)[0] for n in names])
+    ax.set_xticks(range(len(names)), list(variants_), rotation=60, fontsize=6)
     ax.set_ylim(0, max(0.05, max(m + e for m, e in zip(means, errors)) * 1.15))
     ax.set_ylabel("test F1 (mean ± std over seeds)")
     ax.set_title("F1 per variant on the test conversation", fontsize=10)
@@ -646,23 +746,30 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", type=Path, default=None, help=f"ConvoMem-format folder (default: {DEFAULT_DATA} when present)")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "graph_token", help="output folder (resumes what is there)")
-    p.add_argument("--variants", nargs="+", default=list("abcdef"), choices=list("abcdef"), help="arms to run")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for (a) and (c)")
-    p.add_argument("--other-seeds", type=int, default=1, help="seeds 0..N-1 for (b), (d), (e), (f)")
+    p.add_argument("--variants", nargs="+", default=list(variants()), metavar="ARM",
+                   help=f"arms to run (default: all): {', '.join(variants())}; lora+<design> follows --lora-readout")
+    p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 of the arms named by --seeded")
+    p.add_argument("--seeded", nargs="*", default=[], metavar="ARM", help="arms run with --seeds seeds (with their -shuffled tests)")
+    p.add_argument("--other-seeds", type=int, default=1, help="seeds 0..N-1 of every other arm")
+    p.add_argument("--edge-tokens", type=int, default=10, help="cap of the edges readout (k), and its soft prompt's size")
+    p.add_argument("--query-tokens", type=int, default=4, help="T of the query readout and its soft prompt")
+    p.add_argument("--lora-readout", choices=GRAPH_ARMS, default="edges", help="the graph design of the LoRA + graph arm")
+    p.add_argument("--monitor", choices=("val/answer_loss", "val/loss"), default="val/answer_loss", help="validation loss that picks the checkpoint")
+    p.add_argument("--no-attribute-edges", dest="attribute_edges", action="store_false", help="local graphs of one edge per unit (the paper's)")
+    p.add_argument("--test-count", type=int, default=2, help="test conversations (one validation, the rest train)")
     p.add_argument("--steps", type=int, default=60, help="optimizer steps per trained run")
     p.add_argument("--batch-size", type=int, default=1, help="training examples per step")
     p.add_argument("--eval-batch-size", type=int, default=8, help="examples per validation/test/predict batch")
     p.add_argument("--val-checks", type=int, default=3, help="validation-loss checks per trained run (model selection, curves)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of every trained variant")
     p.add_argument("--gnn-hidden", type=int, default=256, help="graph encoder width (projector: twice this)")
-    p.add_argument("--control-tokens", type=int, default=1, help="graph tokens of the soft-prompt control (c), as (a)")
-    p.add_argument("--max-context-tokens", type=int, default=128, help="serialized working memory kept in the prompt")
+    p.add_argument("--max-context-tokens", type=int, default=600, help="serialized working memory kept in the prompt (the paper's ~600; 128 too)")
     p.add_argument("--max-new-tokens", type=int, default=96, help="generation budget (answer strings capped at (N-24)//2 characters)")
     p.add_argument("--max-train-questions", type=int, default=300, help="train questions over all train conversations")
     p.add_argument("--max-val-questions", type=int, default=12, help="validation questions")
-    p.add_argument("--max-test-questions", type=int, default=30, help="test questions (a seeded sample of the test conversation)")
+    p.add_argument("--max-test-questions", type=int, default=None, help="test questions (default: every question of the test conversations)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the conversation split and the question samples")
-    p.add_argument("--test-conversation", help="name the test conversation (e.g. dataset_6) instead of drawing it")
+    p.add_argument("--test-conversation", nargs="+", help="name the test conversations (e.g. dataset_2 dataset_6) instead of drawing them")
     p.add_argument("--validation-conversation", help="name the validation conversation instead of drawing it")
     p.add_argument("--sentence-vectors", action="store_true", help="data prep also embeds every sentence of a unit (about 2x slower)")
     p.add_argument("--bootstrap-resamples", type=int, default=2000)
@@ -674,12 +781,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 RUN_SETTINGS = (
-    "steps", "batch_size", "val_checks", "lr", "gnn_hidden", "control_tokens", "max_context_tokens", "max_new_tokens", "llm",
+    "steps", "batch_size", "val_checks", "lr", "gnn_hidden", "edge_tokens", "query_tokens", "lora_readout", "monitor",
+    "max_context_tokens", "max_new_tokens", "llm",
 )  # fmt: skip
 """Settings that change a run's result: rerunning into the same --out with others is refused."""
 DATA_SETTINGS = (
     "data", "max_train_questions", "max_val_questions", "max_test_questions", "split_seed", "test_conversation",
-    "validation_conversation", "sentence_vectors", "embedder",
+    "validation_conversation", "sentence_vectors", "embedder", "attribute_edges", "test_count",
 )  # fmt: skip
 """Settings that change the data."""
 
@@ -705,7 +813,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             raise InputError("--data", f"no ConvoMem folder at the default {DEFAULT_DATA}; pass --data DIR")
         args.data = DEFAULT_DATA
     args.data = args.data.resolve()
-    for name in ("steps", "seeds", "other_seeds", "val_checks", "batch_size", "eval_batch_size", "threads"):
+    for name in ("steps", "seeds", "other_seeds", "val_checks", "batch_size", "eval_batch_size", "threads", "edge_tokens", "query_tokens", "test_count"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
     import lightning  # noqa: F401  (sets its own log level on import; quieted below)
@@ -719,8 +827,20 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     settings = check_settings(args, out)
     data = prepare_data(args, out)
 
-    arms = variants(args.control_tokens)
-    plan = [(arms[k], seed) for k in args.variants for seed in range(args.seeds if k in "ac" else args.other_seeds)]
+    arms = variants(args.edge_tokens, args.query_tokens, args.lora_readout)
+    unknown = [k for k in args.variants + args.seeded if k not in arms]
+    if unknown:
+        raise InputError("--variants", f"unknown arm(s) {', '.join(unknown)} (known: {', '.join(arms)})")
+    for key in args.variants:
+        source = arms[key].shuffled_of
+        if source is not None and source not in args.variants:
+            raise InputError("--variants", f"{key} tests the checkpoint of {source}: run {source} too")
+
+    def seeds_of(key: str) -> int:
+        return args.seeds if key in args.seeded or arms[key].shuffled_of in args.seeded else args.other_seeds
+
+    order = [k for k in arms if k in args.variants]  # run order: a shuffled-graph arm after its source
+    plan = [(arms[k], seed) for k in order for seed in range(seeds_of(k))]
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in args.variants}
     for number, (variant, seed) in enumerate(plan, 1):
         run_dir = out / "runs" / f"{variant.key}-seed{seed}"
@@ -730,7 +850,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             runs[variant.key].append(json.loads(result_file.read_text()))
             continue
         log.info("[run %d/%d] %s, seed %d", number, len(plan), variant.name, seed)
-        result = run_variant(args, variant, seed, out / "data" / "trajectories", run_dir)
+        source = None
+        if variant.shuffled_of is not None:
+            source = next((r for r in runs[variant.shuffled_of] if r["seed"] == seed), None)
+            if source is None:
+                log.info("[run %d/%d] %s, seed %d: no checkpoint of %s, seed %d; skipped", number, len(plan), variant.name, seed, variant.shuffled_of, seed)
+                continue
+        result = run_variant(args, variant, seed, out / "data" / "trajectories", run_dir, source)
         log.info(
             "[run %d/%d] done in %.0f s: test loss %.4f, valid JSON %.3f, F1 %.3f, BLEU-1 %.3f, EM %.3f", number, len(plan),
             result["wall_s"], result["test_loss"], result["json_valid"], result["f1"], result["bleu1"], result["exact_match"],
@@ -741,7 +867,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "command": shlex.join(["python", "bench/graph_token_experiment.py", *argv]),
         "git": git_state(),
         "machine": machine,
-        "settings": {**settings, "variants": args.variants, "seeds": args.seeds, "other_seeds": args.other_seeds,
+        "settings": {**settings, "variants": args.variants, "seeds": args.seeds, "seeded": args.seeded, "other_seeds": args.other_seeds,
                      "eval_batch_size": args.eval_batch_size, "bootstrap_resamples": args.bootstrap_resamples,
                      "bootstrap_seed": args.bootstrap_seed},  # fmt: skip
         "out": str(out),

@@ -1,8 +1,9 @@
 """The graph-token experiment (``bench/graph_token_experiment.py``): the conversation split, bad input, and a tiny run.
 
 The tiny run goes through every stage with the bundled SmolLM2 and MiniLM on three cut-down conversations made
-from the committed ConvoMem sample (which holds two): data prep, two variants (a graph token trained for two
-steps and the untrained no-graph arm), one seed, three test questions, and the report with its plots.
+from the committed ConvoMem sample (which holds two): data prep, three arms (edge tokens trained for two steps, the
+same checkpoint on shuffled graphs, and the untrained no-graph arm), one seed, three test questions, and the report
+with its plots.
 """
 
 from __future__ import annotations
@@ -55,14 +56,52 @@ def test_conversation_split_never_shares_a_conversation(experiment: ModuleType, 
 
     names = [f"dataset_{i}" for i in range(7)]
     for seed in range(20):
-        split = experiment.split_conversations(names, seed)
+        split = experiment.split_conversations(names, seed, test_count=2)
         assert sorted(n for part in split.values() for n in part) == names, "every conversation in exactly one split"
-        assert (len(split["train"]), len(split["validation"]), len(split["test"])) == (5, 1, 1)
-    assert experiment.split_conversations(names, 0) == experiment.split_conversations(names, 0)
-    named = experiment.split_conversations(names, 0, test="dataset_6", validation="dataset_5")
-    assert named == {"train": names[:5], "validation": ["dataset_5"], "test": ["dataset_6"]}
+        assert (len(split["train"]), len(split["validation"]), len(split["test"])) == (4, 1, 2)
+    assert experiment.split_conversations(names, 0, test_count=2) == experiment.split_conversations(names, 0, test_count=2)
+    named = experiment.split_conversations(names, 0, test=["dataset_6", "dataset_4"], validation="dataset_5")
+    assert named == {"train": names[:4], "validation": ["dataset_5"], "test": ["dataset_4", "dataset_6"]}
+    with pytest.raises(experiment.InputError, match="at least 4"):
+        experiment.split_conversations(names[:3], 0, test_count=2)
     with pytest.raises(experiment.InputError, match="at least 3"):
         experiment.split_conversations(names[:2], 0)
+
+
+def test_shuffled_graphs_never_give_a_question_its_own_graph_and_stay_in_its_conversation(experiment: ModuleType) -> None:
+    from qgmem_train.graph.local_graph import LocalGraph
+    from qgmem_train.model.trajectory import TrajectoryExample
+
+    def ex(case: str, i: int) -> TrajectoryExample:
+        graph = LocalGraph([f"{case}-s", f"{case}-o{i}"], [0], [1], ["says"])
+        return TrajectoryExample(case, f"{case}/q{i}", "test", case, f"question {i}?", "", "", "answer", "", graph=graph)
+
+    examples = [ex("conv-a", i) for i in range(5)] + [ex("conv-b", i) for i in range(2)] + [ex("conv-a", 9)]
+    for seed in range(10):
+        shuffled = experiment.shuffled_graphs(examples, seed)
+        assert [s.question_id for s in shuffled] == [e.question_id for e in examples], "questions keep their place"
+        for before, after in zip(examples, shuffled):
+            assert after.graph != before.graph, "never its own graph"
+            assert after.graph in [e.graph for e in examples if e.case_id == before.case_id], "a graph of its own conversation"
+        by_case = {case: sorted(str(s.graph) for s in shuffled if s.case_id == case) for case in ("conv-a", "conv-b")}
+        assert by_case == {case: sorted(str(e.graph) for e in examples if e.case_id == case) for case in ("conv-a", "conv-b")}, \
+            "each graph of a conversation is given out once"
+    assert experiment.shuffled_graphs(examples, 0) == experiment.shuffled_graphs(examples, 0)
+    assert experiment.shuffled_graphs(examples, 0) != experiment.shuffled_graphs(examples, 1)
+    with pytest.raises(experiment.InputError, match="one test question"):
+        experiment.shuffled_graphs(examples + [ex("conv-c", 0)], 0)
+
+
+def test_every_design_has_its_controls(experiment: ModuleType) -> None:
+    arms = experiment.variants(edge_tokens=10, query_tokens=4, lora_readout="query")
+    for key in experiment.GRAPH_ARMS:
+        design, soft, shuffled = arms[key], arms[f"{key}-soft"], arms[f"{key}-shuffled"]
+        assert design.trained and soft.trained and soft.empty_graphs and soft.graph_tokens == design.graph_tokens
+        assert soft.graph_readout == ("mean" if key == "edges" else design.graph_readout)
+        assert not shuffled.trained and shuffled.shuffled_of == key and shuffled.graph_readout == design.graph_readout
+        assert list(arms).index(f"{key}-shuffled") > list(arms).index(key), "a shuffled test runs after its checkpoint's arm"
+    assert arms["lora+query"].lora_r == 8 and arms["lora+query"].graph_readout == "query" and arms["lora"].graph_tokens == 0
+    assert arms["text"].text_path and not arms["none"].trained
 
 
 @pytest.mark.parametrize(
@@ -81,7 +120,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, data: str, message: st
 def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "out"
     command = [
-        sys.executable, str(SCRIPT), "--data", str(tiny_convomem(tmp_path / "cases")), "--out", str(out), "--variants", "a", "d",
+        sys.executable, str(SCRIPT), "--data", str(tiny_convomem(tmp_path / "cases")), "--out", str(out),
+        "--variants", "edges", "edges-shuffled", "none", "--test-count", "1", "--edge-tokens", "3", "--max-context-tokens", "128",
         "--seeds", "1", "--steps", "2", "--val-checks", "1", "--max-test-questions", "3", "--max-val-questions", "2",
         "--max-new-tokens", "48", "--eval-batch-size", "4", "--gnn-hidden", "32", "--bootstrap-resamples", "200",
     ]  # fmt: skip
@@ -99,20 +139,27 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
     assert all(len(h) == 1 for h in homes.values()), f"a conversation in two splits: {homes}"
 
     summary = results["summary"]
-    assert list(summary["variants"]) == ["a", "d"]
-    for key in ("a", "d"):
+    assert list(summary["variants"]) == ["edges", "edges-shuffled", "none"]
+    for key in ("edges", "edges-shuffled", "none"):
         row = summary["variants"][key]
-        for metric in ("test_loss", "json_valid", "f1", "bleu1", "exact_match"):
+        for metric in ("test_answer_loss", "test_loss", "json_valid", "f1", "bleu1", "exact_match"):
             assert set(row[metric]) == {"mean", "std"}
         assert row["json_valid"]["mean"] == 1.0, "schema-constrained answers always parse"
         assert row["f1_per_category"]
-    assert summary["variants"]["a"]["runs"][0]["steps"] == 2 and summary["variants"]["d"]["runs"][0]["steps"] == 0
-    boot = summary["bootstrap"]["a-d"]
-    assert boot["questions"] == results["data"]["examples"]["test"] and boot["ci95"][0] <= boot["mean_difference"] <= boot["ci95"][1]
-    assert (out / "runs" / "a-seed0" / "checkpoints" / "last.ckpt").exists()
+    edges, shuffled = summary["variants"]["edges"]["runs"][0], summary["variants"]["edges-shuffled"]["runs"][0]
+    assert edges["steps"] == 2 and summary["variants"]["none"]["runs"][0]["steps"] == 0
+    assert shuffled["checkpoint_best"] == edges["checkpoint_best"] and shuffled["train_s"] == 0
+    assert shuffled["test_answer_loss"] != edges["test_answer_loss"], "same checkpoint, other graphs: another loss"
+    assert "graph_token_cosine" in edges and "graph_token_cosine" not in summary["variants"]["none"]["runs"][0]
+    for key in ("bootstrap", "bootstrap_answer_loss"):
+        for pair in ("edges - edges-shuffled", "edges - none"):
+            boot = summary[key][pair]
+            assert boot["questions"] == results["data"]["examples"]["test"] and boot["ci95"][0] <= boot["mean_difference"] <= boot["ci95"][1]
+    assert (out / "runs" / "edges-seed0" / "checkpoints" / "last.ckpt").exists()
+    assert "attribute_edges: true" in (out / "data" / "data_prep.yaml").read_text()
 
     report = (out / "results.md").read_text()
-    for heading in ("## Test conversation", "## Paired bootstrap of the F1 difference", "## F1 per category", "## Runs"):
+    for heading in ("## Test conversations", "## Paired bootstrap of the answer-span loss", "## Paired bootstrap of the F1", "## F1 per category", "## Runs"):
         assert heading in report
     assert results["git"]["commit"] in report and "Machine:" in report
     for name in ("loss_curves.png", "f1.png", "f1_per_category.png"):
@@ -120,4 +167,4 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
 
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert again.stderr.count("done before") == 2 and "reusing" in again.stderr
+    assert again.stderr.count("done before") == 3 and "reusing" in again.stderr
