@@ -185,7 +185,7 @@ def test_fresh_graph_tokens_have_the_norm_of_a_word_embedding(tmp_path, data, hi
     model.load_backbone("cpu")
     with torch.no_grad():
         tokens = model.graph_embeddings(data.collate(data.splits["train"][:4])["graph"])
-    ratio = float(tokens.norm(dim=-1).mean()) / model.embedding_norm
+    ratio = float(tokens.embeds.norm(dim=-1).mean()) / model.embedding_norm
     assert ratio == pytest.approx(1.0, rel=0.05)
 
 

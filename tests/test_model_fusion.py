@@ -60,7 +60,7 @@ def test_graph_tokens_open_the_user_message(model, data) -> None:
     batch = data.collate([example])
     with torch.no_grad():
         inputs = model.training_inputs(batch)
-        graph = model.graph_embeddings(batch["graph"])[0]
+        graph = model.graph_embeddings(batch["graph"]).embeds[0]
         prompt = model.prompt_ids(example)
         tokens = model.llm.get_input_embeddings()(torch.tensor(prompt.ids))
     slot, embeds = prompt.graph_slot, inputs["inputs_embeds"][0]
@@ -76,7 +76,7 @@ def test_the_loss_depends_on_the_graph_tokens(model, data) -> None:
     with torch.no_grad():
         graph = model.graph_embeddings(batch["graph"])
         plain = model.example_losses(batch, graph)
-        shifted = model.example_losses(batch, graph + torch.randn_like(graph))
+        shifted = model.example_losses(batch, graph._replace(embeds=graph.embeds + torch.randn_like(graph.embeds)))
         again = model.example_losses(batch, graph)
     assert torch.equal(plain, again)
     assert not torch.allclose(plain, shifted), "the graph tokens must reach the LLM's prediction of the target"
