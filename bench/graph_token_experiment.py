@@ -746,7 +746,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", type=Path, default=None, help=f"ConvoMem-format folder (default: {DEFAULT_DATA} when present)")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "graph_token", help="output folder (resumes what is there)")
-    p.add_argument("--variants", nargs="+", default=list(variants()), metavar="ARM",
+    p.add_argument("--variants", nargs="+", default=None, metavar="ARM",
                    help=f"arms to run (default: all): {', '.join(variants())}; lora+<design> follows --lora-readout")
     p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 of the arms named by --seeded")
     p.add_argument("--seeded", nargs="*", default=[], metavar="ARM", help="arms run with --seeds seeds (with their -shuffled tests)")
@@ -816,6 +816,15 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     for name in ("steps", "seeds", "other_seeds", "val_checks", "batch_size", "eval_batch_size", "threads", "edge_tokens", "query_tokens", "test_count"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
+    arms = variants(args.edge_tokens, args.query_tokens, args.lora_readout)
+    args.variants = args.variants or list(arms)
+    unknown = [k for k in args.variants + args.seeded if k not in arms]
+    if unknown:
+        raise InputError("--variants", f"unknown arm(s) {', '.join(unknown)} (known: {', '.join(arms)})")
+    for key in args.variants:
+        source = arms[key].shuffled_of
+        if source is not None and source not in args.variants:
+            raise InputError("--variants", f"{key} tests the checkpoint of {source}: run {source} too")
     import lightning  # noqa: F401  (sets its own log level on import; quieted below)
     import torch
 
@@ -826,15 +835,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     machine = machine_info()
     settings = check_settings(args, out)
     data = prepare_data(args, out)
-
-    arms = variants(args.edge_tokens, args.query_tokens, args.lora_readout)
-    unknown = [k for k in args.variants + args.seeded if k not in arms]
-    if unknown:
-        raise InputError("--variants", f"unknown arm(s) {', '.join(unknown)} (known: {', '.join(arms)})")
-    for key in args.variants:
-        source = arms[key].shuffled_of
-        if source is not None and source not in args.variants:
-            raise InputError("--variants", f"{key} tests the checkpoint of {source}: run {source} too")
 
     def seeds_of(key: str) -> int:
         return args.seeds if key in args.seeded or arms[key].shuffled_of in args.seeded else args.other_seeds

@@ -67,7 +67,7 @@ def test_edges_readout_padded_batch_equals_one_at_a_time(llm_dir, data) -> None:
         # masked graph-token positions never reach the LLM: each row holds exactly its own real tokens
         assert inputs["attention_mask"].sum(1).tolist() == [a["attention_mask"].shape[1] for a in alone]
         for i, single in enumerate(alone):
-            length = single["attention_mask"].shape[1]
+            length = single["inputs_embeds"].shape[1]  # (with the prefix cache, the tokens after the cached prefix)
             assert torch.equal(inputs["position_ids"][i, :length], single["position_ids"][0])
             assert torch.allclose(inputs["inputs_embeds"][i, :length], single["inputs_embeds"][0], atol=1e-6)
             assert torch.equal(inputs["labels"][i, :length], single["labels"][0])

@@ -168,3 +168,12 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.stderr.count("done before") == 3 and "reusing" in again.stderr
+
+
+@pytest.mark.parametrize(("arms", "message"), [(["nosuch"], "unknown arm(s) nosuch"), (["edges-shuffled"], "run edges too")])
+def test_bad_arms_are_one_line_and_exit_2(tmp_path: Path, arms: list[str], message: str) -> None:
+    command = [sys.executable, str(SCRIPT), "--data", str(SAMPLE), "--out", str(tmp_path / "out"), "--variants", *arms]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and not (tmp_path / "out").exists(), "refused before any work"
