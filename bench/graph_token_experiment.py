@@ -781,10 +781,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 RUN_SETTINGS = (
-    "steps", "batch_size", "val_checks", "lr", "gnn_hidden", "edge_tokens", "query_tokens", "lora_readout", "monitor",
+    "steps", "batch_size", "val_checks", "lr", "gnn_hidden", "edge_tokens", "query_tokens", "monitor",
     "max_context_tokens", "max_new_tokens", "llm",
 )  # fmt: skip
-"""Settings that change a run's result: rerunning into the same --out with others is refused."""
+"""Settings that change a run's result: rerunning into the same --out with others is refused (``--lora-readout`` is not
+one: it names its arm, ``lora+<design>``, so rounds with different ones share a folder)."""
 DATA_SETTINGS = (
     "data", "max_train_questions", "max_val_questions", "max_test_questions", "split_seed", "test_conversation",
     "validation_conversation", "sentence_vectors", "embedder", "attribute_edges", "test_count",
