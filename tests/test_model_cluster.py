@@ -94,12 +94,14 @@ def test_every_logged_value_lives_on_the_modules_device(llm_dir, data, monkeypat
     model._device = torch.device("meta")  # stands for cuda:N: anything made on the CPU shows up
     batch = data.collate(data.splits["validation"][:2])
     records = [{"valid_json": True, "exact_match": 1.0, "f1": 1.0, "bleu1": 1.0}, {"valid_json": False, "exact_match": 0.0, "f1": 0.5, "bleu1": 0.0}]
-    monkeypatch.setattr(model, "example_losses", lambda batch: torch.ones(2, device="meta"))
+    monkeypatch.setattr(model, "graph_embeddings", lambda graph: None)
+    meta_losses = (torch.ones(2, device="meta"), torch.ones(2, device="meta"))
+    monkeypatch.setattr(model, "evaluation_losses", lambda batch, graph_embeds=None: meta_losses)
     monkeypatch.setattr(model, "predict_step", lambda batch, batch_idx: records)
     logged: dict[str, object] = {}
     monkeypatch.setattr(model, "log", lambda name, value, **kwargs: logged.__setitem__(name, value))
     model._evaluate(batch, "val")
-    assert set(logged) == {"val/loss", "val/json_valid", "val/exact_match", "val/f1", "val/bleu1"}
+    assert set(logged) == {"val/loss", "val/answer_loss", "val/json_valid", "val/exact_match", "val/f1", "val/bleu1"}
     for name, value in logged.items():
         assert isinstance(value, (int, float)) or value.device == model.device, f"{name} is on {value.device}"
     assert logged["val/json_valid"] == 0.5 and logged["val/f1"] == 0.75
