@@ -283,15 +283,15 @@ def search_channels(
         timings["bm25"] = time.perf_counter() - start
     if "attr" in index.channels:
         start = time.perf_counter()
-        elt = index.attributes.scores(intent, entity_vectors, location_vectors)
+        matched, elt = index.attributes.matches(intent, entity_vectors, location_vectors)
         if not cfg.attr_tiebreak:
             tiebreak = None
         elif lexical is not None:
-            tiebreak = lexical.__getitem__
+            tiebreak = lambda rows: lexical[matched[rows]]  # noqa: E731
         elif similarities is not None:
-            tiebreak = similarities.__getitem__
+            tiebreak = lambda rows: similarities[matched[rows]]  # noqa: E731
         else:
-            tiebreak = lambda rows: index.dense.similarities(query_vector, rows)  # noqa: E731
-        ranked["attr"] = top_positive(elt, cfg.n, tiebreak=tiebreak)[0]
+            tiebreak = lambda rows: index.dense.similarities(query_vector, matched[rows])  # noqa: E731
+        ranked["attr"] = matched[top_positive(elt, cfg.n, tiebreak=tiebreak)[0]]
         timings["attr"] = time.perf_counter() - start
     return {name: ranked[name] for name in CHANNELS if name in ranked}

@@ -11,10 +11,10 @@ lie (``utterance_fallback``; off, as in the paper, it never meets a fact-time co
 fact and utterance constraints the time axis is their mean. S_ELT averages the non-empty axes; it is 0
 when the query has no constraint.
 
-Everything is vectorised over units: the index stores each attribute text once (per write of the
-store), so a query item is compared once per text, and the per-unit maxima come from one
-``np.maximum.at`` over matching rows. Each unit's triple subject counts as one of its entities
-(:func:`with_subject_entities`), embedded when the unit was stored.
+Nothing scans the units: a query item is compared once with each distinct attribute text (the store
+keeps each text once), posting lists give the units of the texts that pass, and sorted interval
+bounds give the units whose times meet the query's (:class:`AttributeScorer`). Each unit's triple
+subject counts as one of its entities (:func:`with_subject_entities`), embedded when the unit was stored.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qgmem_train.memory.columns import group_bounds, ranges
 from qgmem_train.memory.timeparse import calendar_bounds
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex
@@ -76,7 +77,15 @@ def with_subject_entities(attributes: AttributeIndex, units: Sequence[MemoryUnit
 
 
 class AttributeScorer:
-    """S_ELT of every unit of a namespace for a parsed query."""
+    """S_ELT of the units of a namespace for a parsed query, read from indexes rather than a pass over every unit.
+
+    SemMatch compares each query item once with every distinct attribute text and reads the units of
+    the texts that reach the threshold from posting lists (one per text and kind); TimeMatch finds the
+    fact intervals a query interval meets by binary search over interval starts, one sorted run per
+    length class (intervals of at most twice each other's length, so a day, a week, a month and a year
+    each fall in their own), and utterance days by binary search over the sorted days. A query costs
+    what it matches, not what the namespace holds.
+    """
 
     def __init__(
         self, units: Sequence[MemoryUnit], attributes: AttributeIndex, *, sem_threshold: float = 0.60, utterance_fallback: bool = True
@@ -84,65 +93,115 @@ class AttributeScorer:
         self.n_units = len(units)
         self.sem_threshold = sem_threshold
         self.utterance_fallback = utterance_fallback
-        self._kind = np.asarray(attributes.kind, dtype=np.int8)
-        self._unit_row = np.asarray(attributes.unit_index, dtype=np.int64)
-        self._text_id = np.asarray(attributes.text_id, dtype=np.int64)
         self._text_embeddings = np.ascontiguousarray(attributes.embeddings, dtype=np.float32)
-        rows = [row for row, u in enumerate(units) for _ in u.fact_time]
-        fact_rows = np.column_stack([np.array(rows, dtype=np.int64), span_ordinals([s for u in units for s in u.fact_time])])
-        self._fact_unit, self._fact_lo, self._fact_hi = fact_rows[:, 0], fact_rows[:, 1], fact_rows[:, 2]
-        self._utterance_day = np.array(
-            [day_ordinal(u.utterance_time) if u.utterance_time else NO_DAY for u in units], dtype=np.int64
-        )
-        self._has_fact_time = np.zeros(self.n_units, bool)
-        self._has_fact_time[self._fact_unit] = True
+        self._postings = {
+            kind: PostingLists(np.asarray(attributes.text_id, np.int64), np.asarray(attributes.unit_index, np.int64),
+                               len(self._text_embeddings), np.asarray(attributes.kind, np.int8) == kind)
+            for kind in (ENTITY, LOCATION)
+        }  # fmt: skip
+        fact_unit = np.array([row for row, u in enumerate(units) for _ in u.fact_time], dtype=np.int64)
+        fact_days = span_ordinals([s for u in units for s in u.fact_time])
+        self._facts = IntervalIndex(fact_days[:, 0], fact_days[:, 1], fact_unit)
+        day = np.array([day_ordinal(u.utterance_time) if u.utterance_time else NO_DAY for u in units], dtype=np.int64)
+        dated = day != NO_DAY
+        undated_by_fact = np.ones(self.n_units, bool)
+        undated_by_fact[fact_unit] = False
+        self._utterance = IntervalIndex(day[dated], day[dated], np.flatnonzero(dated))
+        fallback = dated & undated_by_fact
+        self._fallback = IntervalIndex(day[fallback], day[fallback], np.flatnonzero(fallback))
 
-    def sem_match(self, query_embeddings: np.ndarray, kind: int) -> np.ndarray:
-        """Mean over query items of each unit's best cosine with its attributes of ``kind`` (0 below threshold)."""
+    def sem_matches(self, query_embeddings: np.ndarray, kind: int) -> tuple[np.ndarray, np.ndarray]:
+        """Units with an attribute of ``kind`` at the threshold of some query item, and the mean over query items of each one's best cosine."""
         if len(query_embeddings) == 0 or len(self._text_embeddings) == 0:
-            return np.zeros(self.n_units, np.float32)
-        best = np.zeros((self.n_units, len(query_embeddings)), dtype=np.float32)
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
         text_sims = self._text_embeddings @ np.asarray(query_embeddings, dtype=np.float32).T
         text_sims[text_sims < self.sem_threshold] = 0.0
-        passing = text_sims.any(axis=1)
-        rows = np.flatnonzero(passing[self._text_id] & (self._kind == kind))
-        np.maximum.at(best, self._unit_row[rows], text_sims[self._text_id[rows]])
-        return best.mean(axis=1)
+        texts, units = self._postings[kind].units_of(np.flatnonzero(text_sims.any(axis=1)))
+        rows, unit_of_posting = np.unique(units, return_inverse=True)
+        best = np.zeros((len(rows), len(query_embeddings)), dtype=np.float32)
+        np.maximum.at(best, unit_of_posting, text_sims[texts])
+        return rows, best.mean(axis=1)
 
-    def time_match(self, fact: np.ndarray, utterance: np.ndarray) -> np.ndarray | None:
-        """Mean of the fact and utterance overlap indicators over the given constraint kinds; None if neither."""
+    def sem_match(self, query_embeddings: np.ndarray, kind: int) -> np.ndarray:
+        """:meth:`sem_matches` as one score per unit (0 for the units it leaves out)."""
+        return _dense(self.n_units, *self.sem_matches(query_embeddings, kind))
+
+    def time_matches(self, fact: np.ndarray, utterance: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Units meeting a time constraint and the mean of their fact and utterance overlap indicators over the given kinds; None if neither."""
         parts = []
         if len(fact):
-            match = np.zeros(self.n_units, np.float32)
-            hits = _overlaps(self._fact_lo, self._fact_hi, fact)
-            match[self._fact_unit[hits]] = 1.0
+            hits = self._facts.meeting(fact)
             if self.utterance_fallback:
-                undated = ~self._has_fact_time
-                match[undated] = _overlaps(self._utterance_day, self._utterance_day, fact)[undated]
-            parts.append(match)
+                hits = np.union1d(hits, self._fallback.meeting(fact))
+            parts.append(hits)
         if len(utterance):
-            parts.append(_overlaps(self._utterance_day, self._utterance_day, utterance).astype(np.float32))
-        return np.mean(parts, axis=0) if parts else None
+            parts.append(self._utterance.meeting(utterance))
+        if not parts:
+            return None
+        rows = np.unique(np.concatenate(parts))
+        indicators = np.stack([np.isin(rows, hits).astype(np.float32) for hits in parts])
+        return rows, np.mean(indicators, axis=0)
 
-    def scores(self, intent: QueryIntent, entity_embeddings: np.ndarray, location_embeddings: np.ndarray) -> np.ndarray:
-        """S_ELT of every unit: the mean over the query's non-empty axes (entities, locations, time)."""
+    def matches(self, intent: QueryIntent, entity_embeddings: np.ndarray, location_embeddings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (ascending) of the units meeting some constraint and their S_ELT, the mean over the query's non-empty axes; 0 elsewhere."""
         axes = []
         if intent.entities:
-            axes.append(self.sem_match(entity_embeddings, ENTITY))
+            axes.append(self.sem_matches(entity_embeddings, ENTITY))
         if intent.locations:
-            axes.append(self.sem_match(location_embeddings, LOCATION))
-        time = self.time_match(span_ordinals(intent.fact_times), span_ordinals(intent.utterance_times))
+            axes.append(self.sem_matches(location_embeddings, LOCATION))
+        time = self.time_matches(span_ordinals(intent.fact_times), span_ordinals(intent.utterance_times))
         if time is not None:
             axes.append(time)
         if not axes:
-            return np.zeros(self.n_units, np.float32)
-        return np.mean(axes, axis=0).astype(np.float32)
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        rows = np.unique(np.concatenate([axis_rows for axis_rows, _ in axes]))
+        values = np.zeros((len(axes), len(rows)), np.float32)
+        for values_of_axis, (axis_rows, axis_values) in zip(values, axes):
+            values_of_axis[np.searchsorted(rows, axis_rows)] = axis_values
+        return rows, np.mean(values, axis=0).astype(np.float32)
+
+    def scores(self, intent: QueryIntent, entity_embeddings: np.ndarray, location_embeddings: np.ndarray) -> np.ndarray:
+        """S_ELT of every unit (:meth:`matches` spread over the namespace)."""
+        return _dense(self.n_units, *self.matches(intent, entity_embeddings, location_embeddings))
 
 
-def _overlaps(lo: np.ndarray, hi: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """Whether each closed interval [lo, hi] meets any query interval (rows of ``query``); NO_DAY never does."""
-    hit = np.zeros(lo.shape[0], bool)
-    valid = lo != NO_DAY
-    for q_lo, q_hi in query:
-        hit |= valid & (lo <= q_hi) & (hi >= q_lo)
-    return hit
+class PostingLists:
+    """The units holding each text, for the attribute rows selected by ``keep``: text ids in, (text, unit) pairs out."""
+
+    def __init__(self, text_id: np.ndarray, unit_index: np.ndarray, n_texts: int, keep: np.ndarray):
+        order = np.argsort(text_id[keep], kind="stable")
+        self._unit = unit_index[keep][order]
+        self._start, self._end = group_bounds(text_id[keep][order], n_texts)
+
+    def units_of(self, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The text and the unit of every posting of ``texts``."""
+        counts = self._end[texts] - self._start[texts]
+        return np.repeat(texts, counts), self._unit[ranges(self._start[texts], counts)]
+
+
+class IntervalIndex:
+    """Closed day intervals of units, sorted by start within length classes, for the units an interval query meets."""
+
+    def __init__(self, lo: np.ndarray, hi: np.ndarray, unit: np.ndarray):
+        length_class = np.ceil(np.log2(hi - lo + 1.0)).astype(np.int64) if len(lo) else np.zeros(0, np.int64)
+        self._runs = []
+        for c in np.unique(length_class).tolist():
+            members = np.flatnonzero(length_class == c)
+            order = members[np.argsort(lo[members], kind="stable")]
+            self._runs.append((lo[order], hi[order], unit[order], int((hi[order] - lo[order]).max())))
+
+    def meeting(self, query: np.ndarray) -> np.ndarray:
+        """Units (ascending, once each) with an interval meeting any query interval (rows ``[lo, hi]`` of ``query``)."""
+        found = [np.zeros(0, np.int64)]
+        for q_lo, q_hi in np.asarray(query, np.int64).tolist():
+            for lo, hi, unit, longest in self._runs:
+                start, end = np.searchsorted(lo, q_lo - longest), np.searchsorted(lo, q_hi, side="right")
+                found.append(unit[start:end][hi[start:end] >= q_lo])
+        return np.unique(np.concatenate(found))
+
+
+def _dense(n: int, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values`` at ``rows`` of n float32 zeros."""
+    out = np.zeros(n, np.float32)
+    out[rows] = values
+    return out
