@@ -45,7 +45,7 @@ from qgmem_train.retrieval.activation import ActivationIndex, lexical_text, sear
 from qgmem_train.retrieval.dense import DenseIndex  # noqa: E402
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion  # noqa: E402
 from qgmem_train.retrieval.intent import QueryIntent  # noqa: E402
-from qgmem_train.retrieval.lexical import tokenize  # noqa: E402
+from qgmem_train.text import tokenize  # noqa: E402
 
 VOCAB = 30_000
 ENTITIES = 20_000

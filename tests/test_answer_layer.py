@@ -1,4 +1,4 @@
-"""The answering layer: retrieval stays below it, and every frozen entry point renders the same final-answer chat."""
+"""The answering layer: retrieval stays below it (and memory below retrieval), and every frozen entry point renders the same final-answer chat."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from qgmem_train.memory.types import Conversation, MemoryUnit, Session, Trace, T
 from tests.fakes import ScriptedLLM
 
 RETRIEVAL = Path(__file__).resolve().parents[1] / "qgmem_train" / "retrieval"
+MEMORY = RETRIEVAL.parent / "memory"
 FORBIDDEN_BELOW_RETRIEVAL = ("qgmem_train.model", "qgmem_train.graph")
 QUESTION = "What did Melanie paint?"
 CONFIG = "pipeline:\n  construction:\n    units: turns\n    traces: false\n  retrieval:\n    k: 3\n  generation:\n    max_new_tokens: 32\n"
@@ -98,6 +99,17 @@ def test_retrieval_imports_neither_the_model_nor_the_graph() -> None:
         for path in sorted(RETRIEVAL.glob("*.py"))
         for name in imported_modules(path)
         if any(name == banned or name.startswith(f"{banned}.") for banned in FORBIDDEN_BELOW_RETRIEVAL)
+    }
+    assert not offending, sorted(offending)
+
+
+def test_the_memory_layer_imports_nothing_from_retrieval() -> None:
+    """Data flows one way: memory below retrieval; text normalisation both use lives below both."""
+    offending = {
+        f"{path.name}: {name}"
+        for path in sorted(MEMORY.glob("*.py"))
+        for name in imported_modules(path)
+        if name == "qgmem_train.retrieval" or name.startswith("qgmem_train.retrieval.")
     }
     assert not offending, sorted(offending)
 

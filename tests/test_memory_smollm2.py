@@ -15,7 +15,7 @@ from qgmem_train.memory.store import MemoryStore, WindowResult
 from qgmem_train.memory.traces import consolidate_traces
 from qgmem_train.memory.types import Conversation, MemoryUnit, Session
 from qgmem_train.memory.windows import session_windows
-from qgmem_train.retrieval.lexical import tokenize
+from qgmem_train.text import tokenize
 
 SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "locomo_sample.json"
 

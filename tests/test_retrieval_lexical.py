@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from qgmem_train.retrieval.lexical import BM25Index, light_stem, okapi_idf, tokenize
+from qgmem_train.retrieval.lexical import BM25Index, okapi_idf
+from qgmem_train.text import light_stem, tokenize
 from qgmem_train.retrieval.ranking import top_positive
 
 

@@ -25,7 +25,7 @@ from qgmem_train.llm.structured import ParseStats, generate_structured
 from qgmem_train.memory.timeparse import fact_time, normalize_time_item, resolve_time_expressions, split_clauses
 from qgmem_train.memory.types import MemoryUnit, Turn
 from qgmem_train.memory.windows import Window, annotated_content
-from qgmem_train.retrieval.lexical import tokenize
+from qgmem_train.text import tokenize
 
 _SPEAKER = re.compile(r"^[^:\n]{1,40}:\s+", re.M)
 

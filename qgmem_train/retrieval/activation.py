@@ -23,7 +23,8 @@ from qgmem_train.retrieval.attributes import AttributeScorer, with_subject_entit
 from qgmem_train.retrieval.dense import DenseIndex
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.intent import QueryIntent, parse_intent_rules, parse_intents
-from qgmem_train.retrieval.lexical import BM25Index, tokenize
+from qgmem_train.retrieval.lexical import BM25Index
+from qgmem_train.text import tokenize
 from qgmem_train.retrieval.ranking import top_n, top_positive
 from qgmem_train.retrieval.rerank import Reranker, rerank_document
 
