@@ -107,19 +107,16 @@ def test_units_written_window_by_window_merge_into_few_segments_and_read_back_wh
         _check_memory(store, items)
 
 
-def test_a_namespace_loads_without_its_sentence_vectors_when_asked_and_reads_none_of_them(tmp_path: Path, monkeypatch) -> None:
+def test_a_namespace_loads_without_its_sentence_vectors_when_asked_and_reads_none_of_them(tmp_path: Path) -> None:
     rng = np.random.default_rng(9)
     items = [_embedded(_unit(i), rng) for i in range(8)]
     with MemoryStore.open(tmp_path, create=True) as store:
         store.ensure_namespace("n", "llm", "four-d", DIM)
         _write(store, items)
         whole = store.load_namespace("n")
-        read_parts = []
-        vectors = segments._vectors
-        monkeypatch.setattr(segments, "_vectors", lambda db, ns, part, *rest: read_parts.append(part) or vectors(db, ns, part, *rest))
         lean = store.load_namespace("n", sentences=False)
         with_relations = store.load_namespace("n", sentences=False, relations=True)
-    assert "sentence" not in read_parts and lean.sentence_embeddings is None and lean.sentence_unit is None
+    assert set(lean.units.table.vectors) == {"fact", "text"} and lean.sentence_embeddings is None and lean.sentence_unit is None
     assert whole.relation_embeddings is None and lean.relation_embeddings is None
     np.testing.assert_array_equal(with_relations.relation_embeddings, np.stack([i.relation_embedding for i in _expected_rows(items)]))
     assert whole.sentence_embeddings is not None and len(whole.sentence_embeddings) > 0
@@ -199,7 +196,7 @@ def test_a_store_of_schema_version_2_is_upgraded_and_reads_as_it_was_written(tmp
     with MemoryStore.open(tmp_path) as store:
         tables = {r[0] for r in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert "units" not in tables and "sentences" not in tables
-        assert store._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION) == "3"
+        assert store._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION) == "4"
         _check_memory(store, items)
         memory = store.load_namespace("n")
         assert list(memory.turns) == [t[0] for t in turns] and memory.turns["t1"] == Turn("t1", "Sam", "Where?")

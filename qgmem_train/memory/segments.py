@@ -1,10 +1,11 @@
 """Segments: a namespace's units and turns stored one write at a time as packed columns, merged as they pile up.
 
 A segment is a run of rows (units or turns) from one write: its ``columns`` blob (texts and integers,
-see :meth:`UnitTable.columns_blob`) and, for units, one float32 blob per vector part. Every blob is
-cut into pieces of at most :data:`PIECE_BYTES`, so a read copies piece by piece into one preallocated
-array (the one copy into fresh memory) and no blob nears SQLite's size limit. A namespace reads as its segments concatenated in
-``seq`` order, so loading costs a handful of queries and memory copies, whatever its size.
+see :meth:`UnitTable.columns_blob`), cut into pieces of at most :data:`PIECE_BYTES` so that no blob
+nears SQLite's size limit, and, for units, a vector sidecar (:mod:`qgmem_train.memory.sidecar`): the
+float32 vectors in a file of their own, recorded in ``segment_files`` and read through a memory map,
+so a load does not copy them out of the database. A namespace reads as its segments concatenated in
+``seq`` order, so loading costs a handful of queries, whatever its size.
 
 Merging keeps the count of segments low: each segment has a level (0 when written, one more than its
 parts' when merged), and as soon as the newest :data:`MERGE_FACTOR` segments share a level they are
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from qgmem_train.errors import InputError
+from qgmem_train.memory import sidecar
 from qgmem_train.memory.turn_table import TurnTable
 from qgmem_train.memory.unit_table import VECTOR_PARTS, UnitTable
 
@@ -43,6 +46,11 @@ SCHEMA = [
     "piece INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (namespace, kind, seq, part, piece))",
 ]
 """The tables holding every segment, and the segment of each unit id (``unit_keys``)."""
+FILES_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS segment_files (namespace TEXT NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL, "
+    "bytes INTEGER NOT NULL, token TEXT NOT NULL, PRIMARY KEY (namespace, seq))",
+]
+"""The vector sidecar of each unit segment: file name, size and the token the file holds (schema version 4)."""
 
 
 def append(db: sqlite3.Connection, namespace: str, table: UnitTable | TurnTable, *, seq: int | None = None, level: int = 0) -> int:
@@ -51,21 +59,31 @@ def append(db: sqlite3.Connection, namespace: str, table: UnitTable | TurnTable,
     if seq is None:
         seq = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM segments WHERE namespace = ? AND kind = ?", (namespace, kind)).fetchone()[0]
     db.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?)", (namespace, kind, seq, len(table), level))
-    blobs: dict[str, memoryview | bytes] = {"columns": table.columns_blob()}
     if isinstance(table, UnitTable):
-        blobs.update({part: memoryview(np.ascontiguousarray(table.vectors[part], np.float32).reshape(-1).view(np.uint8)) for part in VECTOR_PARTS})
-    rows = []
-    for part, blob in blobs.items():
-        view = memoryview(blob)
-        rows += [(namespace, kind, seq, part, k, view[at:at + PIECE_BYTES]) for k, at in enumerate(range(0, max(len(view), 1), PIECE_BYTES))]
+        add_sidecar(db, namespace, seq, {part: np.asarray(table.vectors[part], np.float32) for part in VECTOR_PARTS})
+    view = memoryview(table.columns_blob())
+    rows = [(namespace, kind, seq, "columns", k, view[at:at + PIECE_BYTES]) for k, at in enumerate(range(0, max(len(view), 1), PIECE_BYTES))]
     db.executemany("INSERT INTO segment_parts VALUES (?, ?, ?, ?, ?, ?)", rows)
     return seq
+
+
+def add_sidecar(db: sqlite3.Connection, namespace: str, seq: int, vectors: dict[str, np.ndarray]) -> None:
+    """Write the vector sidecar of unit segment ``seq`` and record it in the current transaction."""
+    name, size, token = sidecar.write(sidecar.folder_of(db), vectors)
+    db.execute("INSERT INTO segment_files VALUES (?, ?, ?, ?, ?)", (namespace, seq, name, size, token))
+
+
+def remove_unused_sidecars(db: sqlite3.Connection) -> None:
+    """Delete the sidecars no committed segment uses (call first in a write transaction: see :mod:`~qgmem_train.memory.sidecar`)."""
+    sidecar.remove_unreferenced(sidecar.folder_of(db), {name for (name,) in db.execute("SELECT name FROM segment_files")})
 
 
 def delete(db: sqlite3.Connection, namespace: str, kind: str, lo: int, hi: int) -> None:
     """Delete the segments ``lo`` to ``hi`` (inclusive)."""
     for table in ("segments", "segment_parts"):
         db.execute(f"DELETE FROM {table} WHERE namespace = ? AND kind = ? AND seq BETWEEN ? AND ?", (namespace, kind, lo, hi))
+    if kind == UNITS:
+        db.execute("DELETE FROM segment_files WHERE namespace = ? AND seq BETWEEN ? AND ?", (namespace, lo, hi))
 
 
 def listing(db: sqlite3.Connection, namespace: str, kind: str) -> list[tuple[int, int, int]]:
@@ -82,27 +100,28 @@ def _columns(db: sqlite3.Connection, namespace: str, kind: str, lo: int, hi: int
     return [b"".join(pieces) for pieces in blobs.values()]
 
 
-def _vectors(db: sqlite3.Connection, namespace: str, part: str, rows: int, dim: int, lo: int, hi: int) -> np.ndarray:
-    """(rows, dim) vectors of ``part`` over the segments ``lo`` to ``hi``, copied piece by piece into one array."""
-    out = np.empty((rows, dim), np.float32)
-    flat = out.reshape(-1).view(np.uint8)
-    at = 0
-    query = "SELECT data FROM segment_parts WHERE namespace = ? AND kind = ? AND part = ? AND seq BETWEEN ? AND ? ORDER BY seq, piece"
-    for (data,) in db.execute(query, (namespace, UNITS, part, lo, hi)):
-        flat[at:at + len(data)] = np.frombuffer(data, np.uint8)
-        at += len(data)
-    if at != flat.nbytes:
-        raise sqlite3.DatabaseError(f"namespace {namespace}: {part} vectors hold {at} bytes, expected {flat.nbytes}")
-    return out
-
-
 def read_units(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence[str] = VECTOR_PARTS, lo: int = 0, hi: int = LAST_SEQ) -> UnitTable:
-    """Units of the segments ``lo`` to ``hi`` (default: all) as one table, with the vector ``parts`` asked for."""
+    """Units of the segments ``lo`` to ``hi`` (default: all) as one table, with the vector ``parts`` asked for.
+
+    The vectors of one segment are views of its memory-mapped sidecar (nothing is copied); those of
+    several are concatenated.
+    """
     tables = [UnitTable.from_columns_blob(blob) for blob in _columns(db, namespace, UNITS, lo, hi)]
-    table = UnitTable.concat(tables) if tables else UnitTable.from_embedded([], [], dim)
-    counts = table.row_counts()
-    table.vectors = {part: _vectors(db, namespace, part, counts[part], dim, lo, hi) for part in parts}
-    return table
+    folder = sidecar.folder_of(db)
+    query = "SELECT seq, name, bytes, token FROM segment_files WHERE namespace = ? AND seq BETWEEN ? AND ? ORDER BY seq"
+    files = db.execute(query, (namespace, lo, hi)).fetchall()
+    if len(files) != len(tables):
+        raise sqlite3.DatabaseError(f"namespace {namespace}: {len(tables)} unit segments but {len(files)} vector sidecars")
+    for table, (seq, name, size, token) in zip(tables, files):
+        vectors = sidecar.read(folder, name, size, token, f"namespace {namespace}, segment {seq}")
+        counts = table.row_counts()
+        for part in parts:
+            if vectors[part].shape != (counts[part], dim):
+                raise InputError(str(folder / name), f"{part} vectors of shape {vectors[part].shape}, segment {seq} needs ({counts[part]}, {dim})")
+        table.vectors = {part: vectors[part] for part in parts}
+    if len(tables) == 1:
+        return tables[0]
+    return UnitTable.concat(tables) if tables else UnitTable.from_embedded([], [], dim)
 
 
 def read_turns(db: sqlite3.Connection, namespace: str, lo: int = 0, hi: int = LAST_SEQ) -> TurnTable:

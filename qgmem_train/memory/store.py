@@ -7,7 +7,8 @@ transaction (see :mod:`qgmem_train.memory.store_file`), and every namespace coun
 (:meth:`MemoryStore.generation`) so that caches and trace consolidation notice other writers.
 
 Units and turns are stored column by column, one segment per write (:mod:`qgmem_train.memory.segments`):
-a namespace loads with a few queries and memory copies, its texts decoded only when read
+a namespace loads with a few queries, its vectors memory-mapped from per-segment sidecar files
+(:mod:`qgmem_train.memory.sidecar`) and its texts decoded only when read
 (:class:`~qgmem_train.memory.unit_table.UnitView`). ``unit_keys`` maps each unit id to its segment, so a
 unit written again replaces the stored one.
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from qgmem_train.errors import InputError
 from qgmem_train.memory import segments
+from qgmem_train.memory.sidecar import SidecarMissing
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, StoreFile
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap, TurnTable, TurnTimeMap
 from qgmem_train.memory.types import Conversation, MemoryUnit, Trace, Turn
@@ -41,6 +43,8 @@ __all__ = [
 ]  # fmt: skip
 
 STORE_FILE = "memory.sqlite"
+LOAD_ATTEMPTS = 3
+"""Reads of a namespace tried before giving up when writers keep replacing the segments read (see :mod:`~qgmem_train.memory.sidecar`)."""
 
 
 def describe_cut(units_mode: str, window: int | None, overlap: int | None) -> str:
@@ -257,6 +261,7 @@ class MemoryStore:
                 latest.pop(item.unit.id, None)
                 latest[item.unit.id] = (item, sub)
         with self.transaction() as db:
+            segments.remove_unused_sidecars(db)
             if latest:
                 dim = self.dim or 0
                 table = UnitTable.from_embedded([i for i, _ in latest.values()], [sub for _, sub in latest.values()], dim).in_unit_order()
@@ -364,6 +369,12 @@ class MemoryStore:
         the same pass. A missing namespace is named alone: the store's other namespaces are other users'
         and stay unlisted. Everything is read in one snapshot, consistent while others write.
         """
+        for _ in range(LOAD_ATTEMPTS - 1):
+            try:
+                with self.snapshot():
+                    return self._load_namespace(namespace, embedder_id, sentences, relations)
+            except SidecarMissing:
+                continue
         with self.snapshot():
             return self._load_namespace(namespace, embedder_id, sentences, relations)
 

@@ -2,8 +2,8 @@
 
 Opening reads the file before writing anything to it, so an SQLite file of another program, or a store
 whose schema version is not a number or is newer than this code, is refused and left as it was; an older
-store is upgraded in one transaction (version 2's rows of units move into segments, see
-:mod:`qgmem_train.memory.store_upgrade`). Every write takes the write lock first (``BEGIN IMMEDIATE``) and
+store is upgraded in one transaction (version 2's rows of units move into segments, version 3's unit
+vectors into sidecar files, see :mod:`qgmem_train.memory.store_upgrade`). Every write takes the write lock first (``BEGIN IMMEDIATE``) and
 waits up to ``busy_timeout`` seconds for another writer; past that it ends in :class:`StoreLockedError`.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from qgmem_train.errors import InputError
 from qgmem_train.memory import segments
-from qgmem_train.memory.store_upgrade import TURN_INDEXES, upgrade_2_to_3
+from qgmem_train.memory.store_upgrade import TURN_INDEXES, upgrade_2_to_3, upgrade_3_to_4
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 30.0
 """Seconds a write waits for other writers before the store counts as locked."""
 PAGE_SIZE = 65_536
@@ -37,10 +37,12 @@ _SCHEMA = [
     "CREATE TABLE windows (namespace TEXT NOT NULL, session_id TEXT NOT NULL, idx INTEGER NOT NULL, units INTEGER NOT NULL, "
     "dropped INTEGER NOT NULL, PRIMARY KEY (namespace, session_id, idx))",
     *segments.SCHEMA,
+    *segments.FILES_SCHEMA,
     "CREATE TABLE traces (namespace TEXT NOT NULL, id TEXT NOT NULL, relation_text TEXT NOT NULL, member_ids TEXT NOT NULL, "
     "trajectory TEXT NOT NULL, current_id TEXT NOT NULL, PRIMARY KEY (namespace, id))",
 ]
-_TABLES = {"meta", "namespaces", "turns", "windows", "unit_keys", "segments", "segment_parts", "traces", "units", "sentences"}
+_TABLES = {"meta", "namespaces", "turns", "windows", "unit_keys", "segments", "segment_parts", "segment_files", "traces", "units",
+           "sentences"}
 """Tables of a store of any version (``units`` and ``sentences``: version 2 and older)."""
 
 
@@ -50,7 +52,7 @@ def _upgrade_1_to_2(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE namespaces ADD COLUMN units_generation INTEGER NOT NULL DEFAULT 0")
 
 
-_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _upgrade_1_to_2, 2: upgrade_2_to_3}
+_UPGRADES: dict[int, Callable[[sqlite3.Connection], None]] = {1: _upgrade_1_to_2, 2: upgrade_2_to_3, 3: upgrade_3_to_4}
 """The step that brings a store of schema version ``key`` to ``key + 1``, inside the upgrade's transaction."""
 
 
