@@ -9,11 +9,14 @@ The dense channel is also timed both ways side by side on the same queries: the 
 vector (before) and the int8 scan with exact float32 rescoring (after; what ``scan="auto"`` picks from
 50k vectors on), with the share of the exact top 10 and top 100 that the int8 scan returns.
 ``--locomo-store`` adds recall@10 on LoCoMo questions with each scan (dense channel alone and fused).
+``--baseline REV`` times the attribute channel of git revision REV on the same queries in the same
+process, next to this one, and counts the queries where both rank the same units.
 
     python bench/bench_activation.py                 # 10k, 100k, 1M (about 3 minutes, ~8 GB RAM)
     python bench/bench_activation.py --sizes 10000   # quick
     python bench/bench_activation.py --sentences-per-unit 0 3 --sizes 10000 100000   # turns-mode-like stores too
     python bench/bench_activation.py --sentences-per-unit 3 --locomo-store out/reranker/locomo_turns
+    python bench/bench_activation.py --sizes 100000 --sentences-per-unit 3 --baseline main --name activation_attr_index
 
 Facts from LLM extraction are one sentence each and have no sentence vectors; turns-mode units (whole
 turns) average about three (LoCoMo), which the dense channel searches as well.
@@ -29,7 +32,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
 import argparse  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
+import subprocess  # noqa: E402
 import time  # noqa: E402
+import types  # noqa: E402
 from datetime import date, timedelta  # noqa: E402
 from pathlib import Path
 
@@ -45,6 +50,7 @@ from qgmem_train.retrieval.activation import ActivationIndex, lexical_text, sear
 from qgmem_train.retrieval.dense import DenseIndex  # noqa: E402
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion  # noqa: E402
 from qgmem_train.retrieval.intent import QueryIntent  # noqa: E402
+from qgmem_train.retrieval.ranking import top_positive  # noqa: E402
 from qgmem_train.text import tokenize  # noqa: E402
 
 VOCAB = 30_000
@@ -102,8 +108,9 @@ def synthetic_memory(n: int, sentences_per_unit: int = 0, seed: int = 0) -> tupl
     attributes = AttributeIndex(
         unit_index=np.concatenate([np.arange(n), units_with_location]).astype(np.int64),
         kind=np.concatenate([np.zeros(n, np.int8), np.ones(len(units_with_location), np.int8)]),
-        texts=[f"entity{e}" for e in entity_of] + [f"place{location_of[i]}" for i in units_with_location],
-        embeddings=np.concatenate([entity_vectors[entity_of], location_vectors[location_of[units_with_location]]]),
+        texts=[f"entity{e}" for e in range(ENTITIES)] + [f"place{p}" for p in range(LOCATIONS)],
+        embeddings=np.concatenate([entity_vectors, location_vectors]),
+        text_id=np.concatenate([entity_of, ENTITIES + location_of[units_with_location]]).astype(np.int64),
     )
     memory = NamespaceMemory(
         namespace="bench", units=units, fact_embeddings=unit_vectors(rng, n), attributes=attributes, traces=[],
@@ -131,8 +138,19 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2)}
 
 
-def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bool, sentences_per_unit: int = 0) -> dict:
-    """Latencies of every channel and the fusion on a namespace of ``n`` units."""
+def baseline_attributes(revision: str):
+    """The attribute channel's module as it was at git ``revision`` (loaded from ``git show``), to time side by side."""
+    source = subprocess.run(["git", "show", f"{revision}:qgmem_train/retrieval/attributes.py"], check=True, capture_output=True,
+                            text=True, cwd=Path(__file__).resolve().parents[1]).stdout  # fmt: skip
+    module = types.ModuleType(f"attributes_at_{revision}")
+    exec(compile(source, f"{revision}:qgmem_train/retrieval/attributes.py", "exec"), module.__dict__)
+    return module
+
+
+def bench_size(
+    n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bool, sentences_per_unit: int = 0, baseline: str | None = None
+) -> dict:
+    """Latencies of every channel and the fusion on a namespace of ``n`` units (and of the attribute channel at ``baseline``)."""
     base = rss_mb()
     started = time.perf_counter()
     memory, query_words, entity_vectors, location_vectors = synthetic_memory(n, sentences_per_unit)
@@ -141,8 +159,17 @@ def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bo
     index = ActivationIndex(memory, cfg, LookupEmbedder(entity_vectors))
     built = time.perf_counter()
     with_index = rss_mb()
+    before = None
+    if baseline:
+        module = baseline_attributes(baseline)
+        attributes = memory.attributes
+        if cfg.subject_entities:
+            attributes = module.with_subject_entities(attributes, memory.units, LookupEmbedder(entity_vectors))
+        before = module.AttributeScorer(memory.units, attributes, sem_threshold=cfg.sem_threshold, utterance_fallback=cfg.utterance_day_fallback)
+    same_attr_ranking = []
     rng = np.random.default_rng(1)
-    timings: dict[str, list[float]] = {name: [] for name in ("bm25", "dense", "attr", "fusion", "channels+fusion", "dense_float32", "dense_int8")}
+    timings: dict[str, list[float]] = {name: [] for name in ("bm25", "dense", "attr", "fusion", "channels+fusion", "dense_float32", "dense_int8",
+                                                              "attr_baseline", "channels+fusion_baseline")}
     scans = dense_scans(memory, index)
     agreement: dict[str, list[float]] = {"top10": [], "top100": []}
     for q in range(queries):
@@ -167,6 +194,14 @@ def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bo
             timings[name].append(step[name])
         timings["fusion"].append(end - fusion_start)
         timings["channels+fusion"].append(end - start)
+        if before is not None:
+            lexical = index.bm25.scores(tokenize(query_words[q % len(query_words)]))
+            attr_start = time.perf_counter()
+            elt = before.scores(intent, entity_vectors[entity][None, :], locations)
+            rows = top_positive(elt, cfg.n, tiebreak=lexical.__getitem__)[0]
+            timings["attr_baseline"].append(time.perf_counter() - attr_start)
+            timings["channels+fusion_baseline"].append(end - start - step["attr"] + timings["attr_baseline"][-1])
+            same_attr_ranking.append(rows.tolist() == ranked.get("attr", np.zeros(0)).tolist())
         found = {}
         for name, dense_index in scans.items():
             scan_start = time.perf_counter()
@@ -178,7 +213,7 @@ def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bo
         "units": n,
         "sentences_per_unit": sentences_per_unit,
         "queries": queries,
-        "latency": {name: percentiles(values) for name, values in timings.items()},
+        "latency": {name: percentiles(values) for name, values in timings.items() if values},
         "dense_scan": {"channel_uses": index.dense.scan, "int8_share_of_exact": {k: round(float(np.mean(v)), 4) for k, v in agreement.items()}},
         "memory_mb": {
             "units_and_embeddings": round(with_data - base, 1),
@@ -187,6 +222,8 @@ def bench_size(n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bo
         },
         "seconds": {"generate": round(generated - started, 1), "build_index": round(built - generated, 1)},
     }
+    if before is not None:
+        result["baseline"] = {"revision": baseline, "identical_attr_rankings": f"{sum(same_attr_ranking)}/{len(same_attr_ranking)}"}
     if compare_rank_bm25:
         result["bm25_vs_rank_bm25"] = compare_bm25(memory, index, query_words[:20])
     del memory, index, scans
@@ -280,6 +317,18 @@ def markdown(report: dict) -> str:
         speedup = r["latency"]["dense_float32"]["p50_ms"] / max(r["latency"]["dense_int8"]["p50_ms"], 1e-9)
         lines.append(f"| {r['units']:,} | {r.get('sentences_per_unit', 0)} | {cell(r, 'dense_float32')} | {cell(r, 'dense_int8')} | "
                      f"{speedup:.1f}x | {share['top10']:.4f} | {share['top100']:.4f} |")
+    compared = [r for r in report["results"] if "baseline" in r]
+    if compared:
+        lines += ["", f"Attribute channel before ({compared[0]['baseline']['revision']}: a pass over every attribute row and every unit's "
+                  "times) and after (posting lists and sorted intervals), same process, same queries; all channels + fusion with "
+                  "each (bm25, dense and fusion as timed above).", "",
+                  "| units | sentence vectors a unit | attr before p50/p95 | attr after p50/p95 | speed-up (p50) | identical attr rankings | "
+                  "all channels + fusion before p50/p95 | after p50/p95 |", "|---|---|---|---|---|---|---|---|"]
+        for r in compared:
+            speedup = r["latency"]["attr_baseline"]["p50_ms"] / max(r["latency"]["attr"]["p50_ms"], 1e-9)
+            lines.append(f"| {r['units']:,} | {r.get('sentences_per_unit', 0)} | {cell(r, 'attr_baseline')} | {cell(r, 'attr')} | "
+                         f"{speedup:.1f}x | {r['baseline']['identical_attr_rankings']} | {cell(r, 'channels+fusion_baseline')} | "
+                         f"{cell(r, 'channels+fusion')} |")
     if "locomo" in report:
         loc = report["locomo"]
         rec = loc["recall@10"]
@@ -298,7 +347,7 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    """Run the sizes, print and write bench/results/activation.{json,md}."""
+    """Run the sizes, print and write bench/results/<name>.{json,md}."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000], help="namespace sizes in units")
     parser.add_argument("--queries", type=int, default=200, help="queries per size (1M runs a quarter as many)")
@@ -307,6 +356,8 @@ def main() -> None:
     parser.add_argument("--locomo-store", type=Path, help="turns-mode LoCoMo store: also measure recall@10 with each dense scan")
     parser.add_argument("--locomo-input", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json",
                         help="LoCoMo file of --locomo-store (default: ../shared/data/locomo/locomo_dev.json)")
+    parser.add_argument("--baseline", help="git revision whose attribute channel is timed side by side with this one (e.g. main)")
+    parser.add_argument("--name", default="activation", help="report name: <out>/<name>.{json,md}")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     args = parser.parse_args()
     cfg = RetrievalConfig(approximate=args.approximate)
@@ -316,7 +367,8 @@ def main() -> None:
         for n in args.sizes:
             queries = args.queries if n < 1_000_000 else max(20, args.queries // 4)
             print(f"{n:,} units, {spu} sentence vectors each ...", flush=True)
-            results.append(bench_size(n, queries, cfg, compare_rank_bm25=(n == 100_000 and spu == 0), sentences_per_unit=spu))
+            results.append(bench_size(n, queries, cfg, compare_rank_bm25=(n == 100_000 and spu == 0), sentences_per_unit=spu,
+                                   baseline=args.baseline))
             print(json.dumps(results[-1], indent=1), flush=True)
     report = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads_used": 1, "numpy": np.__version__,
@@ -327,7 +379,7 @@ def main() -> None:
     if args.locomo_store:
         print("LoCoMo recall@10 with each dense scan ...", flush=True)
         report["locomo"] = locomo_recall(args.locomo_input, args.locomo_store)
-    write_report_atomic(args.out / "activation.json", report, markdown(report))
+    write_report_atomic(args.out / f"{args.name}.json", report, markdown(report))
     print(markdown(report))
 
 

@@ -1,6 +1,8 @@
-"""Bulk load of a namespace: schema version 2's per-row JSON loader against version 3's columnar segments, side by side.
+"""Bulk load of a namespace: version 2's per-row JSON, version 3's vectors in the database and version 4's sidecars, side by side.
 
-Run ``python bench/bench_store_load.py --sizes 10000 100000 --new-only 1000000``. For each size, synthetic turns-like units
+Run ``python bench/bench_store_load.py --sizes 10000 100000 --new-only 1000000``, and with ``--baseline-code DIR`` (a
+folder holding the ``qgmem_train`` package of before the sidecars, e.g. ``git archive 3904d34 qgmem_train | tar -x -C DIR``)
+to load each size also as version 3, with that code, from a copy of the store in version 3's layout (``tests/store_v3.py``). For each size, synthetic turns-like units
 (one unit per turn, texts of LoCoMo turn lengths, 0-3 entities out of 5,000 names and 0-1 location out
 of 500 places, a fact time on one unit in three, random unit vectors of dim 384 with the same vector for
 the same attribute text, and 2 to 4 sentence vectors a unit) are written twice: through the store's
@@ -9,11 +11,10 @@ writes are) and with SQL in version 2's row-per-unit format (``tests/store_v2.py
 ``--repeats`` times, each in a fresh subprocess reporting its wall seconds, its resident memory before
 loading and its peak (VmRSS and VmHWM of /proc/self/status), and its CPU seconds (user + system: on a shared
 machine, the wall time also counts the time other processes held the cores). The version-2 loader below is the package's loader before segments;
-it lives only here. Version 3 is also loaded without its sentence vectors (``v3-lean``), as trace consolidation and
-retrieval with ``retrieval.sentence_vectors`` off read it; ``--new-only`` sizes are written and loaded in version 3
-only. The columnar load decodes units when they are read, so its side also reports the
+it lives only here. Version 4 is also loaded without its sentence vectors (``v4-lean``), as trace consolidation and
+retrieval with ``retrieval.sentence_vectors`` off read it; ``--new-only`` sizes are not written in version 2. The columnar load decodes units when they are read, so its side also reports the
 time to decode them all (``list(memory.units)``), which the version-2 loader does while loading.
-Results: bench/results/store_load.{json,md}; the stores are written to a temporary folder (``--workdir``).
+Results: bench/results/<--name>.{json,md}; the stores are written to a temporary folder (``--workdir``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if "--code" in sys.argv:  # a child loading with the package of another revision
+    sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1])
 
 from qgmem_train.fileio import write_report_atomic  # noqa: E402
 from qgmem_train.memory import segments  # noqa: E402
@@ -42,8 +45,11 @@ from qgmem_train.memory.types import Conversation, MemoryUnit, Session, TimeSpan
 from tests import store_v2  # noqa: E402
 
 NAMESPACE = "synthetic"
-LOADERS = {"v2": "v2 per-row JSON", "v3": "v3 columnar", "v3-lean": "v3 columnar, no sentence vectors"}
-"""Each loader measured: ``v3-lean`` is ``load_namespace(sentences=False)``, as trace consolidation and retrieval
+LOADERS = {
+    "v2": "v2 per-row JSON", "v3": "v3 columnar, vectors in the database (code before)", "v4": "v4 columnar, mapped vector sidecars",
+    "v4-lean": "v4, no sentence vectors",
+}  # fmt: skip
+"""Each loader measured: ``v4-lean`` is ``load_namespace(sentences=False)``, as trace consolidation and retrieval
 with ``retrieval.sentence_vectors`` off read a namespace."""
 DIM = 384
 TURNS_PER_SESSION = 20
@@ -107,16 +113,16 @@ class Synthetic:
         return items, subs, turns
 
 
-def write_stores(units: int, workdir: Path, write_units: int, *, with_v2: bool = True) -> dict[str, object]:
-    """The same synthetic namespace written in both formats (or, without ``with_v2``, only the current one);
-    returns write times, segment count and file sizes."""
-    new_dir, old_dir = workdir / f"v3-{units}", workdir / f"v2-{units}"
+def write_stores(units: int, workdir: Path, write_units: int, *, with_v2: bool = True, with_v3: bool = False) -> dict[str, object]:
+    """The same synthetic namespace written through the store (and, ``with_v2``, in version 2's rows; ``with_v3``,
+    copied into version 3's layout); returns write times, segment count and folder sizes."""
+    new_dir, old_dir = workdir / f"v4-{units}", workdir / f"v2-{units}"
     synthetic = Synthetic()
     old = None
     if with_v2:
         old = store_v2.create_store(old_dir, "synthetic-384", DIM)
         store_v2.add_namespace(old, NAMESPACE, "turns")
-    timings = {"v2": 0.0, "v3": 0.0}
+    timings = {"v2": 0.0, "v4": 0.0}
     with MemoryStore.open(new_dir, create=True) as store:
         store.ensure_namespace(NAMESPACE, "turns", "synthetic-384", DIM, window=6, overlap=2)
         for lo in range(0, units, write_units):
@@ -137,17 +143,23 @@ def write_stores(units: int, workdir: Path, write_units: int, *, with_v2: bool =
             for item in items:
                 windows.setdefault((item.unit.session_id, item.unit.serial % TURNS_PER_SESSION // UNITS_PER_WINDOW), []).append(item)
             store.add_windows(NAMESPACE, [WindowResult(s, w, window) for (s, w), window in windows.items()])
-            timings["v3"] += time.perf_counter() - started
+            timings["v4"] += time.perf_counter() - started
         store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         n_segments = len(segments.listing(store._db, NAMESPACE, segments.UNITS))
-    dirs = {"v3": new_dir}
+    dirs = {"v4": new_dir}
+    if with_v3:
+        from tests import store_v3  # not at the top: a child loading with the code of before the sidecars imports this file too
+
+        shutil.copytree(new_dir, workdir / f"v3-{units}")
+        store_v3.to_version_3(workdir / f"v3-{units}")
+        dirs["v3"] = workdir / f"v3-{units}"
     if old is not None:
         old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         old.close()
         dirs["v2"] = old_dir
-    size = lambda d: sum(p.stat().st_size for p in d.iterdir())  # noqa: E731
+    size = lambda d: sum(p.stat().st_size for p in d.rglob("*") if p.is_file())  # noqa: E731
     return {
-        "dirs": {k: str(d) for k, d in dirs.items()}, "write_seconds": {k: round(timings[k], 1) for k in dirs},
+        "dirs": {k: str(d) for k, d in dirs.items()}, "write_seconds": {k: round(timings[k], 1) for k in timings if k in dirs},
         "segments": n_segments, "bytes": {k: size(d) for k, d in dirs.items()},
     }  # fmt: skip
 
@@ -215,7 +227,7 @@ def child(kind: str, path: Path) -> dict[str, object]:
         memory = load_v2(path, NAMESPACE)
     else:
         with MemoryStore.open(path) as store:
-            memory = store.load_namespace(NAMESPACE, sentences=kind == "v3")
+            memory = store.load_namespace(NAMESPACE, sentences=kind != "v4-lean")
     result: dict[str, object] = {
         "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
         "rss_before_mb": before, "peak_rss_mb": _status_mb("VmHWM"),
@@ -237,11 +249,12 @@ def fresh_memory_mb_per_s(mb: int = 256) -> float:
     return round(mb / (time.perf_counter() - started))
 
 
-def measure(kind: str, path: str, repeats: int) -> dict[str, object]:
-    """``repeats`` loads, each in a fresh subprocess; medians and every run."""
+def measure(kind: str, path: str, repeats: int, code: str | None = None) -> dict[str, object]:
+    """``repeats`` loads, each in a fresh subprocess (importing the package from ``code`` when given); medians and every run."""
     runs = []
     for _ in range(repeats):
-        out = subprocess.run([sys.executable, __file__, "--child", kind, path], capture_output=True, text=True, check=True)
+        command = [sys.executable, __file__, "--child", kind, path, *(["--code", code] if code else [])]
+        out = subprocess.run(command, capture_output=True, text=True, check=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     median = lambda key: round(statistics.median(float(r[key]) for r in runs), 3)  # noqa: E731
     return {
@@ -258,7 +271,7 @@ def markdown(results: dict[str, object]) -> str:
     """The results as a short markdown report."""
     m = results["machine"]
     lines = [
-        "# Namespace bulk load: version-2 rows against version-3 columnar segments",
+        "# Namespace bulk load: version-2 rows, version-3 columnar segments with their vectors in the database, version-4 mapped vector sidecars",
         "",
         f"Machine: {m['cores']} cores (`nproc`), {m['cpu']}; Python {m['python']}; load average {m.get('load_average_1m', 'n/a')} at start; "
         f"fresh memory filled at {results['fresh_memory_mb_per_s']} MB/s (a 256 MB `np.ones`; the fill floor of a load is its vectors' MB at that rate).",
@@ -279,10 +292,10 @@ def markdown(results: dict[str, object]) -> str:
             lines.append(
                 f"| {r['units']:,} | {r['sentences']:,} | {label} | **{r['seconds']}** ({', '.join(map(str, r['seconds_all']))}) | {r['cpu_seconds']} | {decode} | {r['vector_mb']} ({floor}) | "
                 f"{r['peak_rss_mb']:.0f} ({r['load_mb']}) | {size['bytes'][kind[:2]] / 2**20:.0f} | {size['segments'] if kind != 'v2' else '-'} | "
-                f"{size['write_seconds'][kind[:2]]} |"
+                f"{size['write_seconds'].get(kind[:2], '(a copy of v4)')} |"
             )
-        if "speedup" in size:
-            lines.append(f"| | | **v2 / v3** | **{size['speedup']}x** | {size['cpu_speedup']}x | | | | | | |")
+        for before, speedup in size.get("speedups", {}).items():
+            lines.append(f"| | | **{before} / v4** | **{speedup['wall']}x** | {speedup['cpu']}x | | | | | | |")
     lines += ["", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -291,13 +304,16 @@ def main(argv: list[str] | None = None) -> int:
     """Write both stores for each size, load each side by side, write bench/results/store_load.{json,md}."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000], help="units per namespace (default: %(default)s)")
-    p.add_argument("--new-only", type=int, nargs="*", default=[], help="sizes written and loaded in version 3 only (version 2 needs about 25 MiB a 1,000 units)")
+    p.add_argument("--new-only", type=int, nargs="*", default=[], help="sizes not written in version 2 (version 2 needs about 25 MiB a 1,000 units)")
+    p.add_argument("--baseline-code", help="folder with the qgmem_train package of before the sidecars: also load version 3 with it")
+    p.add_argument("--name", default="store_load", help="report name: <out>/<name>.{json,md}")
     p.add_argument("--repeats", type=int, default=3, help="loads per loader and size (each in a fresh process)")
     p.add_argument("--write-units", type=int, default=1000, help="units per add_windows call")
     p.add_argument("--workdir", type=Path, help="folder for the stores (default: a temporary folder, removed afterwards)")
     p.add_argument("--note", action="append", default=[], help="a line added under the table")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results folder")
     p.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
+    p.add_argument("--code", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.write_units % TURNS_PER_SESSION:
         p.error(f"--write-units must be a multiple of {TURNS_PER_SESSION} (whole sessions a write)")
@@ -306,29 +322,32 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = f"python bench/bench_store_load.py --sizes {' '.join(map(str, args.sizes))} --repeats {args.repeats} --write-units {args.write_units}"
     command += f" --new-only {' '.join(map(str, args.new_only))}" if args.new_only else ""
+    command += f" --baseline-code {args.baseline_code}" if args.baseline_code else ""
     results: dict[str, object] = {"machine": machine_info(), "command": command,
                                   "repeats": args.repeats, "sizes": [], "notes": args.note, "fresh_memory_mb_per_s": fresh_memory_mb_per_s()}  # fmt: skip
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="store-load-"))
     try:
         for units in [*args.sizes, *args.new_only]:
-            written = write_stores(units, workdir, args.write_units, with_v2=units in args.sizes)
-            size: dict[str, object] = {**written}
+            written = write_stores(units, workdir, args.write_units, with_v2=units in args.sizes, with_v3=bool(args.baseline_code))
+            size: dict[str, object] = {**written, "speedups": {}}
             for kind in LOADERS:
                 if kind[:2] in written["dirs"]:
-                    size[kind] = measure(kind, written["dirs"][kind[:2]], args.repeats)
+                    size[kind] = measure(kind, written["dirs"][kind[:2]], args.repeats, args.baseline_code if kind == "v3" else None)
                     print(kind, units, size[kind], flush=True)
-            assert size["v3"]["checksum"] == size["v3-lean"]["checksum"] and size["v3"]["last_unit"] == size["v3-lean"]["last_unit"]
-            if "v2" in size:
-                assert size["v2"]["checksum"] == size["v3"]["checksum"] and size["v2"]["last_unit"] == size["v3"]["last_unit"]
-                size["speedup"] = round(size["v2"]["seconds"] / size["v3"]["seconds"], 1)
-                size["cpu_speedup"] = round(size["v2"]["cpu_seconds"] / size["v3"]["cpu_seconds"], 1)
+            for before in ("v2", "v3", "v4-lean"):
+                if before in size:
+                    assert size[before]["checksum"] == size["v4"]["checksum"] and size[before]["last_unit"] == size["v4"]["last_unit"]
+            for before in ("v2", "v3"):
+                if before in size:
+                    size["speedups"][before] = {"wall": round(size[before]["seconds"] / size["v4"]["seconds"], 1),
+                                                "cpu": round(size[before]["cpu_seconds"] / size["v4"]["cpu_seconds"], 1)}  # fmt: skip
             results["sizes"].append(size)
             for path in written["dirs"].values():
                 shutil.rmtree(path)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    write_report_atomic(args.out / "store_load.json", results, markdown(results))
+    write_report_atomic(args.out / f"{args.name}.json", results, markdown(results))
     print(markdown(results))
     return 0
 

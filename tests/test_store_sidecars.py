@@ -7,7 +7,6 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,8 @@ import pytest
 
 from qgmem_train.errors import InputError
 from qgmem_train.memory import segments, sidecar
-from qgmem_train.memory.store import STORE_FILE, MemoryStore, WindowResult
+from qgmem_train.memory.store import MemoryStore, WindowResult
+from tests import store_v3
 from tests.test_store_columns import DIM, _check_memory, _embedded, _expected_rows, _unit, _write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,23 +80,6 @@ def test_a_sidecar_that_does_not_match_its_store_is_refused(tmp_path: Path) -> N
         assert len(store.load_namespace("n").units) == 3
 
 
-def _to_version_3(path: Path) -> None:
-    """Rewrite a store in schema version 3's layout: every unit segment's vectors as blobs in ``segment_parts``, no sidecars."""
-    db = sqlite3.connect(path / STORE_FILE, isolation_level=None)
-    folder = path / sidecar.FOLDER
-    rows = []
-    for namespace, seq, name, size, token in db.execute("SELECT namespace, seq, name, bytes, token FROM segment_files").fetchall():
-        for part, vectors in sidecar.read(folder, name, size, token, "test").items():
-            blob = memoryview(np.ascontiguousarray(vectors).reshape(-1).view(np.uint8))
-            rows += [(namespace, segments.UNITS, seq, part, k, bytes(blob[at:at + segments.PIECE_BYTES]))
-                     for k, at in enumerate(range(0, max(len(blob), 1), segments.PIECE_BYTES))]  # fmt: skip
-    db.executemany("INSERT INTO segment_parts VALUES (?, ?, ?, ?, ?, ?)", rows)
-    db.execute("DROP TABLE segment_files")
-    db.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
-    db.close()
-    shutil.rmtree(folder)
-
-
 def test_a_store_of_the_former_layout_opens_upgrades_and_reads_as_written(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     items = [_embedded(_unit(i), rng) for i in range(20)]
@@ -104,7 +87,7 @@ def test_a_store_of_the_former_layout_opens_upgrades_and_reads_as_written(tmp_pa
         store.ensure_namespace("n", "llm", "four-d", DIM)
         _write(store, items, per_window=3)
         segment_count = len(segments.listing(store._db, "n", segments.UNITS))
-    _to_version_3(tmp_path)
+    store_v3.to_version_3(tmp_path)
     with MemoryStore.open(tmp_path) as store:
         assert store._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "4"
         assert store._db.execute("SELECT COUNT(*) FROM segment_parts WHERE part != 'columns'").fetchone()[0] == 0
