@@ -84,7 +84,7 @@ class AttributeScorer:
     fact intervals a query interval meets by binary search over interval starts, one sorted run per
     length class (intervals of at most twice each other's length, so a day, a week, a month and a year
     each fall in their own), and utterance days by binary search over the sorted days. A query costs
-    what it matches, not what the namespace holds.
+    one product with the distinct texts and what it matches, not a pass over the units.
     """
 
     def __init__(
@@ -183,7 +183,7 @@ class IntervalIndex:
     """Closed day intervals of units, sorted by start within length classes, for the units an interval query meets."""
 
     def __init__(self, lo: np.ndarray, hi: np.ndarray, unit: np.ndarray):
-        length_class = np.ceil(np.log2(hi - lo + 1.0)).astype(np.int64) if len(lo) else np.zeros(0, np.int64)
+        length_class = np.ceil(np.log2(hi - lo + 1.0)).astype(np.int64)
         self._runs = []
         for c in np.unique(length_class).tolist():
             members = np.flatnonzero(length_class == c)
