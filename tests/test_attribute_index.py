@@ -120,3 +120,23 @@ def test_indexed_attribute_scores_equal_the_scan_on_random_units_and_queries(fal
         assert top_positive(values, 20)[0].tolist() == np.searchsorted(rows, top_positive(expected, 20)[0]).tolist()
         matched += int(np.any(expected > 0))
     assert matched > 100
+
+
+def test_texts_found_through_int8_codes_score_as_the_exact_product() -> None:
+    pytest.importorskip("faiss")
+    rng = np.random.default_rng(21)
+    units, attributes, centres = random_namespace(rng, 300, 600)
+    exact = AttributeScorer(units, attributes, sem_threshold=0.6)
+    coded = AttributeScorer(units, attributes, sem_threshold=0.6, text_codes_from=0)
+    for q in range(80):
+        intent, entities, locations = random_query(rng, centres, GRANULARITIES[q % 4])
+        expected = exact.scores(intent, entities, locations)
+        rows, values = coded.matches(intent, entities, locations)
+        np.testing.assert_array_equal(rows[values > 0], np.flatnonzero(expected > 0))
+        np.testing.assert_allclose(values, expected[rows], rtol=0, atol=1e-6)
+        for vectors in (entities, locations):
+            if len(vectors):
+                texts, sims = coded._texts.passing(vectors)
+                full = attributes.embeddings @ vectors.T
+                assert texts.tolist() == np.flatnonzero((full >= 0.6).any(axis=1)).tolist()
+                np.testing.assert_allclose(sims, np.where(full[texts] >= 0.6, full[texts], 0), rtol=0, atol=1e-6)

@@ -29,12 +29,20 @@ from qgmem_train.memory.columns import group_bounds, ranges
 from qgmem_train.memory.timeparse import calendar_bounds
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex
+from qgmem_train.retrieval.dense import build_int8_codes, has_faiss
 from qgmem_train.retrieval.intent import QueryIntent
 
 if TYPE_CHECKING:
     from qgmem_train.llm.embedder import Embedder
 
 NO_DAY = np.iinfo(np.int32).min
+TEXT_CODES_MIN = 20_000
+"""Distinct attribute texts from which SemMatch looks for the texts near a query item through int8 codes (with faiss)
+rather than one exact product with every text."""
+TEXT_CANDIDATES = 256
+"""Texts a code search returns first for a query item; it widens while a text beyond them could still pass."""
+_DISTANCE_SLACK = 1e-4
+"""Allowance for float32 rounding in faiss's code distances, in cosine units."""
 
 
 def day_ordinal(iso: str) -> int:
@@ -88,15 +96,21 @@ class AttributeScorer:
     """
 
     def __init__(
-        self, units: Sequence[MemoryUnit], attributes: AttributeIndex, *, sem_threshold: float = 0.60, utterance_fallback: bool = True
+        self,
+        units: Sequence[MemoryUnit],
+        attributes: AttributeIndex,
+        *,
+        sem_threshold: float = 0.60,
+        utterance_fallback: bool = True,
+        text_codes_from: int = TEXT_CODES_MIN,
     ):
         self.n_units = len(units)
         self.sem_threshold = sem_threshold
         self.utterance_fallback = utterance_fallback
-        self._text_embeddings = np.ascontiguousarray(attributes.embeddings, dtype=np.float32)
+        self._texts = TextMatcher(attributes.embeddings, sem_threshold, codes_from=text_codes_from)
         self._postings = {
             kind: PostingLists(np.asarray(attributes.text_id, np.int64), np.asarray(attributes.unit_index, np.int64),
-                               len(self._text_embeddings), np.asarray(attributes.kind, np.int8) == kind)
+                               len(self._texts.embeddings), np.asarray(attributes.kind, np.int8) == kind)
             for kind in (ENTITY, LOCATION)
         }  # fmt: skip
         fact_unit = np.array([row for row, u in enumerate(units) for _ in u.fact_time], dtype=np.int64)
@@ -112,14 +126,13 @@ class AttributeScorer:
 
     def sem_matches(self, query_embeddings: np.ndarray, kind: int) -> tuple[np.ndarray, np.ndarray]:
         """Units with an attribute of ``kind`` at the threshold of some query item, and the mean over query items of each one's best cosine."""
-        if len(query_embeddings) == 0 or len(self._text_embeddings) == 0:
+        if len(query_embeddings) == 0 or len(self._texts.embeddings) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        text_sims = self._text_embeddings @ np.asarray(query_embeddings, dtype=np.float32).T
-        text_sims[text_sims < self.sem_threshold] = 0.0
-        texts, units = self._postings[kind].units_of(np.flatnonzero(text_sims.any(axis=1)))
+        passing, text_sims = self._texts.passing(query_embeddings)
+        texts, units = self._postings[kind].units_of(passing)
         rows, unit_of_posting = np.unique(units, return_inverse=True)
         best = np.zeros((len(rows), len(query_embeddings)), dtype=np.float32)
-        np.maximum.at(best, unit_of_posting, text_sims[texts])
+        np.maximum.at(best, unit_of_posting, text_sims[np.searchsorted(passing, texts)])
         return rows, best.mean(axis=1)
 
     def sem_match(self, query_embeddings: np.ndarray, kind: int) -> np.ndarray:
@@ -163,6 +176,52 @@ class AttributeScorer:
     def scores(self, intent: QueryIntent, entity_embeddings: np.ndarray, location_embeddings: np.ndarray) -> np.ndarray:
         """S_ELT of every unit (:meth:`matches` spread over the namespace)."""
         return _dense(self.n_units, *self.matches(intent, entity_embeddings, location_embeddings))
+
+
+class TextMatcher:
+    """The attribute texts whose similarity with a query item reaches the threshold, with their exact float32 similarities.
+
+    Few texts: one product with all of them. From ``codes_from`` texts on (faiss installed), the int8
+    codes the dense channel scans (:func:`~qgmem_train.retrieval.dense.build_int8_codes`) give each
+    item's nearest texts, widened until every text left out provably falls below the threshold (a
+    decoded component is off by at most ``0.5 / scale``), and only those are compared exactly.
+    """
+
+    def __init__(self, embeddings: np.ndarray, threshold: float, *, codes_from: int = TEXT_CODES_MIN):
+        self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        self.threshold = threshold
+        self._codes = None
+        if len(self.embeddings) and len(self.embeddings) >= codes_from and has_faiss():
+            self._codes, self._scale = build_int8_codes([self.embeddings])
+            self._largest_norm2 = max(
+                float((np.square(np.rint(self.embeddings[lo : lo + 65_536] * self._scale) / self._scale)).sum(axis=1).max())
+                for lo in range(0, len(self.embeddings), 65_536)
+            )  # fmt: skip
+
+    def passing(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (ascending) of the texts at the threshold with some query item, and their similarity with each item (0 below it)."""
+        queries = np.asarray(queries, dtype=np.float32)
+        if self._codes is None:
+            sims = self.embeddings @ queries.T
+        else:
+            candidates = np.unique(np.concatenate([self._near(q) for q in queries]))
+            sims = self.embeddings[candidates] @ queries.T
+        sims[sims < self.threshold] = 0.0
+        keep = np.flatnonzero(sims.any(axis=1))
+        return (keep if self._codes is None else candidates[keep]), sims[keep]
+
+    def _near(self, query: np.ndarray) -> np.ndarray:
+        """Texts nearest ``query`` by their codes, enough that each text left out has a similarity below the threshold."""
+        total = self._codes.ntotal
+        error = 0.5 * float(np.abs(query).sum()) / self._scale + _DISTANCE_SLACK
+        wanted = min(total, TEXT_CANDIDATES)
+        while True:
+            distances, rows = self._codes.search((query * self._scale + 128.0)[None, :], wanted)
+            # a text beyond the last one found is at least as far: |x'|² + |q|² - 2 x'·q ≥ that distance / scale²
+            bound = (self._largest_norm2 + float(query @ query) - float(distances[0, -1]) / self._scale**2) / 2 + error
+            if bound < self.threshold or wanted >= total:
+                return rows[0][rows[0] >= 0]
+            wanted = min(total, 4 * wanted)
 
 
 class PostingLists:

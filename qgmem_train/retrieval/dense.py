@@ -85,7 +85,7 @@ class DenseIndex:
             self._hnsw = _build_hnsw(self.embeddings)
             self._hnsw_sentences = _build_hnsw(self.sentences) if self.sentences is not None else None
         elif _wants_int8(scan, len(self._vector_unit)):
-            self._codes, self._code_scale = _build_int8_codes(self.embeddings, self.sentences)
+            self._codes, self._code_scale = build_int8_codes([self.embeddings] if self.sentences is None else [self.embeddings, self.sentences])
 
     @property
     def approximate(self) -> bool:
@@ -186,19 +186,24 @@ def _wants_int8(scan: Scan, vectors: int) -> bool:
     """Whether to build int8 codes: asked for, or ``auto`` at :data:`SCAN_INT8_MIN_VECTORS` vectors with faiss installed."""
     if scan == "int8":
         return vectors > 0
-    return scan == "auto" and vectors >= SCAN_INT8_MIN_VECTORS and importlib.util.find_spec("faiss") is not None
+    return scan == "auto" and vectors >= SCAN_INT8_MIN_VECTORS and has_faiss()
 
 
-def _build_int8_codes(embeddings: np.ndarray, sentences: np.ndarray | None) -> tuple[object, float]:
-    """A faiss index of 8-bit codes ``round(scale * x) + 128`` of every vector (facts, then sentences), and ``scale``.
+def has_faiss() -> bool:
+    """Whether faiss-cpu (the optional ``ann`` extra) is installed."""
+    return importlib.util.find_spec("faiss") is not None
 
-    ``scale`` maps the largest absolute component to 127, so no component is clipped.
+
+def build_int8_codes(parts: list[np.ndarray]) -> tuple[object, float]:
+    """A faiss index of 8-bit codes ``round(scale * x) + 128`` of the rows of ``parts`` one after the other, and ``scale``.
+
+    ``scale`` maps the largest absolute component to 127, so no component is clipped. Searched with a
+    query ``scale * q + 128``, it returns ``scale² · |x' - q|²`` for each decoded vector ``x'``.
     """
-    faiss = _faiss("the int8 dense scan")
-    parts = [embeddings] if sentences is None else [embeddings, sentences]
+    faiss = _faiss("the int8 scan")
     largest = max(float(np.abs(p).max()) for p in parts if len(p))
     scale = 127.0 / largest if largest > 0 else 1.0
-    index = faiss.IndexScalarQuantizer(embeddings.shape[1], faiss.ScalarQuantizer.QT_8bit_direct, faiss.METRIC_L2)
+    index = faiss.IndexScalarQuantizer(parts[0].shape[1], faiss.ScalarQuantizer.QT_8bit_direct, faiss.METRIC_L2)
     for part in parts:
         for start in range(0, len(part), _ADD_CHUNK):
             index.add(np.rint(part[start : start + _ADD_CHUNK] * scale) + 128.0)
