@@ -136,3 +136,29 @@ def test_a_write_killed_between_its_sidecar_and_its_commit_leaves_the_store_as_b
         _write(store, more)
         _check_memory(store, items + more)
         assert not orphans & set(_files(store_path))
+
+
+def test_a_load_whose_sidecar_a_later_write_removed_reads_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(7)
+    items = [_embedded(_unit(i), rng) for i in range(4)]
+    with MemoryStore.open(tmp_path, create=True) as store:
+        store.ensure_namespace("n", "llm", "four-d", DIM)
+        _write(store, items)
+        reads = []
+        real = sidecar.read
+
+        def gone_once(*args, **kwargs):
+            reads.append(args[1])
+            if len(reads) == 1:  # a merge committed after this read's snapshot began and the next write removed the file
+                raise sidecar.SidecarMissing(args[1], "vector sidecar is missing")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(sidecar, "read", gone_once)
+        assert len(store.load_namespace("n").units) == 4 and len(reads) > 1
+
+        def always_gone(*args, **kwargs):
+            raise sidecar.SidecarMissing(args[1], "vector sidecar is missing")
+
+        monkeypatch.setattr(sidecar, "read", always_gone)
+        with pytest.raises(InputError, match="missing"):
+            store.load_namespace("n")
