@@ -35,6 +35,7 @@ def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list
         "bench_construction": ["--windows", "1", "--bulk-units", "10000", "--out", str(out)],
         "bench_store_writers": ["--sessions", "20", "--out", str(out)],
         "bench_llm": ["--prompts", "4", "--max-new-tokens", "16", "--out", str(out / "llm.json")],
+        "bench_prefix_cache": ["--quick", "--out", str(out / "prefix_cache.json")],
         "bench_training": ["--train-steps", "4", "--timing-steps", "2", "--sections", "timing,validation,ablations", "--out", str(out / "training.json")],
         "locomo_retrieval": ["--store", str(work / "locomo_turns"), "--work", str(work / "locomo_retrieval"), "--rerank-limit", "0", "--out", str(out)],
         "answer_quality": ["--limit", "2", "--repeats", "2", "--work", str(work / "answer_quality"), "--out", str(out)],
