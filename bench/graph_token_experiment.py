@@ -413,6 +413,17 @@ def loss_curve_callback(every: int, monitor: str = "val/loss") -> Any:
     return LossCurve()
 
 
+def answered_subset(examples: list[Any], limit: int | None, seed: int) -> list[Any]:
+    """The test questions whose answers are generated and scored: all of them, or a seeded sample of ``limit`` in test order.
+
+    Losses are computed on every test question; generation costs far more (seconds an answer on 2 cores), hence the cap.
+    """
+    if limit is None or limit >= len(examples):
+        return list(examples)
+    chosen = set(random.Random(seed).sample(range(len(examples)), limit))
+    return [ex for i, ex in enumerate(examples) if i in chosen]
+
+
 def per_question_losses(model: Any, data: Any) -> dict[str, dict[str, float]]:
     """Whole-target and answer-span loss per test question id, with the model's current weights."""
     import torch
@@ -493,12 +504,18 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
     tested = trainer.test(model, datamodule=data, ckpt_path=ckpt or None, verbose=False)[0]
     test_loss = tested["test/loss"]
     diagnostics = {key.removeprefix("test/"): float(v) for key, v in tested.items() if key.startswith("test/graph_token_")}
-    records = [r for batch in trainer.predict(model, datamodule=data, ckpt_path=ckpt or None) for r in batch]
+    tested_questions = data.splits["test"]
+    data.splits["test"] = answered_subset(tested_questions, args.max_f1_questions, args.split_seed)
+    log.info("  answering %d of them (F1, BLEU-1, EM)", len(data.splits["test"]))
+    try:
+        answers = {r["question_id"]: r for batch in trainer.predict(model, datamodule=data, ckpt_path=ckpt or None) for r in batch}
+    finally:
+        data.splits["test"] = tested_questions
     losses = per_question_losses(model, data)  # predict left the tested checkpoint's weights in the model
-    for record in records:
-        record.update(losses[record["question_id"]])
+    records = [{"question_id": ex.question_id, **answers.get(ex.question_id, {}), **losses[ex.question_id]} for ex in tested_questions]
     eval_s = time.perf_counter() - eval_started
-    scores = {key: statistics.fmean(float(r[field]) for r in records) for key, field in
+    answered = [r for r in records if "f1" in r]
+    scores = {key: statistics.fmean(float(r[field]) for r in answered) for key, field in
               (("json_valid", "valid_json"), ("f1", "f1"), ("bleu1", "bleu1"), ("exact_match", "exact_match"))}  # fmt: skip
     result = {
         "variant": variant.key,
@@ -540,7 +557,8 @@ def per_question(runs: list[dict[str, Any]], field: str) -> dict[str, float]:
     scores: dict[str, list[float]] = defaultdict(list)
     for run in runs:
         for record in run["predictions"]:
-            scores[record["question_id"]].append(float(record[field]))
+            if field in record:  # answers are scored on a subset of the test questions (--max-f1-questions)
+                scores[record["question_id"]].append(float(record[field]))
     return {qid: statistics.fmean(v) for qid, v in scores.items()}
 
 
@@ -616,7 +634,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"Training: frozen `{s['llm']}` (float32), {s['steps']} optimizer steps of batch {s['batch_size']}, learning rate {s['lr']} "
         f"(10% warm-up, cosine), {s['monitor']} every {math.ceil(s['steps'] / s['val_checks'])} steps on the validation conversation "
         f"(best checkpoint tested); context {s['max_context_tokens']} tokens, {s['max_new_tokens']} new tokens, schema-constrained; "
-        f"local graphs {'with' if s['attribute_edges'] else 'without'} attribute edges.", "",
+        f"local graphs {'with' if s['attribute_edges'] else 'without'} attribute edges. Losses on every test question; "
+        + ("answers (valid JSON, F1, BLEU-1, EM) on every one." if s.get("max_f1_questions") is None else
+           f"answers (valid JSON, F1, BLEU-1, EM) on a seeded sample of {s['max_f1_questions']} of them (split seed, test order)."), "",
         "## Test conversations", "",
         "| variant | seeds | steps | answer loss | test loss | valid JSON | F1 | BLEU-1 | EM | token cosine | between-question variance |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -768,6 +788,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-train-questions", type=int, default=300, help="train questions over all train conversations")
     p.add_argument("--max-val-questions", type=int, default=12, help="validation questions")
     p.add_argument("--max-test-questions", type=int, default=None, help="test questions (default: every question of the test conversations)")
+    p.add_argument("--max-f1-questions", type=int, default=None,
+                   help="answer (F1, BLEU-1, EM) a seeded sample of this many test questions (default: every one); losses use all")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the conversation split and the question samples")
     p.add_argument("--test-conversation", nargs="+", help="name the test conversations (e.g. dataset_2 dataset_6) instead of drawing them")
     p.add_argument("--validation-conversation", help="name the validation conversation instead of drawing it")
@@ -782,7 +804,7 @@ def parser() -> argparse.ArgumentParser:
 
 RUN_SETTINGS = (
     "steps", "batch_size", "val_checks", "lr", "gnn_hidden", "edge_tokens", "query_tokens", "monitor",
-    "max_context_tokens", "max_new_tokens", "llm",
+    "max_context_tokens", "max_new_tokens", "llm", "max_f1_questions",
 )  # fmt: skip
 """Settings that change a run's result: rerunning into the same --out with others is refused (``--lora-readout`` is not
 one: it names its arm, ``lora+<design>``, so rounds with different ones share a folder)."""

@@ -117,12 +117,25 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, data: str, message: st
 
 
 @pytest.mark.slow
+def results_predictions(out: Path, run: str) -> list[dict]:
+    """The per-question records of one finished run."""
+    return json.loads((out / "runs" / run / "result.json").read_text())["predictions"]
+
+
+def test_answers_are_scored_on_a_seeded_sample_in_test_order(experiment: ModuleType) -> None:
+    questions = [f"q{i}" for i in range(20)]
+    sample = experiment.answered_subset(questions, 5, seed=0)
+    assert len(sample) == 5 and sample == sorted(sample, key=questions.index)
+    assert sample == experiment.answered_subset(questions, 5, seed=0) != experiment.answered_subset(questions, 5, seed=1)
+    assert experiment.answered_subset(questions, None, seed=0) == questions == experiment.answered_subset(questions, 50, seed=0)
+
+
 def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "out"
     command = [
         sys.executable, str(SCRIPT), "--data", str(tiny_convomem(tmp_path / "cases")), "--out", str(out),
         "--variants", "edges", "edges-shuffled", "none", "--test-count", "1", "--edge-tokens", "3", "--max-context-tokens", "128",
-        "--seeds", "1", "--steps", "2", "--val-checks", "1", "--max-test-questions", "3", "--max-val-questions", "2",
+        "--seeds", "1", "--steps", "2", "--val-checks", "1", "--max-test-questions", "3", "--max-f1-questions", "2", "--max-val-questions", "2",
         "--max-new-tokens", "48", "--eval-batch-size", "4", "--gnn-hidden", "32", "--bootstrap-resamples", "200",
     ]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)  # three arms: ~10 min on a busy 2-core box
@@ -151,10 +164,11 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
     assert shuffled["checkpoint_best"] == edges["checkpoint_best"] and shuffled["train_s"] == 0
     assert shuffled["test_answer_loss"] != edges["test_answer_loss"], "same checkpoint, other graphs: another loss"
     assert "graph_token_cosine" in edges and "graph_token_cosine" not in summary["variants"]["none"]["runs"][0]
-    for key in ("bootstrap", "bootstrap_answer_loss"):
+    for key, questions in (("bootstrap", 2), ("bootstrap_answer_loss", results["data"]["examples"]["test"])):
         for pair in ("edges - edges-shuffled", "edges - none"):
             boot = summary[key][pair]
-            assert boot["questions"] == results["data"]["examples"]["test"] and boot["ci95"][0] <= boot["mean_difference"] <= boot["ci95"][1]
+            assert boot["questions"] == questions and boot["ci95"][0] <= boot["mean_difference"] <= boot["ci95"][1], (key, boot)
+    assert sum("f1" in r for r in results_predictions(out, "edges-seed0")) == 2, "answers for the seeded sample, losses for all"
     assert (out / "runs" / "edges-seed0" / "checkpoints" / "last.ckpt").exists()
     assert "attribute_edges: true" in (out / "data" / "data_prep.yaml").read_text()
 
