@@ -23,13 +23,14 @@ import pytest
 import yaml
 
 from qgmem_train.__main__ import main
-from qgmem_train.config import PipelineConfig
+from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
 from qgmem_train.errors import InputError
+from qgmem_train.llm.resolver import resolve_model_dir
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.predictor import CHECKSUM_FILE, CONFIG_FILE, QGMemPredictor, file_sha256
 from tests.fakes import ScriptedLLM
-from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import FIXTURE, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
 
 SESSION = [
     {"speaker": "Caroline", "text": "I went to the LGBTQ support group yesterday and it was so powerful."},
@@ -71,7 +72,7 @@ def clean_export(tmp_path_factory) -> Path:
     trainer.save_checkpoint(root / "tiny.ckpt")
     pipeline = {"models": {"llm": str(llm_dir), "reranker": "none", "device": "cpu"}, "construction": {"units": "turns", "traces": False}, "retrieval": {"k": 3}}
     (root / "fit.yaml").write_text(yaml.safe_dump({"pipeline": pipeline}))
-    return export_model(root / "tiny.ckpt", root / "fit.yaml", root / "model")
+    return export_model(root / "tiny.ckpt", root / "fit.yaml", root / "model", names={"llm": publish_to_hub_cache(llm_dir)})
 
 
 def _write_sums(folder: Path, names: list[str] | None = None) -> None:
@@ -92,13 +93,17 @@ def _hostile(clean: Path, target: Path, edit: Callable[[dict[str, Any]], None] |
     return folder
 
 
+def _base_model_folder(clean: Path) -> Path:
+    """The local snapshot of the export's base model (a Hub id in this session's cache)."""
+    return resolve_model_dir(json.loads((clean / CONFIG_FILE).read_text())["module"]["llm"])
+
+
 def _model_with_repository_code(clean: Path, root: Path, marker: Path) -> Path:
     """A copy of the export's base model whose config maps the Auto classes to its own ``evil.py``, which writes ``marker``.
 
     The folder name is new each time: transformers imports a repository's code once per module name.
     """
-    base = Path(json.loads((clean / CONFIG_FILE).read_text())["module"]["llm"])
-    folder = Path(shutil.copytree(base, root / f"remote_code_{uuid.uuid4().hex[:8]}"))
+    folder = Path(shutil.copytree(_base_model_folder(clean), root / f"remote_code_{uuid.uuid4().hex[:8]}"))
     config = json.loads((folder / "config.json").read_text())
     config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel", "AutoModelForCausalLM": "evil.EvilModel"}
     (folder / "config.json").write_text(json.dumps(config))
@@ -162,16 +167,65 @@ def test_an_export_cannot_turn_on_repository_code(clean_export, tmp_path, settin
     assert not marker.exists()
 
 
-def test_a_base_models_repository_code_runs_only_when_the_caller_trusts_it(clean_export, tmp_path) -> None:
+@pytest.mark.parametrize("field", ["module.llm", "pipeline.models.embedder"])
+def test_the_callers_trust_never_extends_to_a_model_the_export_names(clean_export, tmp_path, field) -> None:
     marker = tmp_path / "marker"
-    evil = str(_model_with_repository_code(clean_export, tmp_path, marker))
-    folder = _hostile(clean_export, tmp_path / "export", lambda config: config["module"].update(llm=evil))
-    with pytest.raises(InputError, match="made for a backbone with another config"):
-        QGMemPredictor.from_pretrained(folder, intent="rules")
-    assert not marker.exists()
-    with pytest.raises(InputError, match="made for a backbone with another config"):
-        QGMemPredictor.from_pretrained(folder, intent="rules", trust_remote_code=True)
+    evil = publish_to_hub_cache(_model_with_repository_code(clean_export, tmp_path, marker))
+    section, key = ("module", "llm") if field == "module.llm" else ("pipeline", "embedder")
+    folder = _hostile(clean_export, tmp_path / "export", lambda c: (c["pipeline"]["models"] if section == "pipeline" else c["module"]).update({key: evil}))
+    for trusted in (False, True):
+        with pytest.raises(InputError, match="made for a backbone with another config|is 64-d"):
+            QGMemPredictor.from_pretrained(folder, intent="rules", trust_remote_code=trusted)
+        assert not marker.exists()
+    with pytest.raises(InputError, match="made for a backbone with another config|is 64-d"):
+        QGMemPredictor.from_pretrained(folder, intent="rules", trust_remote_code=True, models={key: evil})
     assert marker.read_text() == "repository code ran"
+
+
+def _package_that_marks_its_import(root: Path, marker: Path) -> str:
+    """An importable package on ``sys.path`` (with a ``models`` subpackage) whose import writes ``marker``; its name."""
+    name = f"evil_{uuid.uuid4().hex[:8]}"
+    (root / name / "models").mkdir(parents=True)
+    (root / name / "__init__.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n")
+    (root / name / "models" / "__init__.py").write_text("")
+    return name
+
+
+REFERENCES: dict[str, tuple[str, Callable[[SimpleNamespace], str]]] = {
+    "an absolute path": ("pipeline.models.embedder", lambda ctx: str(ctx.embedder)),
+    "a home path": ("pipeline.models.embedder", lambda ctx: "~/embedder"),
+    "a relative path": ("pipeline.models.embedder", lambda ctx: "../work/home/embedder"),
+    "a Hub-id-shaped local folder": ("pipeline.models.embedder", lambda ctx: "home/embedder"),
+    "pkg: of a dotted name": ("pipeline.models.embedder", lambda ctx: f"pkg:{ctx.package}.models"),
+    "pkg: of another package": ("pipeline.models.embedder", lambda ctx: f"pkg:{ctx.package}"),
+    "a local base model": ("module.llm", lambda ctx: str(ctx.base)),
+    "a local reranker": ("pipeline.models.reranker_model", lambda ctx: str(ctx.embedder)),
+}
+"""Case → (the config.json field, the reference an export names there)."""
+
+
+@pytest.mark.parametrize("case", list(REFERENCES))
+def test_an_export_names_only_hub_ids_and_bundled_packages(clean_export, tmp_path, monkeypatch, case) -> None:
+    field, reference = REFERENCES[case]
+    marker = tmp_path / "marker"
+    home = tmp_path / "work" / "home"
+    embedder = Path(shutil.copytree(resolve_model_dir(BUNDLED_EMBEDDER), home / "embedder"))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ctx = SimpleNamespace(embedder=embedder, base=_base_model_folder(clean_export), package=_package_that_marks_its_import(tmp_path, marker))
+    ref = reference(ctx)
+
+    def edit(config: dict[str, Any]) -> None:
+        section, _, key = field.rpartition(".")
+        (config["module"] if section == "module" else config["pipeline"]["models"]).update({key: ref})
+        if key == "reranker_model":
+            config["pipeline"]["models"]["reranker"] = "cross"
+
+    folder = _hostile(clean_export, tmp_path / "export", edit)
+    with pytest.raises(InputError, match=re.escape(field)) as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu")
+    assert "\n" not in str(refusal.value) and not marker.exists()
 
 
 ENDPOINT_CASES: dict[str, Callable[[str], tuple[dict[str, Any], dict[str, Any] | None]]] = {

@@ -52,6 +52,8 @@ CALLER_MODULE = ("trust_remote_code",)
 MACHINE_MODELS = ("device", "cache_dir")
 """``pipeline.models`` settings of the loading machine: the caller's arguments; an export's values are ignored."""
 MACHINE_MODULE = ("cache_dir",)
+MODEL_REFERENCES = ("llm", "embedder", "reranker_model")
+"""``pipeline.models`` settings that name a model to load; with ``module.llm``, each is checked by :func:`check_model_reference`."""
 """Module hyperparameters of the loading machine: the caller's argument; an export's value is ignored."""
 MODULE_AT_LEAST = {"feature_dim": 1, "graph_tokens": 0, "gnn_hidden": 1, "gnn_layers": 1, "gnn_heads": 1, "projector_hidden": 1, "lora_r": 0}
 """Smallest value of the module's count hyperparameters."""
@@ -172,6 +174,9 @@ def read_export(folder: Path) -> Export:
     models = _section(pipeline, "models", path, "pipeline.models") if "models" in pipeline else {}
     _refuse_caller_settings(module, CALLER_MODULE, f"{path}: module")
     _refuse_caller_settings(models, CALLER_MODELS, f"{path}: pipeline.models")
+    for where, values, key in ((f"{path}: module", module, "llm"), *((f"{path}: pipeline.models", models, k) for k in MODEL_REFERENCES)):
+        if values.get(key) is not None:
+            check_model_reference(values[key], f"{where}.{key}")
     portable = pipeline_from_dict({**pipeline, "models": portable_models(models)}, f"{path}: pipeline")
     adapter = _section(config, "adapter", path)
     graph = _adapter_file(adapter.get("graph"), "graph", listed, path)
@@ -217,6 +222,34 @@ def _bundled_reranker_files(config: Mapping[str, Any], listed: Collection[str], 
         if RERANKER_PREFIX + name not in listed:
             raise InputError(f"{path}: reranker", f"says a cross-encoder is bundled, but {RERANKER_PREFIX + name} is not in the export")
     return tuple(sorted(name for name in listed if name.startswith(RERANKER_PREFIX)))
+
+
+def is_public_reference(ref: str) -> bool:
+    """Whether ``ref`` names a model the same way on every machine: a bundled ``pkg:`` model, or a Hub repo id that is no folder here."""
+    from qgmem_train.llm.resolver import BUNDLED_PACKAGES, PACKAGE_PREFIX, looks_like_hub_repo_id
+
+    if ref.startswith(PACKAGE_PREFIX):
+        return ref[len(PACKAGE_PREFIX):] in BUNDLED_PACKAGES
+    return looks_like_hub_repo_id(ref) and not Path(ref).exists()
+
+
+def check_model_reference(ref: Any, where: str) -> None:
+    """Refuse a model reference an export may not make: only a Hub repo id or a bundled-model ``pkg:`` name.
+
+    A path (absolute, ``~``, relative, or a Hub-id-shaped name that is a folder here) would load whatever lies
+    on the user's disk, and ``pkg:`` of another package would import it; those come only from the caller.
+    """
+    from qgmem_train.llm.resolver import BUNDLED_PACKAGES, PACKAGE_PREFIX
+
+    if not isinstance(ref, str):
+        raise InputError(where, f"is {ref!r}, not a model reference")
+    if ref.startswith(PACKAGE_PREFIX) and not is_public_reference(ref):
+        raise InputError(where, f"is {ref!r}, but an export may name only the bundled model packages ({', '.join(PACKAGE_PREFIX + p for p in BUNDLED_PACKAGES)})")
+    if not is_public_reference(ref):
+        raise InputError(
+            where, f"is {ref!r}, but an export may name only a Hub repo id or a bundled pkg: model, never a path on this machine; "
+            "a local model is the caller's to pass: QGMemPredictor.from_pretrained(..., models={...})",
+        )  # fmt: skip
 
 
 def _section(values: Mapping[str, Any], key: str, path: Path, name: str | None = None) -> dict[str, Any]:

@@ -57,12 +57,19 @@ def read_adapter_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return state, metadata
 
 
-def load_exported_module(export: Export, *, cache_dir: str | None = None, device: str = "auto", trust_remote_code: bool = False) -> GraphAugmentedLM:
-    """Build the module on ``device`` from the exported hyperparameters and load exactly its adapter (and LoRA) parameters."""
+def load_exported_module(
+    export: Export, *, cache_dir: str | None = None, device: str = "auto", trust_remote_code: bool = False, base_model: Mapping[str, Any] | None = None
+) -> GraphAugmentedLM:
+    """Build the module on ``device`` from the exported hyperparameters and load exactly its adapter (and LoRA) parameters.
+
+    ``base_model`` (``llm``, ``llm_revision``) is the caller's choice of base model over the exported one; the
+    adapter's metadata check still refuses any other backbone than the one it was trained on.
+    """
     from qgmem_train.model.checkpoint import check_compatible, trainable_state_dict
     from qgmem_train.model.module import GraphAugmentedLM
 
-    model = GraphAugmentedLM(**module_arguments(export), cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+    arguments = {**module_arguments(export), **(base_model or {})}
+    model = GraphAugmentedLM(**arguments, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     model.load_backbone(None if device == "auto" else device)
     expected = trainable_state_dict(model)
     adapter = export.folder / export.graph_adapter
@@ -151,8 +158,10 @@ class QGMemPredictor:
             cache_dir: cache of converted bundled models.
             device: torch device of local models (auto: cuda when available).
             models: the caller's ``pipeline.models`` settings over the exported ones, e.g. ``{"backend": "openai",
-                "base_url": ..., "api_key_env": ...}`` to answer through an API backbone on the text path.
-            trust_remote_code: let the base model, embedder and reranker repositories run their own Python code.
+                "base_url": ..., "api_key_env": ...}`` to answer through an API backbone on the text path. Only here
+                may a model be a local path; ``llm`` also replaces the module's base model (the same backbone).
+            trust_remote_code: let the models the caller names in ``models`` (``llm``, ``embedder``, ``reranker_model``)
+                run their repositories' own Python code; it never extends to a model the export names.
             allow_insecure_http: allow a plain-http ``base_url`` to a host other than this machine (the API key
                 would travel unencrypted).
             intent: query-intent parser: the paper's LLM prompt, or rules without an LLM.
@@ -160,11 +169,15 @@ class QGMemPredictor:
                 ``generation.max_new_tokens``).
         """
         export = read_export(locate_export(dir_or_repo_id, revision=revision))
+        caller = dict(models or {})
+        trusted = bool(trust_remote_code or caller.pop("trust_remote_code", False))
         values = export.pipeline.to_dict()
         reranker_dir = bundled_reranker_folder(export, cache_dir)
         if reranker_dir is not None:
             values["models"]["reranker_model"] = str(reranker_dir)
-        values["models"].update({"device": device, "cache_dir": cache_dir, "trust_remote_code": trust_remote_code, **(models or {})})
+        values["models"].update({"device": device, "cache_dir": cache_dir, **caller})
+        exported_reranker = values["models"]["reranker_model"] and reranker_dir is None and "reranker_model" not in caller
+        values["models"]["trust_remote_code"] = trusted and "embedder" in caller and not exported_reranker
         pipeline = pipeline_from_dict(values, "from_pretrained: pipeline")
         if pipeline.models.backend == "openai":
             from qgmem_train.llm.factory import build_embedder, build_llm
@@ -175,7 +188,8 @@ class QGMemPredictor:
             embedder = build_embedder(pipeline)
             reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
             return cls(None, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent)
-        model = load_exported_module(export, cache_dir=cache_dir, device=device, trust_remote_code=pipeline.models.trust_remote_code)
+        base = {key: caller[key] for key in ("llm", "llm_revision") if key in caller}
+        model = load_exported_module(export, cache_dir=cache_dir, device=device, trust_remote_code=trusted and "llm" in caller, base_model=base)
         if max_new_tokens is not None:
             model.hparams.max_new_tokens = max_new_tokens
         return cls.from_module(model, pipeline, intent=intent)
