@@ -41,6 +41,7 @@ from qgmem_train.predictor.artifact import (
     LORA_WEIGHTS_FILE,
     PROMPTS_FILE,
     RERANKER_PREFIX,
+    TEXT_FILE_TYPES,
     file_sha256,
     is_public_reference,
     portable_models,
@@ -51,7 +52,6 @@ from qgmem_train.retrieval.rerank import names_missing_folder
 log = logging.getLogger(__name__)
 GRAPH_PREFIXES = ("encoder.", "projector.")
 """State-dict prefixes of the graph adapter; every other trainable parameter is LoRA inside ``llm.``."""
-TEXT_SUFFIXES = (".md", ".txt")
 LIBRARIES = ("qgmem", "torch", "lightning", "transformers", "peft", "torch_geometric", "sentence-transformers")
 
 
@@ -268,7 +268,7 @@ def _reads_as_named(path: Path) -> bool:
         if path.suffix == ".json":
             json.loads(path.read_text(encoding="utf-8"))
             return True
-        if path.suffix in TEXT_SUFFIXES:
+        if path.suffix in TEXT_FILE_TYPES:
             path.read_text(encoding="utf-8")
             return True
     except Exception:  # safetensors raises its own error type; any failure means the file is not what it claims

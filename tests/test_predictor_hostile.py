@@ -8,6 +8,7 @@ for one step and exported by ``export.package``; a loopback HTTP server records 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import threading
@@ -372,3 +373,341 @@ def test_ask_with_a_malformed_export_exits_2_with_one_line(clean_export, minilm,
     assert main(["ask", "--model", str(folder), "--store", str(tmp_path / "store"), "What did Melanie paint?"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "module.gnn_hidden" in err and "Traceback" not in err
+
+
+def _resave(path: Path, edit: Callable[[dict[str, Any], dict[str, str]], None]) -> None:
+    """Rewrite the safetensors file ``path`` after ``edit(tensors, metadata)``."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        metadata = dict(handle.metadata() or {})
+    edit(tensors, metadata)
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def _misshapen(file: str) -> Callable[[Path], None]:
+    def tamper(folder: Path) -> None:
+        def grow(tensors: dict[str, Any], metadata: dict[str, str]) -> None:
+            import torch
+
+            name = sorted(tensors)[0]
+            tensors[name] = torch.zeros(*(n + 1 for n in tensors[name].shape))
+
+        _resave(folder / file, grow)
+
+    return tamper
+
+
+def _deep_metadata(folder: Path) -> None:
+    _resave(folder / "graph_adapter.safetensors", lambda tensors, metadata: metadata.update(qgmem="[" * 100_000 + "]" * 100_000))
+
+
+ADAPTER_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "config.json nested 100k deep": (_raw('{"a": ' * 100_000 + "1" + "}" * 100_000), "config.json: not readable JSON: nested too deeply"),
+    "adapter metadata nested 100k deep": (_deep_metadata, "graph_adapter.safetensors: its qgmem metadata is not readable JSON"),
+    "a graph adapter tensor of the wrong shape": (_misshapen("graph_adapter.safetensors"), "graph_adapter.safetensors: encoder."),
+    "a LoRA tensor of the wrong shape": (_misshapen("adapter_model.safetensors"), "adapter_model.safetensors: base_model."),
+}
+
+
+@pytest.mark.parametrize("case", list(ADAPTER_CASES))
+def test_a_hostile_config_or_adapter_is_one_line(clean_export, tmp_path, case) -> None:
+    tamper, message = ADAPTER_CASES[case]
+    folder = _hostile(clean_export, tmp_path / "export")
+    tamper(folder)
+    _write_sums(folder)
+    with pytest.raises(InputError, match=re.escape(message)) as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu")
+    assert "\n" not in str(refusal.value)
+
+
+@pytest.fixture(scope="module")
+def loaded(clean_export) -> QGMemPredictor:
+    """The clean export, loaded once for the cases that misuse the Python API."""
+    return QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu")
+
+
+MISUSE: dict[str, tuple[Callable[[QGMemPredictor, Path], Any], str]] = {
+    "a lone surrogate in the namespace": (lambda p, store: p.memory("al\ud800ice", store), "namespace: not valid text"),
+    "a lone surrogate in a turn's text": (lambda p, store: p.memory("alice", store).add_session([{"speaker": "A", "text": "hi \udc00"}]), "turn 1.text: not valid text"),
+    "turns=None": (lambda p, store: p.memory("alice", store).add_session(None), "turns: expected a list of turns"),  # type: ignore[arg-type]
+    "a session_id that is not a string": (lambda p, store: p.memory("alice", store).add_session(SESSION, session_id=7), "session_id: expected a string"),  # type: ignore[arg-type]
+    "ask(None)": (lambda p, store: p.memory("alice", store).ask(None), "question: expected a string"),  # type: ignore[arg-type]
+    "a 1 MB question": (lambda p, store: p.memory("alice", store).ask("What did Melanie paint? " * 45_000), "more than the 4000 a question may have"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISUSE))
+def test_python_api_misuse_is_an_input_error_naming_the_field(loaded, tmp_path, case) -> None:
+    misuse, message = MISUSE[case]
+    with loaded.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION, session_id="S1")
+    with pytest.raises(InputError, match=re.escape(message)):
+        misuse(loaded, tmp_path / "store")
+
+
+def test_the_question_bound_is_the_callers_to_set(clean_export, tmp_path) -> None:
+    predictor = QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu", max_question_chars=30)
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION, session_id="S1")
+        assert memory.ask("What did Melanie paint?").units
+        with pytest.raises(InputError, match="question: 34 characters, more than the 30"):
+            memory.ask("What did Melanie paint last week??")
+
+
+def _store(tmp_path: Path, minilm) -> Path:
+    """A store with one session for ``alice``, built without an LLM."""
+    cfg = PipelineConfig()
+    cfg.construction.units, cfg.construction.traces = "turns", False
+    with QGMemPredictor(None, cfg, llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules").memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION)
+    return tmp_path / "store"
+
+
+def _damage_last_page(store: Path) -> None:
+    from qgmem_train.memory.store_file import PAGE_SIZE
+
+    file = store / "memory.sqlite"
+    data = bytearray(file.read_bytes())
+    start = len(data) - PAGE_SIZE
+    data[start : start + 64] = b"\xa5" * 64
+    file.write_bytes(bytes(data))
+
+
+def _chat_template_the_sandbox_refuses(clean: Path, tmp_path: Path) -> Path:
+    """The clean export over a copy of its base model whose chat template reads ``__class__``, adapter metadata forged to match."""
+    from export.package import rename_base_model
+    from qgmem_train.model.backbone import describe_backbone
+
+    base = Path(shutil.copytree(_base_model_folder(clean), tmp_path / "sandboxed"))
+    (base / "chat_template.jinja").write_text("{{ messages[0]['content'].__class__.__mro__ }}")
+    evil = publish_to_hub_cache(base)
+    folder = _hostile(clean, tmp_path / "export", lambda c: c["module"].update(llm=evil))
+    fingerprint = describe_backbone(evil, None, None, False).fingerprint
+
+    def forge(tensors: dict[str, Any], metadata: dict[str, str]) -> None:
+        metadata["qgmem"] = json.dumps({**rename_base_model(json.loads(metadata["qgmem"]), evil), "backbone": fingerprint})
+
+    _resave(folder / "graph_adapter.safetensors", forge)
+    _write_sums(folder)
+    return folder
+
+
+QUESTION = "What did Melanie paint?"
+CLI_CASES: dict[str, tuple[Callable[[Path, Path, Path], tuple[str, str]], str]] = {
+    "a damaged SQLite page": (lambda clean, store, tmp: (_damage_last_page(store), (str(clean), QUESTION))[1], "the store is damaged"),
+    "a chat template the sandbox refuses": (lambda clean, store, tmp: (str(_chat_template_the_sandbox_refuses(clean, tmp)), QUESTION), "chat_template: the sandbox refuses"),
+    "a --model folder that does not exist": (lambda clean, store, tmp: ("exports/missing", QUESTION), "no such folder 'exports/missing'"),
+    "a --model path that does not exist": (lambda clean, store, tmp: (str(tmp / "missing"), QUESTION), "missing: no such folder"),
+    "a 1 MB question": (lambda clean, store, tmp: (str(clean), "x" * 1_000_000), "more than the 4000 a question may have"),
+}
+"""Case → (``--model`` and the question, given the clean export, the store and a scratch folder; what the one line says)."""
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_a_hostile_input_to_ask_exits_2_with_one_line(clean_export, minilm, tmp_path, monkeypatch, capsys, case) -> None:
+    arguments, message = CLI_CASES[case]
+    store = _store(tmp_path, minilm)
+    monkeypatch.chdir(tmp_path)
+    model, question = arguments(clean_export, store, tmp_path)
+    capsys.readouterr()
+    assert main(["ask", "--intent", "rules", "--store", str(store), "--model", model, question]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_a_jsonl_record_nested_100k_deep_is_one_line(tmp_path, capsys) -> None:
+    deep = tmp_path / "chats.jsonl"
+    deep.write_text('{"id": "c1", "sessions": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    assert main(["build", "--dataset", "jsonl", "--input", str(deep), "--store", str(tmp_path / "store"), "--units", "turns"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "chats.jsonl: line 1: not readable JSON: nested too deeply" in err
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory) -> Path:
+    """A CrossEncoder folder as fit-reranker writes it: the bundled MiniLM with a fresh scoring head (seeded)."""
+    import torch
+
+    from qgmem_train.reranker.module import load_cross_encoder, save_cross_encoder
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("reranker") / "model"
+    save_cross_encoder(load_cross_encoder(BUNDLED_EMBEDDER, max_length=64), folder)
+    return folder
+
+
+def _bundle(folder: Path, cross_encoder: Path, extra: dict[str, bytes] | None = None) -> Path:
+    """The export with ``cross_encoder`` bundled as the exporter bundles it (flat ``reranker.*`` files), plus ``extra`` files."""
+    for path in cross_encoder.iterdir():
+        shutil.copyfile(path, folder / f"reranker.{path.name}")
+    for name, data in (extra or {}).items():
+        (folder / name).write_bytes(data)
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    config["reranker"] = {"kind": "cross", "model": None, "bundled": True}
+    config["pipeline"]["models"].update(reranker="cross", reranker_model=None)
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+    _write_sums(folder)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["reranker.modeling_evil.py", "reranker.", "reranker..", "reranker..json", "notes.pkl"])
+def test_a_bundled_file_must_be_one_of_the_exporters_types(clean_export, cross_encoder, tmp_path, name) -> None:
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder, {name: b"import os\n"})
+    with pytest.raises(InputError, match=re.escape(f"{name!r} is not a file the exporter writes")) as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
+    assert "\n" not in str(refusal.value) and not (tmp_path / "cache").exists()
+
+
+def test_the_bundled_reranker_is_written_from_the_bytes_that_were_verified(clean_export, cross_encoder, tmp_path, monkeypatch) -> None:
+    """An attacker who swaps a verified file (and its checksum line) right after the check does not get it loaded."""
+    from qgmem_train.predictor import loading
+
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder)
+    original = (folder / "reranker.config.json").read_bytes()
+    verify = loading.read_export
+
+    def swapped_after_the_check(path: Path):
+        export = verify(path)
+        (folder / "reranker.config.json").write_text(json.dumps({**json.loads(original), "swapped": True}))
+        _write_sums(folder)
+        return export
+
+    monkeypatch.setattr(loading, "read_export", swapped_after_the_check)
+    predictor = QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
+    [cached] = (tmp_path / "cache" / "rerankers").iterdir()
+    assert (cached / "config.json").read_bytes() == original and predictor.reranker is not None
+
+
+def _link_outside(kind: str) -> Callable[[Path, Path], None]:
+    def tamper(folder: Path, outside: Path) -> None:
+        target = outside / "adapter_model.safetensors"
+        shutil.move(folder / "adapter_model.safetensors", target)
+        (os.symlink if kind == "symlink" else os.link)(target, folder / "adapter_model.safetensors")
+
+    return tamper
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link"])
+def test_a_listed_file_linked_from_outside_the_folder_is_refused(clean_export, tmp_path, kind) -> None:
+    folder = _hostile(clean_export, tmp_path / "export")
+    (tmp_path / "outside").mkdir()
+    _link_outside(kind)(folder, tmp_path / "outside")
+    with pytest.raises(InputError, match="adapter_model.safetensors: a (link to .*, outside the export folder|hard link)"):
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu")
+
+
+def test_an_export_in_the_hub_cache_layout_still_loads(clean_export) -> None:
+    """The Hub cache's snapshot files are links into the same repo's blobs/: that layout is the one exception."""
+    repo_id = publish_to_hub_cache(clean_export)
+    predictor = QGMemPredictor.from_pretrained(repo_id, intent="rules", device="cpu")
+    assert predictor.path == "graph"
+
+
+def test_a_replaced_onnx_graph_in_the_cache_is_exported_again_not_run(clean_export, cross_encoder, tmp_path) -> None:
+    import numpy as np
+    import onnx
+
+    from qgmem_train.retrieval.rerank import CrossEncoderReranker
+
+    models = {"reranker": "cross", "reranker_model": str(cross_encoder), "reranker_runtime": "onnxruntime"}
+    pairs = ["Melanie painted a sunrise over the lake.", "Caroline went to a support group."]
+    expected = CrossEncoderReranker(str(cross_encoder), device="cpu").score("What did Melanie paint?", pairs)
+    first = QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu", models=models, cache_dir=str(tmp_path / "cache"))
+    assert np.allclose(first.reranker.score("What did Melanie paint?", pairs), expected, atol=1e-4)
+    [graph] = (tmp_path / "cache" / "onnx").glob("*/model.onnx")
+    model = onnx.load(str(graph))
+    head = next(t for t in model.graph.initializer if t.name == "classifier.weight")
+    head.CopyFrom(onnx.numpy_helper.from_array(-3.0 * onnx.numpy_helper.to_array(head), head.name))
+    onnx.save(model, str(graph))
+    again = QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu", models=models, cache_dir=str(tmp_path / "cache"))
+    assert np.allclose(again.reranker.score("What did Melanie paint?", pairs), expected, atol=1e-4)
+
+
+def test_ask_without_a_namespace_names_no_namespace_of_the_store(clean_export, minilm, tmp_path, capsys) -> None:
+    cfg = PipelineConfig()
+    cfg.construction.units, cfg.construction.traces = "turns", False
+    predictor = QGMemPredictor(None, cfg, llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    for user in ("alice-private-id", "bob-private-id"):
+        with predictor.memory(user, tmp_path / "store") as memory:
+            memory.add_session(SESSION)
+    assert main(["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--model", str(clean_export), QUESTION]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 namespaces; pick one with --namespace" in err and "private-id" not in err
+
+
+def test_export_records_no_local_path_for_the_base_model(clean_export, tmp_path, capsys) -> None:
+    from export.__main__ import main as export_main
+
+    root = clean_export.parent
+    arguments = ["--checkpoint", str(root / "tiny.ckpt"), "--config", str(root / "fit.yaml"), "--out", str(tmp_path / "out"), "--dry-run"]
+    assert export_main(arguments) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pipeline.models.llm" in err and "--llm-id" in err and not (tmp_path / "out").exists()
+    assert export_main([*arguments, "--llm-id", "someone/tiny-qwen3"]) == 0
+    config = (tmp_path / "out" / CONFIG_FILE).read_text()
+    assert str(root) not in config and str(root) not in (tmp_path / "out" / "adapter_config.json").read_text()
+    exported = json.loads(config)
+    assert exported["module"]["llm"] == exported["base_model"]["id"] == "someone/tiny-qwen3"
+    assert exported["pipeline"]["models"]["llm"] == "someone/tiny-qwen3" and exported["pipeline"]["models"]["embedder"] == BUNDLED_EMBEDDER
+
+
+def test_a_checksum_file_is_read_as_sha256sum_reads_it(clean_export, tmp_path) -> None:
+    """Uppercase hex, a binary-mode ``*`` marker, a comment and a trailing blank line: ``sha256sum -c`` accepts all four."""
+    folder = _hostile(clean_export, tmp_path / "export")
+    lines = (folder / CHECKSUM_FILE).read_text().splitlines()
+    rewritten = ["# written by hand", lines[0][:64].upper() + lines[0][64:], lines[1][:64] + " *" + lines[1][66:], *lines[2:], ""]
+    (folder / CHECKSUM_FILE).write_text("\n".join(rewritten) + "\n")
+    assert QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu").path == "graph"
+
+
+@pytest.mark.parametrize(
+    "url, secret",
+    [
+        ("https://api.example.com/v1;token=s3cr3t-path/chat", "s3cr3t-path"),
+        ("https://api.example.com/v1#access_token=s3cr3t-fragment", "s3cr3t-fragment"),
+        ("https://user:s3cr3t-password@api.example.com/v1?key=s3cr3t-query", "s3cr3t-"),
+    ],
+)
+def test_redact_url_masks_every_place_a_url_carries_a_token(url, secret) -> None:
+    from qgmem_train.llm.http import redact_url
+
+    shown = redact_url(url)
+    assert secret not in shown and "api.example.com" in shown
+
+
+def test_the_cli_warns_once_when_a_config_sends_the_key_over_plain_http(tmp_path, monkeypatch, capsys, minilm) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    config = tmp_path / "api.yaml"
+    models = {"backend": "openai", "base_url": "http://192.0.2.7:9/v1", "api_key_env": SECRET_ENV, "reranker": "none", "timeout_s": 0.2, "max_retries": 0}
+    config.write_text(yaml.safe_dump({"pipeline": {"models": models, "construction": {"units": "turns", "traces": False}}}))
+    _store(tmp_path, minilm)
+    for _ in range(2):
+        main(["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--config", str(config), QUESTION])
+    err = capsys.readouterr().err
+    assert err.count("plain http to another machine") == 1 and SECRET not in err
+
+
+def test_the_predictor_package_reads_top_down() -> None:
+    """No module of qgmem_train.predictor imports one that imports it back (type-checking imports included)."""
+    import ast
+
+    import qgmem_train.predictor as package
+
+    folder = Path(package.__file__).parent
+    imports = {
+        path.stem: {
+            node.module.rpartition(".")[2]
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("qgmem_train.predictor.")
+        }
+        for path in folder.glob("*.py")
+        if path.stem != "__init__"
+    }
+
+    def reaches(start: str, goal: str, seen: frozenset[str] = frozenset()) -> bool:
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in imports.get(start, ()))
+
+    assert [name for name in imports if reaches(name, name)] == []

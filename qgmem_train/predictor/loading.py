@@ -7,11 +7,10 @@ settings (:mod:`qgmem_train.predictor.artifact` refuses anything else).
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from qgmem_train.config import PipelineConfig, pipeline_from_dict
 from qgmem_train.errors import InputError
@@ -24,17 +23,12 @@ from qgmem_train.predictor.artifact import (
     module_arguments,
     read_export,
 )
-from qgmem_train.predictor.memory import PredictorMemory
+from qgmem_train.predictor.base import MAX_QUESTION_CHARS, IntentMode, Predictor
+from qgmem_train.predictor.memory import PredictorMemory, checked_text
 
 if TYPE_CHECKING:
-    from qgmem_train.llm.base import ChatLLM
-    from qgmem_train.llm.embedder import Embedder
     from qgmem_train.model.module import GraphAugmentedLM
     from qgmem_train.predictor.results import AskResult
-    from qgmem_train.retrieval.rerank import Reranker
-
-IntentMode = Literal["llm", "rules"]
-
 
 def _not_an_adapter(path: Path, exc: Exception) -> InputError:
     """The one-line error for an adapter file that safetensors (or its metadata's JSON) cannot read."""
@@ -52,6 +46,8 @@ def read_adapter_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         state, metadata = load_adapter(path)
     except (SafetensorError, OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _not_an_adapter(path, exc) from None
+    except RecursionError:
+        raise InputError(str(path), "its qgmem metadata is not readable JSON: nested too deeply") from None
     if not isinstance(metadata, dict):
         raise InputError(str(path), "its qgmem metadata is not a JSON object")
     return state, metadata
@@ -76,6 +72,7 @@ def load_exported_module(
     state, metadata = read_adapter_file(adapter)
     graph_keys = {k for k in expected if not k.startswith("llm.")}
     check_compatible(metadata, model.checkpoint_metadata(), set(state), graph_keys, str(adapter))
+    check_shapes(state, expected, adapter)
     model.load_state_dict(state, strict=False)
     lora_expected = {k for k in expected if k.startswith("llm.")}
     if bool(export.lora_adapter) != bool(lora_expected):
@@ -87,9 +84,16 @@ def load_exported_module(
     return model
 
 
+def check_shapes(found: Mapping[str, Any], expected: Mapping[str, Any], path: Path) -> None:
+    """Refuse an adapter tensor whose shape differs from the module's parameter of the same name."""
+    for name, tensor in found.items():
+        if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
+            raise InputError(f"{path}: {name}", f"has shape {list(tensor.shape)}, but the module's parameter is {list(expected[name].shape)}")
+
+
 def _load_lora(model: GraphAugmentedLM, path: Path) -> None:
-    """Load peft-format LoRA weights into the module's LoRA-wrapped LLM; any missing or extra tensor is refused."""
-    from peft import set_peft_model_state_dict
+    """Load peft-format LoRA weights into the module's LoRA-wrapped LLM; any missing, extra or misshapen tensor is refused."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -97,39 +101,15 @@ def _load_lora(model: GraphAugmentedLM, path: Path) -> None:
         weights = load_file(str(path))
     except (SafetensorError, OSError) as exc:
         raise _not_an_adapter(path, exc) from None
+    check_shapes(weights, get_peft_model_state_dict(model.llm), path)
     result = set_peft_model_state_dict(model.llm, weights)
     missing = [k for k in result.missing_keys if "lora_" in k]
     if result.unexpected_keys or missing:
         raise InputError(str(path), f"LoRA parameters differ: unexpected {sorted(result.unexpected_keys)[:3]}, missing {sorted(missing)[:3]}")
 
 
-class QGMemPredictor:
-    """An exported (or in-memory) QGMem model with its frozen retrieval stack, ready to build memory and answer."""
-
-    def __init__(
-        self,
-        model: GraphAugmentedLM | None,
-        pipeline: PipelineConfig,
-        *,
-        llm: ChatLLM,
-        embedder: Embedder,
-        reranker: Reranker | None,
-        intent: IntentMode = "llm",
-    ) -> None:
-        """Prefer :meth:`from_pretrained` or :meth:`from_module`; ``model`` is ``None`` on the text path."""
-        if intent not in ("llm", "rules"):
-            raise InputError("intent", f"unknown intent parser {intent!r} (llm, rules)")
-        self.model = model
-        self.pipeline = pipeline
-        self.llm = llm
-        self.embedder = embedder
-        self.reranker = reranker
-        self.intent = intent
-
-    @property
-    def path(self) -> Literal["graph", "text"]:
-        """``graph`` when a local module answers, ``text`` for an API backbone."""
-        return "graph" if self.model is not None else "text"
+class QGMemPredictor(Predictor):
+    """An exported (or in-memory) QGMem model with its frozen retrieval stack: load one, then open memories on it."""
 
     @classmethod
     def from_pretrained(
@@ -144,6 +124,7 @@ class QGMemPredictor:
         allow_insecure_http: bool = False,
         intent: IntentMode = "llm",
         max_new_tokens: int | None = None,
+        max_question_chars: int = MAX_QUESTION_CHARS,
     ) -> QGMemPredictor:
         """Load an export folder or Hub repo after verifying its checksums and config.
 
@@ -167,6 +148,7 @@ class QGMemPredictor:
             intent: query-intent parser: the paper's LLM prompt, or rules without an LLM.
             max_new_tokens: graph-path answer budget (default: the exported module's; the text path uses
                 ``generation.max_new_tokens``).
+            max_question_chars: longest question ``ask`` takes (characters); a longer one is refused.
         """
         export = read_export(locate_export(dir_or_repo_id, revision=revision))
         caller = dict(models or {})
@@ -187,15 +169,17 @@ class QGMemPredictor:
             llm = build_llm(pipeline)
             embedder = build_embedder(pipeline)
             reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
-            return cls(None, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent)
+            return cls(None, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent, max_question_chars=max_question_chars)
         base = {key: caller[key] for key in ("llm", "llm_revision") if key in caller}
         model = load_exported_module(export, cache_dir=cache_dir, device=device, trust_remote_code=trusted and "llm" in caller, base_model=base)
         if max_new_tokens is not None:
             model.hparams.max_new_tokens = max_new_tokens
-        return cls.from_module(model, pipeline, intent=intent)
+        return cls.from_module(model, pipeline, intent=intent, max_question_chars=max_question_chars)
 
     @classmethod
-    def from_module(cls, model: GraphAugmentedLM, pipeline: PipelineConfig, *, intent: IntentMode = "llm") -> QGMemPredictor:
+    def from_module(
+        cls, model: GraphAugmentedLM, pipeline: PipelineConfig, *, intent: IntentMode = "llm", max_question_chars: int = MAX_QUESTION_CHARS
+    ) -> QGMemPredictor:
         """A predictor around a module in memory; its LLM (adapters off) also serves intents, reranking and construction."""
         from qgmem_train.llm.factory import build_embedder
         from qgmem_train.llm.local import TransformersLLM
@@ -211,22 +195,13 @@ class QGMemPredictor:
             raise InputError("pipeline.models.embedder", f"{embedder.model_id} is {embedder.dim}-d; the model's graph features are {model.hparams.feature_dim}-d")
         model.eval()
         reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
-        return cls(model, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent)
-
-    @contextlib.contextmanager
-    def frozen_pipeline(self) -> Iterator[None]:
-        """LoRA adapters off while the shared LLM parses intents, reranks or builds memory (the pipeline is frozen)."""
-        disable = getattr(self.model.llm, "disable_adapter", None) if self.model is not None else None
-        with disable() if disable is not None else contextlib.nullcontext():
-            yield
+        return cls(model, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent, max_question_chars=max_question_chars)
 
     def memory(self, namespace: str, store_dir: str | Path) -> PredictorMemory:
         """A handle on ``namespace`` of the persistent store in ``store_dir`` (created when missing)."""
         from qgmem_train.memory.store import MemoryStore
 
-        if not namespace or not namespace.strip():
-            raise InputError("namespace", "empty namespace")
-        return PredictorMemory(self, namespace, MemoryStore.open(store_dir, create=True))
+        return PredictorMemory(self, checked_text(namespace, "namespace"), MemoryStore.open(store_dir, create=True))
 
 
 def ask_with_model(
