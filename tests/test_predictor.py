@@ -7,7 +7,9 @@ and citations, and the tiny random decoder stands in where the test is about the
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
@@ -205,3 +207,24 @@ def test_a_missing_folder_or_an_unreachable_hub_repo_is_one_clear_error(tmp_path
     with pytest.raises(ModelUnavailableError, match="export 'me/not-cached' unavailable") as failure:
         QGMemPredictor.from_pretrained("me/not-cached")
     assert "\n" not in str(failure.value)
+
+
+def test_the_predictor_package_reads_top_down() -> None:
+    """No module of qgmem_train.predictor imports one that imports it back (type-checking imports included)."""
+    import qgmem_train.predictor as package
+
+    folder = Path(package.__file__).parent
+    imports = {
+        path.stem: {
+            node.module.rpartition(".")[2]
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("qgmem_train.predictor.")
+        }
+        for path in folder.glob("*.py")
+        if path.stem != "__init__"
+    }
+
+    def reaches(start: str, goal: str, seen: frozenset[str] = frozenset()) -> bool:
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in imports.get(start, ()))
+
+    assert [name for name in imports if reaches(name, name)] == []

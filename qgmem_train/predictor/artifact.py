@@ -4,8 +4,10 @@ An export (a folder, or a Hub repo anyone can write to, checksum file included) 
 base model, module hyperparameters, adapter files and pipeline settings. It never decides what code runs,
 which server is called or which secret is sent: a config.json that sets :data:`CALLER_MODELS` or
 :data:`CALLER_MODULE` to anything but the default is refused, and those settings come only from the
-caller. Every file of the folder must be listed by a plain file name in the checksum file and match it.
-A trained cross-encoder travels as flat ``reranker.*`` files and is loaded only after that check.
+caller. The models it names are Hub repo ids or bundled ``pkg:`` models, never a path on the loading machine.
+Every file of the folder must be listed by a plain file name of one of the exporter's file types in the
+checksum file, be no link out of the folder, and match it. A trained cross-encoder travels as flat
+``reranker.*`` files and is written to the cache from the bytes that were verified.
 
 This module also defines the export format (file names, checksum file) that ``python -m export`` writes.
 """

@@ -58,8 +58,8 @@ def load_exported_module(
 ) -> GraphAugmentedLM:
     """Build the module on ``device`` from the exported hyperparameters and load exactly its adapter (and LoRA) parameters.
 
-    ``base_model`` (``llm``, ``llm_revision``) is the caller's choice of base model over the exported one; the
-    adapter's metadata check still refuses any other backbone than the one it was trained on.
+    ``base_model`` (``llm``, ``llm_revision``) is the caller's naming of the base model over the exported one;
+    the adapter's metadata check still refuses any other backbone than the one it was trained on.
     """
     from qgmem_train.model.checkpoint import check_compatible, trainable_state_dict
     from qgmem_train.model.module import GraphAugmentedLM
@@ -140,7 +140,8 @@ class QGMemPredictor(Predictor):
             device: torch device of local models (auto: cuda when available).
             models: the caller's ``pipeline.models`` settings over the exported ones, e.g. ``{"backend": "openai",
                 "base_url": ..., "api_key_env": ...}`` to answer through an API backbone on the text path. Only here
-                may a model be a local path; ``llm`` also replaces the module's base model (the same backbone).
+                may a model be a local path. ``llm`` (and ``llm_revision``) name the module's base model too: it must be
+                the backbone the adapter was trained on, and naming it lets ``trust_remote_code`` reach it.
             trust_remote_code: let the models the caller names in ``models`` (``llm``, ``embedder``, ``reranker_model``)
                 run their repositories' own Python code; it never extends to a model the export names.
             allow_insecure_http: allow a plain-http ``base_url`` to a host other than this machine (the API key
