@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, type=Path, help="the fit YAML it was trained with (its pipeline: section is exported)")
     parser.add_argument("--out", required=True, type=Path, help="export folder to write (an earlier export there is replaced)")
     parser.add_argument("--eval-report", type=Path, help="metrics.json of an evaluation, shown in the model card")
+    parser.add_argument("--llm-id", help="public name (Hub repo id) of a base model the fit config names by a local path")
+    parser.add_argument("--embedder-id", help="public name (Hub repo id) of an embedder the fit config names by a local path")
     parser.add_argument("--push", metavar="REPO_ID", help="Hugging Face Hub model repo to upload the folder to (owner/name)")
     parser.add_argument("--private", action="store_true", help="create the Hub repo as private")
     parser.add_argument("--revision", help="branch to push to (created when missing; default: main)")
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError("--push", f"{args.push!r} is not a repo id of the form owner/name")
         from export.package import export_model
 
-        out = export_model(args.checkpoint, args.config, args.out, eval_report=args.eval_report, repo_id=args.push)
+        out = export_model(args.checkpoint, args.config, args.out, eval_report=args.eval_report, repo_id=args.push,
+                           names={"llm": args.llm_id, "embedder": args.embedder_id})  # fmt: skip
         print(f"exported to {out}")
         if args.dry_run:
             target = f"; would upload it to {args.push} ({'private' if args.private else 'public'}, revision {args.revision or 'main'})" if args.push else ""

@@ -11,6 +11,7 @@ choose). It is written beside the target, fsync'd, and swapped in atomically
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import logging
@@ -40,7 +41,9 @@ from qgmem_train.predictor.artifact import (
     LORA_WEIGHTS_FILE,
     PROMPTS_FILE,
     RERANKER_PREFIX,
+    TEXT_FILE_TYPES,
     file_sha256,
+    is_public_reference,
     portable_models,
     portable_module,
 )
@@ -49,7 +52,6 @@ from qgmem_train.retrieval.rerank import names_missing_folder
 log = logging.getLogger(__name__)
 GRAPH_PREFIXES = ("encoder.", "projector.")
 """State-dict prefixes of the graph adapter; every other trainable parameter is LoRA inside ``llm.``."""
-TEXT_SUFFIXES = (".md", ".txt")
 LIBRARIES = ("qgmem", "torch", "lightning", "transformers", "peft", "torch_geometric", "sentence-transformers")
 
 
@@ -266,12 +268,40 @@ def _reads_as_named(path: Path) -> bool:
         if path.suffix == ".json":
             json.loads(path.read_text(encoding="utf-8"))
             return True
-        if path.suffix in TEXT_SUFFIXES:
+        if path.suffix in TEXT_FILE_TYPES:
             path.read_text(encoding="utf-8")
             return True
     except Exception:  # safetensors raises its own error type; any failure means the file is not what it claims
         return False
     return False
+
+
+def public_models(cfg: PipelineConfig, hparams: Mapping[str, Any], names: Mapping[str, str], config_path: Path) -> dict[str, str]:
+    """``{"llm": ..., "embedder": ...}`` as the export records them: the Hub id or ``pkg:`` reference, never a local path.
+
+    A model known here only by a local path needs its public name in ``names`` (``--llm-id``, ``--embedder-id``);
+    the loader checks that the model it finds under that name is the trained one (backbone fingerprint).
+    """
+    public = {}
+    for role, ref in (("llm", hparams["llm"]), ("embedder", cfg.models.embedder)):
+        name = names.get(role) or ref
+        if not is_public_reference(name):
+            where = f"--{role}-id" if names.get(role) else f"{config_path}: pipeline.models.{role}"
+            raise InputError(where, f"{name!r} is a local path (or no public model name): an export names a Hub repo id or a bundled pkg: model; pass its public name with --{role}-id")
+        public[role] = name
+    return public
+
+
+def rename_base_model(metadata: Mapping[str, Any], llm: str) -> dict[str, Any]:
+    """The adapter metadata with the base model recorded under its public name ``llm`` (its config hash recomputed)."""
+    settings = {**metadata.get("settings", {}), "llm": llm}
+    return {**metadata, "base_model": llm, "settings": settings, "config_hash": config_hash(settings)}
+
+
+def name_lora_base_model(folder: Path, llm: str) -> None:
+    """Record the base model's public name in peft's ``adapter_config.json``."""
+    path = folder / LORA_CONFIG_FILE
+    write_json(path, {**json.loads(path.read_text(encoding="utf-8")), "base_model_name_or_path": llm})
 
 
 def read_eval_report(path: str | os.PathLike | None) -> dict[str, Any] | None:
@@ -306,8 +336,13 @@ def export_model(
     *,
     eval_report: str | os.PathLike | None = None,
     repo_id: str | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> Path:
-    """Write the export folder ``out`` from a checkpoint and the fit YAML it was trained with; return ``out``."""
+    """Write the export folder ``out`` from a checkpoint and the fit YAML it was trained with; return ``out``.
+
+    ``names`` gives the public name (Hub id or ``pkg:``) of a base model or embedder (``llm``, ``embedder``)
+    known here only by a local path; see :func:`public_models`.
+    """
     from export.model_card import render_model_card
 
     config_path, out = Path(config_path), Path(out).expanduser().resolve()
@@ -318,16 +353,21 @@ def export_model(
     check_pipeline_matches(cfg, hparams, checkpoint.get("datamodule_hyper_parameters") or {}, config_path)
     graph_state, lora_state = check_checkpoint(checkpoint, hparams, where)
     metrics = read_eval_report(eval_report)
+    public = public_models(cfg, hparams, names or {}, config_path)
+    public_hparams = {**hparams, "llm": public["llm"]}
+    public_checkpoint = {**checkpoint, METADATA_KEY: rename_base_model(checkpoint[METADATA_KEY], public["llm"])}
+    public_cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, **public))
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_adapter(graph_state, checkpoint[METADATA_KEY], staging)
+        save_adapter(graph_state, public_checkpoint[METADATA_KEY], staging)
         if lora_state:
             save_lora(checkpoint, hparams, staging)
+            name_lora_base_model(staging, public["llm"])
         sources = training_sources((checkpoint.get("datamodule_hyper_parameters") or {}).get("path"))
         reranker = bundle_reranker(cfg, staging)
-        config = export_config(cfg, hparams, checkpoint, bool(lora_state), sources, reranker)
+        config = export_config(public_cfg, public_hparams, public_checkpoint, bool(lora_state), sources, reranker)
         write_json(staging / CONFIG_FILE, config)
         write_json(staging / PROMPTS_FILE, prompts_record())
         (staging / CARD_FILE).write_text(render_model_card(config, metrics, repo_id), encoding="utf-8")

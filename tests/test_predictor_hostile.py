@@ -1,13 +1,40 @@
-"""Hostile exports: an export (a Hub repo) never decides what code runs or where secrets go, and hides no file.
+"""Hostile exports and inputs: an export (a Hub repo) decides no code, server, secret or file beyond its own; bad input is one line.
 
 The attacker controls every byte of the folder, the checksum file included, so each case rewrites
 ``sha256sums.txt`` to match its edits. The base export is a tiny random decoder with LoRA, trained
-for one step and exported by ``export.package``; a loopback HTTP server records whatever reaches it.
+for one step and exported by ``export.package`` under a Hub id that this session's own Hugging Face
+cache holds (built once per module); a loopback HTTP server records whatever reaches it.
+
+The attacks, each refused (or one line, exit 2 in the CLI):
+
+- config.json turns on repository code (``module.trust_remote_code``, ``pipeline.models.trust_remote_code``),
+  or chooses the backend, server or key variable;
+- it names a model the loader would find on this disk or import: an absolute, ``~``, relative or
+  Hub-id-shaped local path (embedder, base model, reranker), ``pkg:<name>.<sub>`` (importing ``<name>`` runs
+  its code), ``pkg:`` of a package that is not a bundled model;
+- it names a repo with its own code (base model or embedder) while the caller passes ``trust_remote_code``
+  for the models the caller names;
+- checksums that leave a file out, list a file in a subfolder, or name an adapter outside the folder;
+- a listed file that is not one of the exporter's types (``reranker.modeling_evil.py``, ``reranker.``,
+  ``reranker..``, ``reranker..json``, ``notes.pkl``); a verified bundled reranker file swapped right after the check;
+- a listed file that is a symlink out of the folder or a hard link (the Hub cache's own layout still loads);
+- a replaced graph in the ONNX cache;
+- malformed config.json (bad JSON or UTF-8, wrong types, unknown settings), or config.json or adapter
+  metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape;
+- a damaged SQLite page in the store; a base model whose chat template Jinja's sandbox refuses; a ``--model``
+  folder or path that does not exist; a 1 MB question (CLI and Python); a JSONL record nested 100k deep;
+- Python API misuse: lone surrogates in a namespace or turn text, ``turns=None``, a non-string
+  ``session_id``, ``ask(None)``;
+- ``ask`` without ``--namespace`` listing the store's other namespaces; an export recording a local path
+  for its base model; tokens in ``;token=`` or ``#access_token=`` of a URL in a log line; a config sending
+  the API key over plain http to another machine (one warning);
+- a checksum file ``sha256sum -c`` accepts (uppercase hex, ``*`` marker, comment, blank line) must load.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import threading
@@ -23,13 +50,14 @@ import pytest
 import yaml
 
 from qgmem_train.__main__ import main
-from qgmem_train.config import PipelineConfig
+from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
 from qgmem_train.errors import InputError
+from qgmem_train.llm.resolver import resolve_model_dir
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.predictor import CHECKSUM_FILE, CONFIG_FILE, QGMemPredictor, file_sha256
 from tests.fakes import ScriptedLLM
-from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import FIXTURE, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
 
 SESSION = [
     {"speaker": "Caroline", "text": "I went to the LGBTQ support group yesterday and it was so powerful."},
@@ -71,7 +99,7 @@ def clean_export(tmp_path_factory) -> Path:
     trainer.save_checkpoint(root / "tiny.ckpt")
     pipeline = {"models": {"llm": str(llm_dir), "reranker": "none", "device": "cpu"}, "construction": {"units": "turns", "traces": False}, "retrieval": {"k": 3}}
     (root / "fit.yaml").write_text(yaml.safe_dump({"pipeline": pipeline}))
-    return export_model(root / "tiny.ckpt", root / "fit.yaml", root / "model")
+    return export_model(root / "tiny.ckpt", root / "fit.yaml", root / "model", names={"llm": publish_to_hub_cache(llm_dir)})
 
 
 def _write_sums(folder: Path, names: list[str] | None = None) -> None:
@@ -92,13 +120,17 @@ def _hostile(clean: Path, target: Path, edit: Callable[[dict[str, Any]], None] |
     return folder
 
 
+def _base_model_folder(clean: Path) -> Path:
+    """The local snapshot of the export's base model (a Hub id in this session's cache)."""
+    return resolve_model_dir(json.loads((clean / CONFIG_FILE).read_text())["module"]["llm"])
+
+
 def _model_with_repository_code(clean: Path, root: Path, marker: Path) -> Path:
     """A copy of the export's base model whose config maps the Auto classes to its own ``evil.py``, which writes ``marker``.
 
     The folder name is new each time: transformers imports a repository's code once per module name.
     """
-    base = Path(json.loads((clean / CONFIG_FILE).read_text())["module"]["llm"])
-    folder = Path(shutil.copytree(base, root / f"remote_code_{uuid.uuid4().hex[:8]}"))
+    folder = Path(shutil.copytree(_base_model_folder(clean), root / f"remote_code_{uuid.uuid4().hex[:8]}"))
     config = json.loads((folder / "config.json").read_text())
     config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel", "AutoModelForCausalLM": "evil.EvilModel"}
     (folder / "config.json").write_text(json.dumps(config))
@@ -162,16 +194,65 @@ def test_an_export_cannot_turn_on_repository_code(clean_export, tmp_path, settin
     assert not marker.exists()
 
 
-def test_a_base_models_repository_code_runs_only_when_the_caller_trusts_it(clean_export, tmp_path) -> None:
+@pytest.mark.parametrize("field", ["module.llm", "pipeline.models.embedder"])
+def test_the_callers_trust_never_extends_to_a_model_the_export_names(clean_export, tmp_path, field) -> None:
     marker = tmp_path / "marker"
-    evil = str(_model_with_repository_code(clean_export, tmp_path, marker))
-    folder = _hostile(clean_export, tmp_path / "export", lambda config: config["module"].update(llm=evil))
-    with pytest.raises(InputError, match="made for a backbone with another config"):
-        QGMemPredictor.from_pretrained(folder, intent="rules")
-    assert not marker.exists()
-    with pytest.raises(InputError, match="made for a backbone with another config"):
-        QGMemPredictor.from_pretrained(folder, intent="rules", trust_remote_code=True)
+    evil = publish_to_hub_cache(_model_with_repository_code(clean_export, tmp_path, marker))
+    section, key = ("module", "llm") if field == "module.llm" else ("pipeline", "embedder")
+    folder = _hostile(clean_export, tmp_path / "export", lambda c: (c["pipeline"]["models"] if section == "pipeline" else c["module"]).update({key: evil}))
+    for trusted in (False, True):
+        with pytest.raises(InputError, match="made for a backbone with another config|is 64-d"):
+            QGMemPredictor.from_pretrained(folder, intent="rules", trust_remote_code=trusted)
+        assert not marker.exists()
+    with pytest.raises(InputError, match="made for a backbone with another config|is 64-d"):
+        QGMemPredictor.from_pretrained(folder, intent="rules", trust_remote_code=True, models={key: evil})
     assert marker.read_text() == "repository code ran"
+
+
+def _package_that_marks_its_import(root: Path, marker: Path) -> str:
+    """An importable package on ``sys.path`` (with a ``models`` subpackage) whose import writes ``marker``; its name."""
+    name = f"evil_{uuid.uuid4().hex[:8]}"
+    (root / name / "models").mkdir(parents=True)
+    (root / name / "__init__.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n")
+    (root / name / "models" / "__init__.py").write_text("")
+    return name
+
+
+REFERENCES: dict[str, tuple[str, Callable[[SimpleNamespace], str]]] = {
+    "an absolute path": ("pipeline.models.embedder", lambda ctx: str(ctx.embedder)),
+    "a home path": ("pipeline.models.embedder", lambda ctx: "~/embedder"),
+    "a relative path": ("pipeline.models.embedder", lambda ctx: "../work/home/embedder"),
+    "a Hub-id-shaped local folder": ("pipeline.models.embedder", lambda ctx: "home/embedder"),
+    "pkg: of a dotted name": ("pipeline.models.embedder", lambda ctx: f"pkg:{ctx.package}.models"),
+    "pkg: of another package": ("pipeline.models.embedder", lambda ctx: f"pkg:{ctx.package}"),
+    "a local base model": ("module.llm", lambda ctx: str(ctx.base)),
+    "a local reranker": ("pipeline.models.reranker_model", lambda ctx: str(ctx.embedder)),
+}
+"""Case → (the config.json field, the reference an export names there)."""
+
+
+@pytest.mark.parametrize("case", list(REFERENCES))
+def test_an_export_names_only_hub_ids_and_bundled_packages(clean_export, tmp_path, monkeypatch, case) -> None:
+    field, reference = REFERENCES[case]
+    marker = tmp_path / "marker"
+    home = tmp_path / "work" / "home"
+    embedder = Path(shutil.copytree(resolve_model_dir(BUNDLED_EMBEDDER), home / "embedder"))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ctx = SimpleNamespace(embedder=embedder, base=_base_model_folder(clean_export), package=_package_that_marks_its_import(tmp_path, marker))
+    ref = reference(ctx)
+
+    def edit(config: dict[str, Any]) -> None:
+        section, _, key = field.rpartition(".")
+        (config["module"] if section == "module" else config["pipeline"]["models"]).update({key: ref})
+        if key == "reranker_model":
+            config["pipeline"]["models"]["reranker"] = "cross"
+
+    folder = _hostile(clean_export, tmp_path / "export", edit)
+    with pytest.raises(InputError, match=re.escape(field)) as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu")
+    assert "\n" not in str(refusal.value) and not marker.exists()
 
 
 ENDPOINT_CASES: dict[str, Callable[[str], tuple[dict[str, Any], dict[str, Any] | None]]] = {
@@ -318,3 +399,318 @@ def test_ask_with_a_malformed_export_exits_2_with_one_line(clean_export, minilm,
     assert main(["ask", "--model", str(folder), "--store", str(tmp_path / "store"), "What did Melanie paint?"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "module.gnn_hidden" in err and "Traceback" not in err
+
+
+def _resave(path: Path, edit: Callable[[dict[str, Any], dict[str, str]], None]) -> None:
+    """Rewrite the safetensors file ``path`` after ``edit(tensors, metadata)``."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        metadata = dict(handle.metadata() or {})
+    edit(tensors, metadata)
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def _misshapen(file: str) -> Callable[[Path], None]:
+    def tamper(folder: Path) -> None:
+        def grow(tensors: dict[str, Any], metadata: dict[str, str]) -> None:
+            import torch
+
+            name = sorted(tensors)[0]
+            tensors[name] = torch.zeros(*(n + 1 for n in tensors[name].shape))
+
+        _resave(folder / file, grow)
+
+    return tamper
+
+
+def _deep_metadata(folder: Path) -> None:
+    _resave(folder / "graph_adapter.safetensors", lambda tensors, metadata: metadata.update(qgmem="[" * 100_000 + "]" * 100_000))
+
+
+ADAPTER_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "config.json nested 100k deep": (_raw('{"a": ' * 100_000 + "1" + "}" * 100_000), "config.json: not readable JSON: nested too deeply"),
+    "adapter metadata nested 100k deep": (_deep_metadata, "graph_adapter.safetensors: its qgmem metadata is not readable JSON"),
+    "a graph adapter tensor of the wrong shape": (_misshapen("graph_adapter.safetensors"), "graph_adapter.safetensors: encoder."),
+    "a LoRA tensor of the wrong shape": (_misshapen("adapter_model.safetensors"), "adapter_model.safetensors: base_model."),
+}
+
+
+@pytest.mark.parametrize("case", list(ADAPTER_CASES))
+def test_a_hostile_config_or_adapter_is_one_line(clean_export, tmp_path, case) -> None:
+    tamper, message = ADAPTER_CASES[case]
+    folder = _hostile(clean_export, tmp_path / "export")
+    tamper(folder)
+    _write_sums(folder)
+    with pytest.raises(InputError, match=re.escape(message)) as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu")
+    assert "\n" not in str(refusal.value)
+
+
+@pytest.fixture(scope="module")
+def loaded(clean_export) -> QGMemPredictor:
+    """The clean export, loaded once for the cases that misuse the Python API."""
+    return QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu")
+
+
+MISUSE: dict[str, tuple[Callable[[QGMemPredictor, Path], Any], str]] = {
+    "a lone surrogate in the namespace": (lambda p, store: p.memory("al\ud800ice", store), "namespace: not valid text"),
+    "a lone surrogate in a turn's text": (lambda p, store: p.memory("alice", store).add_session([{"speaker": "A", "text": "hi \udc00"}]), "turn 1.text: not valid text"),
+    "turns=None": (lambda p, store: p.memory("alice", store).add_session(None), "turns: expected a list of turns"),  # type: ignore[arg-type]
+    "a session_id that is not a string": (lambda p, store: p.memory("alice", store).add_session(SESSION, session_id=7), "session_id: expected a string"),  # type: ignore[arg-type]
+    "ask(None)": (lambda p, store: p.memory("alice", store).ask(None), "question: expected a string"),  # type: ignore[arg-type]
+    "a 1 MB question": (lambda p, store: p.memory("alice", store).ask("What did Melanie paint? " * 45_000), "more than the 4000 a question may have"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISUSE))
+def test_python_api_misuse_is_an_input_error_naming_the_field(loaded, tmp_path, case) -> None:
+    misuse, message = MISUSE[case]
+    with loaded.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION, session_id="S1")
+    with pytest.raises(InputError, match=re.escape(message)):
+        misuse(loaded, tmp_path / "store")
+
+
+def test_the_question_bound_is_the_callers_to_set(clean_export, tmp_path) -> None:
+    predictor = QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu", max_question_chars=30)
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION, session_id="S1")
+        assert memory.ask("What did Melanie paint?").units
+        with pytest.raises(InputError, match="question: 34 characters, more than the 30"):
+            memory.ask("What did Melanie paint last week??")
+
+
+def _store(tmp_path: Path, minilm) -> Path:
+    """A store with one session for ``alice``, built without an LLM."""
+    cfg = PipelineConfig()
+    cfg.construction.units, cfg.construction.traces = "turns", False
+    with QGMemPredictor(None, cfg, llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules").memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION)
+    return tmp_path / "store"
+
+
+def _damage_last_page(store: Path) -> None:
+    from qgmem_train.memory.store_file import PAGE_SIZE
+
+    file = store / "memory.sqlite"
+    data = bytearray(file.read_bytes())
+    start = len(data) - PAGE_SIZE
+    data[start : start + 64] = b"\xa5" * 64
+    file.write_bytes(bytes(data))
+
+
+def _chat_template_the_sandbox_refuses(clean: Path, tmp_path: Path) -> Path:
+    """The clean export over a copy of its base model whose chat template reads ``__class__``, adapter metadata forged to match."""
+    from export.package import rename_base_model
+    from qgmem_train.model.backbone import describe_backbone
+
+    base = Path(shutil.copytree(_base_model_folder(clean), tmp_path / "sandboxed"))
+    (base / "chat_template.jinja").write_text("{{ messages[0]['content'].__class__.__mro__ }}")
+    evil = publish_to_hub_cache(base)
+    folder = _hostile(clean, tmp_path / "export", lambda c: c["module"].update(llm=evil))
+    fingerprint = describe_backbone(evil, None, None, False).fingerprint
+
+    def forge(tensors: dict[str, Any], metadata: dict[str, str]) -> None:
+        metadata["qgmem"] = json.dumps({**rename_base_model(json.loads(metadata["qgmem"]), evil), "backbone": fingerprint})
+
+    _resave(folder / "graph_adapter.safetensors", forge)
+    _write_sums(folder)
+    return folder
+
+
+QUESTION = "What did Melanie paint?"
+CLI_CASES: dict[str, tuple[Callable[[Path, Path, Path], tuple[str, str]], str]] = {
+    "a damaged SQLite page": (lambda clean, store, tmp: (_damage_last_page(store), (str(clean), QUESTION))[1], "the store is damaged"),
+    "a chat template the sandbox refuses": (lambda clean, store, tmp: (str(_chat_template_the_sandbox_refuses(clean, tmp)), QUESTION), "chat_template: the sandbox refuses"),
+    "a --model folder that does not exist": (lambda clean, store, tmp: ("exports/missing", QUESTION), "no such folder 'exports/missing'"),
+    "a --model path that does not exist": (lambda clean, store, tmp: (str(tmp / "missing"), QUESTION), "missing: no such folder"),
+    "a 1 MB question": (lambda clean, store, tmp: (str(clean), "x" * 1_000_000), "more than the 4000 a question may have"),
+}
+"""Case → (``--model`` and the question, given the clean export, the store and a scratch folder; what the one line says)."""
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_a_hostile_input_to_ask_exits_2_with_one_line(clean_export, minilm, tmp_path, monkeypatch, capsys, case) -> None:
+    arguments, message = CLI_CASES[case]
+    store = _store(tmp_path, minilm)
+    monkeypatch.chdir(tmp_path)
+    model, question = arguments(clean_export, store, tmp_path)
+    capsys.readouterr()
+    assert main(["ask", "--intent", "rules", "--store", str(store), "--model", model, question]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_a_jsonl_record_nested_100k_deep_is_one_line(tmp_path, capsys) -> None:
+    deep = tmp_path / "chats.jsonl"
+    deep.write_text('{"id": "c1", "sessions": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    assert main(["build", "--dataset", "jsonl", "--input", str(deep), "--store", str(tmp_path / "store"), "--units", "turns"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "chats.jsonl: line 1: not readable JSON: nested too deeply" in err
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory) -> Path:
+    """A CrossEncoder folder as fit-reranker writes it: the bundled MiniLM's first layer with a fresh scoring head (seeded)."""
+    import torch
+
+    from qgmem_train.reranker.module import load_cross_encoder, save_cross_encoder
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("reranker") / "model"
+    save_cross_encoder(load_cross_encoder(BUNDLED_EMBEDDER, max_length=64, num_layers=1), folder)
+    return folder
+
+
+def _bundle(folder: Path, cross_encoder: Path, extra: dict[str, bytes] | None = None) -> Path:
+    """The export with ``cross_encoder`` bundled as the exporter bundles it (flat ``reranker.*`` files), plus ``extra`` files."""
+    for path in cross_encoder.iterdir():
+        shutil.copyfile(path, folder / f"reranker.{path.name}")
+    for name, data in (extra or {}).items():
+        (folder / name).write_bytes(data)
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    config["reranker"] = {"kind": "cross", "model": None, "bundled": True}
+    config["pipeline"]["models"].update(reranker="cross", reranker_model=None)
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+    _write_sums(folder)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["reranker.modeling_evil.py", "reranker.", "reranker..", "reranker..json", "notes.pkl"])
+def test_a_bundled_file_must_be_one_of_the_exporters_types(clean_export, cross_encoder, tmp_path, name) -> None:
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder, {name: b"import os\n"})
+    with pytest.raises(InputError, match=re.escape(f"{name!r} is not a file the exporter writes")) as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
+    assert "\n" not in str(refusal.value) and not (tmp_path / "cache").exists()
+
+
+def test_the_bundled_reranker_is_written_from_the_bytes_that_were_verified(clean_export, cross_encoder, tmp_path, monkeypatch) -> None:
+    """An attacker who swaps a verified file (and its checksum line) right after the check does not get it loaded."""
+    from qgmem_train.predictor import loading
+
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder)
+    original = (folder / "reranker.config.json").read_bytes()
+    verify = loading.read_export
+
+    def swapped_after_the_check(path: Path):
+        export = verify(path)
+        (folder / "reranker.config.json").write_text(json.dumps({**json.loads(original), "swapped": True}))
+        _write_sums(folder)
+        return export
+
+    monkeypatch.setattr(loading, "read_export", swapped_after_the_check)
+    predictor = QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
+    [cached] = (tmp_path / "cache" / "rerankers").iterdir()
+    assert (cached / "config.json").read_bytes() == original and predictor.reranker is not None
+
+
+def _link_outside(kind: str) -> Callable[[Path, Path], None]:
+    def tamper(folder: Path, outside: Path) -> None:
+        target = outside / "adapter_model.safetensors"
+        shutil.move(folder / "adapter_model.safetensors", target)
+        (os.symlink if kind == "symlink" else os.link)(target, folder / "adapter_model.safetensors")
+
+    return tamper
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link"])
+def test_a_listed_file_linked_from_outside_the_folder_is_refused(clean_export, tmp_path, kind) -> None:
+    folder = _hostile(clean_export, tmp_path / "export")
+    (tmp_path / "outside").mkdir()
+    _link_outside(kind)(folder, tmp_path / "outside")
+    with pytest.raises(InputError, match="adapter_model.safetensors: a (link to .*, outside the export folder|hard link)"):
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu")
+
+
+def test_an_export_in_the_hub_cache_layout_still_loads(clean_export) -> None:
+    """The Hub cache's snapshot files are links into the same repo's blobs/: that layout is the one exception."""
+    repo_id = publish_to_hub_cache(clean_export)
+    predictor = QGMemPredictor.from_pretrained(repo_id, intent="rules", device="cpu")
+    assert predictor.path == "graph"
+
+
+def test_a_replaced_onnx_graph_in_the_cache_is_exported_again_not_run(clean_export, cross_encoder, tmp_path) -> None:
+    import numpy as np
+    import onnx
+
+    from qgmem_train.retrieval.rerank import CrossEncoderReranker
+
+    models = {"reranker": "cross", "reranker_model": str(cross_encoder), "reranker_runtime": "onnxruntime"}
+    pairs = ["Melanie painted a sunrise over the lake.", "Caroline went to a support group."]
+    expected = CrossEncoderReranker(str(cross_encoder), device="cpu").score("What did Melanie paint?", pairs)
+    first = QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu", models=models, cache_dir=str(tmp_path / "cache"))
+    assert np.allclose(first.reranker.score("What did Melanie paint?", pairs), expected, atol=1e-4)
+    [graph] = (tmp_path / "cache" / "onnx").glob("*/model.onnx")
+    model = onnx.load(str(graph))
+    head = next(t for t in model.graph.initializer if t.name == "classifier.weight")
+    head.CopyFrom(onnx.numpy_helper.from_array(-3.0 * onnx.numpy_helper.to_array(head), head.name))
+    onnx.save(model, str(graph))
+    again = QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu", models=models, cache_dir=str(tmp_path / "cache"))
+    assert np.allclose(again.reranker.score("What did Melanie paint?", pairs), expected, atol=1e-4)
+
+
+def test_ask_without_a_namespace_names_no_namespace_of_the_store(clean_export, minilm, tmp_path, capsys) -> None:
+    cfg = PipelineConfig()
+    cfg.construction.units, cfg.construction.traces = "turns", False
+    predictor = QGMemPredictor(None, cfg, llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    for user in ("alice-private-id", "bob-private-id"):
+        with predictor.memory(user, tmp_path / "store") as memory:
+            memory.add_session(SESSION)
+    assert main(["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--model", str(clean_export), QUESTION]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 namespaces; pick one with --namespace" in err and "private-id" not in err
+
+
+def test_export_records_no_local_path_for_the_base_model(clean_export, tmp_path, capsys) -> None:
+    from export.__main__ import main as export_main
+
+    root = clean_export.parent
+    arguments = ["--checkpoint", str(root / "tiny.ckpt"), "--config", str(root / "fit.yaml"), "--out", str(tmp_path / "out"), "--dry-run"]
+    assert export_main(arguments) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pipeline.models.llm" in err and "--llm-id" in err and not (tmp_path / "out").exists()
+    assert export_main([*arguments, "--llm-id", "someone/tiny-qwen3"]) == 0
+    config = (tmp_path / "out" / CONFIG_FILE).read_text()
+    assert str(root) not in config and str(root) not in (tmp_path / "out" / "adapter_config.json").read_text()
+    exported = json.loads(config)
+    assert exported["module"]["llm"] == exported["base_model"]["id"] == "someone/tiny-qwen3"
+    assert exported["pipeline"]["models"]["llm"] == "someone/tiny-qwen3" and exported["pipeline"]["models"]["embedder"] == BUNDLED_EMBEDDER
+
+
+def test_a_checksum_file_is_read_as_sha256sum_reads_it(clean_export, tmp_path) -> None:
+    """Uppercase hex, a binary-mode ``*`` marker, a comment and a trailing blank line: ``sha256sum -c`` accepts all four."""
+    folder = _hostile(clean_export, tmp_path / "export")
+    lines = (folder / CHECKSUM_FILE).read_text().splitlines()
+    rewritten = ["# written by hand", lines[0][:64].upper() + lines[0][64:], lines[1][:64] + " *" + lines[1][66:], *lines[2:], ""]
+    (folder / CHECKSUM_FILE).write_text("\n".join(rewritten) + "\n")
+    assert QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu").path == "graph"
+
+
+@pytest.mark.parametrize(
+    "url, secret",
+    [
+        ("https://api.example.com/v1;token=s3cr3t-path/chat", "s3cr3t-path"),
+        ("https://api.example.com/v1#access_token=s3cr3t-fragment", "s3cr3t-fragment"),
+        ("https://user:s3cr3t-password@api.example.com/v1?key=s3cr3t-query", "s3cr3t-"),
+    ],
+)
+def test_redact_url_masks_every_place_a_url_carries_a_token(url, secret) -> None:
+    from qgmem_train.llm.http import redact_url
+
+    shown = redact_url(url)
+    assert secret not in shown and "api.example.com" in shown
+
+
+def test_the_cli_warns_once_when_a_config_sends_the_key_over_plain_http(tmp_path, monkeypatch, capsys, minilm) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    config = tmp_path / "api.yaml"
+    models = {"backend": "openai", "base_url": "http://192.0.2.7:9/v1", "api_key_env": SECRET_ENV, "reranker": "none", "timeout_s": 0.2, "max_retries": 0}
+    config.write_text(yaml.safe_dump({"pipeline": {"models": models, "construction": {"units": "turns", "traces": False}}}))
+    _store(tmp_path, minilm)
+    for _ in range(2):
+        main(["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--config", str(config), QUESTION])
+    err = capsys.readouterr().err
+    assert err.count("plain http to another machine") == 1 and SECRET not in err

@@ -16,7 +16,7 @@ import yaml
 from qgmem_train.config import load_pipeline_config
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
-from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import FIXTURE, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -86,7 +86,7 @@ def tiny_export(tiny_config) -> Path:
     trainer = L.Trainer(accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False, default_root_dir=root)
     trainer.fit(model, datamodule=data)
     trainer.save_checkpoint(root / "tiny.ckpt")
-    return export_model(root / "tiny.ckpt", tiny_config, root / "model")
+    return export_model(root / "tiny.ckpt", tiny_config, root / "model", names={"llm": publish_to_hub_cache(root / "tiny")})
 
 
 def own_chats_snippets() -> tuple[str, str]:

@@ -271,7 +271,7 @@ def test_onnxruntime_reranker_scores_as_torch_does_and_exports_once_into_the_cac
     int8_scores = build_reranker(cfg).score(example.question, documents)
     assert spearmanr(torch_scores, int8_scores).statistic > 0.9 and not np.allclose(int8_scores, torch_scores, atol=1e-4)
     exported = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
-    assert len(exported) == 2 and all(name.startswith("onnx/") and name.endswith("/model.onnx") for name in exported), exported
+    assert len(exported) == 4 and all(name.startswith("onnx/") and name.endswith(("/model.onnx", "/sha256.json")) for name in exported), exported
 
     def export_again(*args: object, **kwargs: object) -> None:
         raise AssertionError("exported again instead of reading the cache")

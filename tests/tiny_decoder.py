@@ -6,6 +6,9 @@ so tests of padding, masks, gradients, checkpoints and DDP exercise the real cod
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -49,6 +52,32 @@ def save_tiny_decoder(folder: Path, corpus: list[str], hidden_size: int = 64, se
     )
     Qwen3ForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def publish_to_hub_cache(folder: Path, owner: str = "qgmem-tests") -> str:
+    """Lay ``folder``'s files out in the Hugging Face cache as the Hub does; return the repo id it loads by offline.
+
+    Blobs named by their SHA-256, a snapshot of relative links into them and ``refs/main``, under
+    ``<owner>/<folder name>-<digest of the files>`` (a new id for new bytes, so repos never collide).
+    """
+    from huggingface_hub import constants
+
+    from qgmem_train.fileio import checksums_digest, file_sha256
+
+    sums = {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    repo_id = f"{owner}/{folder.name}-{checksums_digest(sums)[:12]}"
+    repo = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name, digest in sums.items():
+        shutil.copyfile(folder / name, repo / "blobs" / digest)
+        (snapshot / name).unlink(missing_ok=True)
+        (snapshot / name).symlink_to(os.path.relpath(repo / "blobs" / digest, snapshot))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return repo_id
 
 
 FIXTURE = Path(__file__).parent / "data" / "trajectories"

@@ -14,6 +14,23 @@ Message = dict[str, str]
 Chat = list[Message]
 
 
+def render_chat(tokenizer: Any, chat: Chat) -> str:
+    """``chat`` in the model's own chat template, ready for the assistant turn (Qwen3: thinking off).
+
+    The template runs in transformers' Jinja sandbox; one it refuses (or that fails) is the model's fault,
+    reported as one :class:`~qgmem_train.errors.InputError` naming the model's ``chat_template``.
+    """
+    from jinja2 import TemplateError
+
+    from qgmem_train.errors import InputError
+
+    try:
+        return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    except TemplateError as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{getattr(tokenizer, 'name_or_path', 'model')}: chat_template", f"the sandbox refuses to render it: {why}") from None
+
+
 class ChatLLM(ABC):
     """Chat in, text out; batched; yes/no relevance scoring; token counting."""
 

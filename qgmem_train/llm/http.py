@@ -10,11 +10,13 @@ expected JSON, or a deadline passed is one clear :class:`ModelUnavailableError`.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -81,6 +83,8 @@ class OpenAICompatibleLLM(ChatLLM):
         self.extra_body = dict(extra_body or {})
         key = os.environ.get(api_key_env, "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
+        if key:
+            warn_plain_http(self.base_url, api_key_env)
         self._client = httpx.Client(
             timeout=timeout_s, headers=headers, limits=httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
         )
@@ -231,11 +235,43 @@ def _error_text(response: httpx.Response) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` fit for errors and logs: user and password (``user:pass@``) and every query value masked."""
+    """``url`` fit for errors and logs: user and password (``user:pass@``), every query value, every ``;name=value``
+    path parameter's value and the fragment's values (``#access_token=``; a fragment without names whole) masked."""
     parts = urlsplit(url)
     netloc = f"***@{parts.netloc.rpartition('@')[2]}" if "@" in parts.netloc else parts.netloc
-    query = urlencode([(name, "***") for name, _ in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    path = re.sub(r";([^;/=]*)=[^;/]*", r";\1=***", parts.path)
+    query, fragment = (_masked_values(part) for part in (parts.query, parts.fragment))
+    return urlunsplit((parts.scheme, netloc, path, query, fragment))
+
+
+def _masked_values(part: str) -> str:
+    """A query string (or fragment) with every value masked; a non-empty one holding no ``name=value`` masked whole."""
+    if part and "=" not in part:
+        return "***"
+    return urlencode([(name, "***") for name, _ in parse_qsl(part, keep_blank_values=True)], safe="*")
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` is this machine: ``localhost`` or a loopback address."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_WARNED_HOSTS: set[str] = set()
+
+
+def warn_plain_http(base_url: str, api_key_env: str) -> None:
+    """One warning line per process and host when the API key would travel over plain http to another machine."""
+    parts = urlsplit(base_url)
+    host = parts.hostname or ""
+    if parts.scheme != "http" or is_loopback_host(host) or host in _WARNED_HOSTS:
+        return
+    _WARNED_HOSTS.add(host)
+    log.warning("warning: models.base_url %s is plain http to another machine: the API key in $%s travels unencrypted; use https", redact_url(base_url), api_key_env)
 
 
 def retry_after_s(value: str | None) -> float | None:

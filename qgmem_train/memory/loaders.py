@@ -7,14 +7,13 @@ The plain format is documented in ``docs/conversations.md``.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import InputError
-from qgmem_train.fileio import read_text
+from qgmem_train.fileio import parse_json, read_text
 from qgmem_train.memory.timeparse import parse_session_time
 from qgmem_train.memory.types import Conversation, Session, Turn
 
@@ -23,11 +22,7 @@ DATASETS = ("locomo", "beam", "convomem", "jsonl")
 
 def read_json(path: Path) -> Any:
     """Parse a JSON file; a missing, folder-valued, unreadable, non-UTF-8 or malformed file is an :class:`InputError`."""
-    text = read_text(path)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(str(path), f"not valid JSON: {exc}") from None
+    return parse_json(read_text(path), str(path))
 
 
 def require_field(record: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -198,10 +193,7 @@ def load_plain(path: Path) -> list[Conversation]:
         for n, line in enumerate(read_text(path).split("\n"), start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {n}", f"not valid JSON: {exc}") from None
+            record = parse_json(line, f"{path}: line {n}")
             conversations.append(_plain_conversation(record, f"{path}: line {n}"))
         return conversations
     data = read_json(path)

@@ -121,13 +121,25 @@ class StoreFile:
             raise
 
     @contextmanager
+    def corruption_as_error(self) -> Iterator[None]:
+        """Turn SQLite's "database disk image is malformed" (a damaged page met mid-read) into one :class:`InputError`."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            code = getattr(exc, "sqlite_errorcode", None)
+            if code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+                raise InputError(str(self.file), f"the store is damaged ({exc}); restore it from a backup or build it again") from None
+            raise
+
+    @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One atomic write holding the write lock from its first read: it commits whole or not at all."""
         db = self.db
         with self.busy_as_error():
             db.execute("BEGIN IMMEDIATE")
         try:
-            yield db
+            with self.corruption_as_error():
+                yield db
             with self.busy_as_error():
                 db.execute("COMMIT")
         except BaseException:
@@ -144,9 +156,13 @@ class StoreFile:
             return
         db.execute("BEGIN")
         try:
-            yield db
-        finally:
-            db.execute("COMMIT")
+            with self.corruption_as_error():
+                yield db
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")  # a read-only snapshot: ending it either way is the same, and rollback survives a damaged page
+            raise
+        db.execute("COMMIT")
 
     def _version(self) -> int | None:
         """The stored schema version, ``None`` for a new (empty) file; anything that is not a store is an error."""

@@ -49,7 +49,7 @@ def session_fingerprint(turns: Sequence[Turn | Mapping[str, Any]], time: str | N
         return repr(turn)
 
     content = json.dumps({"time": time, "turns": [canonical(t) for t in turns]}, ensure_ascii=False, default=repr)
-    return "s-" + hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
+    return "s-" + hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()[:16]  # lone surrogates are refused afterwards
 
 
 @dataclass

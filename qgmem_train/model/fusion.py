@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from qgmem_train.llm.base import Chat
+from qgmem_train.llm.base import Chat, render_chat
 
 IGNORE_INDEX = -100
 """Label of positions that carry no loss (prompt, graph tokens, padding)."""
@@ -40,7 +40,7 @@ def chat_prompt_ids(tokenizer: Any, chat: Chat) -> PromptIds:
     templates that do not know the flag ignore it. The template's own special tokens (BOS included)
     are kept, and the tokenizer adds none on top.
     """
-    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    text = render_chat(tokenizer, chat)
     split = user_content_start(text, chat)
     head = tokenizer(text[:split], add_special_tokens=False)["input_ids"]
     tail = tokenizer(text[split:], add_special_tokens=False)["input_ids"]

@@ -5,10 +5,11 @@ config.json free of settings only the caller may choose), rebuilds the graph-aug
 hyperparameters and loads exactly the exported adapter parameters. ``predictor.memory(namespace,
 store_dir)`` is a handle over a persistent memory store: ``add_session`` extends it, ``ask`` answers.
 
-Modules: :mod:`~qgmem_train.predictor.artifact` (the export format and its trust boundary),
-:mod:`~qgmem_train.predictor.loading` (the predictor and module loading),
+Modules, each importing only those before it: :mod:`~qgmem_train.predictor.results` (what ``ask`` returns),
+:mod:`~qgmem_train.predictor.artifact` (the export format and its trust boundary),
+:mod:`~qgmem_train.predictor.base` (what a memory handle needs of its predictor),
 :mod:`~qgmem_train.predictor.memory` (memory handles: add sessions, ask),
-:mod:`~qgmem_train.predictor.results` (what ``ask`` returns).
+:mod:`~qgmem_train.predictor.loading` (the predictor and module loading).
 """
 
 from qgmem_train.predictor.artifact import (
@@ -35,7 +36,8 @@ from qgmem_train.predictor.artifact import (
     read_export,
     verify_checksums,
 )
-from qgmem_train.predictor.loading import IntentMode, QGMemPredictor, ask_with_model, load_exported_module
+from qgmem_train.predictor.base import MAX_QUESTION_CHARS, IntentMode, Predictor
+from qgmem_train.predictor.loading import QGMemPredictor, ask_with_model, load_exported_module
 from qgmem_train.predictor.memory import PredictorMemory
 from qgmem_train.predictor.results import AskResult, EvidenceUnit, SourceTurn
 
@@ -52,11 +54,13 @@ __all__ = [
     "LORA_WEIGHTS_FILE",
     "MACHINE_MODELS",
     "MACHINE_MODULE",
+    "MAX_QUESTION_CHARS",
     "PROMPTS_FILE",
     "AskResult",
     "EvidenceUnit",
     "Export",
     "IntentMode",
+    "Predictor",
     "PredictorMemory",
     "QGMemPredictor",
     "SourceTurn",

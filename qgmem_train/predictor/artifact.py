@@ -4,8 +4,10 @@ An export (a folder, or a Hub repo anyone can write to, checksum file included) 
 base model, module hyperparameters, adapter files and pipeline settings. It never decides what code runs,
 which server is called or which secret is sent: a config.json that sets :data:`CALLER_MODELS` or
 :data:`CALLER_MODULE` to anything but the default is refused, and those settings come only from the
-caller. Every file of the folder must be listed by a plain file name in the checksum file and match it.
-A trained cross-encoder travels as flat ``reranker.*`` files and is loaded only after that check.
+caller. The models it names are Hub repo ids or bundled ``pkg:`` models, never a path on the loading machine.
+Every file of the folder must be listed by a plain file name of one of the exporter's file types in the
+checksum file, be no link out of the folder, and match it. A trained cross-encoder travels as flat
+``reranker.*`` files and is written to the cache from the bytes that were verified.
 
 This module also defines the export format (file names, checksum file) that ``python -m export`` writes.
 """
@@ -13,12 +15,11 @@ This module also defines the export format (file names, checksum file) that ``py
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
-import ipaddress
-import json
 import shutil
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -26,7 +27,7 @@ from urllib.parse import urlsplit
 
 from qgmem_train.config import ModelsConfig, PipelineConfig, pipeline_from_dict, settings_from_dict
 from qgmem_train.errors import InputError, ModelUnavailableError
-from qgmem_train.fileio import checksums_digest, file_sha256, read_text
+from qgmem_train.fileio import checksums_digest, file_sha256, parse_json, read_text
 from qgmem_train.llm.prompts import PROMPTS_VERSION
 
 EXPORT_FORMAT = "qgmem-export"
@@ -41,6 +42,9 @@ LORA_CONFIG_FILE = "adapter_config.json"
 RERANKER_PREFIX = "reranker."
 """Name prefix of a bundled cross-encoder's files (``reranker.model.safetensors``...): the folder stays flat."""
 RERANKER_REQUIRED = ("config.json", "model.safetensors")
+TEXT_FILE_TYPES = (".md", ".txt")
+EXPORT_FILE_TYPES = (".safetensors", ".json", *TEXT_FILE_TYPES)
+"""Suffixes of the files the exporter writes (each one checked to read as its suffix says); a listed file has one of them."""
 """Files a bundled cross-encoder cannot load without (names inside its own folder)."""
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", CHECKSUM_FILE]
 """Files fetched when loading from the Hub: never anything pickled."""
@@ -52,6 +56,8 @@ CALLER_MODULE = ("trust_remote_code",)
 MACHINE_MODELS = ("device", "cache_dir")
 """``pipeline.models`` settings of the loading machine: the caller's arguments; an export's values are ignored."""
 MACHINE_MODULE = ("cache_dir",)
+MODEL_REFERENCES = ("llm", "embedder", "reranker_model")
+"""``pipeline.models`` settings that name a model to load; with ``module.llm``, each is checked by :func:`check_model_reference`."""
 """Module hyperparameters of the loading machine: the caller's argument; an export's value is ignored."""
 MODULE_AT_LEAST = {"feature_dim": 1, "graph_tokens": 0, "gnn_hidden": 1, "gnn_layers": 1, "gnn_heads": 1, "projector_hidden": 1, "lora_r": 0}
 """Smallest value of the module's count hyperparameters."""
@@ -79,8 +85,8 @@ class Export:
     """File name of the graph adapter."""
     lora_adapter: str | None
     """File name of the peft LoRA weights, ``None`` without LoRA."""
-    reranker_files: tuple[str, ...] = ()
-    """File names of the bundled cross-encoder (each starts with :data:`RERANKER_PREFIX`); empty when none is bundled."""
+    reranker_files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    """The bundled cross-encoder's files (each name starts with :data:`RERANKER_PREFIX`), their bytes as verified; empty when none is bundled."""
 
 
 def is_plain_name(name: str) -> bool:
@@ -99,18 +105,25 @@ def portable_module(module: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_checksums(folder: Path) -> dict[str, str]:
-    """``{file name: hex digest}`` from the folder's checksum file; a missing or malformed file is an error."""
+    """``{file name: hex digest}`` from the folder's checksum file; a missing or malformed file is an error.
+
+    Lines are read as ``sha256sum -c`` reads them: blank lines and ``#`` comments skipped, hex in either case,
+    `` *name`` (binary mode) as ``  name``. Every name is a plain file name of one of :data:`EXPORT_FILE_TYPES`.
+    """
     path = folder / CHECKSUM_FILE
     if not path.is_file():
         raise InputError(str(path), "checksum file missing: not a complete QGMem export")
     sums: dict[str, str] = {}
     for number, line in enumerate(read_text(path, kind="checksum file").splitlines(), start=1):
-        digest, _, name = line.partition("  ")
+        if not line.strip() or line.startswith("#"):
+            continue
+        digest, name = line[:64].lower(), line[66:] if line[64:66] in ("  ", " *") else ""
         where = f"{path}: line {number}"
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest) or not name:
             raise InputError(where, "expected '<sha256>  <file name>'")
         if not is_plain_name(name):
             raise InputError(where, f"{name!r} is not a plain file name (no folders, no '..'): an export is one flat folder")
+        _check_file_type(name, where)
         if name in sums:
             raise InputError(where, f"{name} is listed twice")
         sums[name] = digest
@@ -119,6 +132,11 @@ def read_checksums(folder: Path) -> dict[str, str]:
 
 def verify_checksums(folder: Path) -> dict[str, str]:
     """Check that the checksum file lists every file of the folder and that each matches; one error otherwise."""
+    return _verify_files(folder, hold=lambda name: False)[0]
+
+
+def _verify_files(folder: Path, hold: Callable[[str], bool]) -> tuple[dict[str, str], dict[str, bytes]]:
+    """:func:`verify_checksums`, also returning the bytes of the files ``hold`` names, exactly as they were hashed."""
     sums = read_checksums(folder)
     for required in (CONFIG_FILE, PROMPTS_FILE):
         if required not in sums:
@@ -127,40 +145,71 @@ def verify_checksums(folder: Path) -> dict[str, str]:
         name = path.relative_to(folder).as_posix()
         if name != CHECKSUM_FILE and name not in sums and not (path.is_dir() and not path.is_symlink()):
             raise InputError(str(path), f"not listed in the checksum file: an export holds only the files {CHECKSUM_FILE} lists")
+    held: dict[str, bytes] = {}
     for name, expected in sums.items():
         path = folder / name
         if not path.is_file():
             raise InputError(str(path), "listed in the checksum file but missing")
-        if file_sha256(path) != expected:
+        _refuse_outside_link(path, folder)
+        if hold(name):
+            held[name] = path.read_bytes()
+            digest = hashlib.sha256(held[name]).hexdigest()
+        else:
+            digest = file_sha256(path)
+        if digest != expected:
             raise InputError(str(path), "SHA-256 differs from the checksum file: the file changed after export; refusing to load it")
-    return sums
+    return sums, held
+
+
+def _check_file_type(name: str, where: str) -> None:
+    """Refuse a listed name that is not one of the exporter's own file types (a bundled reranker's: ``reranker.<name>.<type>``)."""
+    inner = name[len(RERANKER_PREFIX):] if name.startswith(RERANKER_PREFIX) else name
+    if not inner or inner.startswith(".") or Path(inner).suffix not in EXPORT_FILE_TYPES:
+        raise InputError(where, f"{name!r} is not a file the exporter writes: names end in {', '.join(EXPORT_FILE_TYPES)} (reranker files: reranker.<name>.<type>)")
+
+
+def _refuse_outside_link(path: Path, folder: Path) -> None:
+    """Refuse a listed file that is a symlink leading out of the folder, or a hard link; the Hub cache's snapshot links into its blobs pass."""
+    if path.is_symlink():
+        target, inside = path.resolve(), folder.resolve()
+        snapshots = inside.parent
+        hub_blob = snapshots.name == "snapshots" and snapshots.parent.name.startswith("models--") and target.parent == snapshots.parent / "blobs"
+        if target.parent != inside and not hub_blob:
+            raise InputError(str(path), f"a link to {target}, outside the export folder: an export holds its own files")
+    elif path.stat().st_nlink > 1:
+        raise InputError(str(path), "a hard link (the same file has another name elsewhere): an export holds its own files")
 
 
 def locate_export(ref: str | Path, *, revision: str | None = None) -> Path:
-    """The local folder of an export: ``ref`` itself when it is a folder, else a Hub snapshot of repo ``ref``."""
+    """The local folder of an export: ``ref`` itself when it is a folder, else a Hub snapshot of repo ``ref``.
+
+    The Hub is asked only for a ``str`` of the form ``owner/name`` that is no path here; anything else that is
+    not a folder is "no such folder" (or "not a folder").
+    """
+    from qgmem_train.llm.resolver import looks_like_hub_repo_id
+
     path = Path(ref).expanduser()
     if path.is_dir():
         return path
     text = str(ref)
-    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
-        raise InputError(text, "not an export folder (and not a Hub repo id of the form owner/name)")
+    if path.exists():
+        raise InputError(text, "not a folder: an export is a folder (or a Hub repo id of the form owner/name)")
+    if isinstance(ref, Path) or text.count("/") != 1 or not looks_like_hub_repo_id(text):
+        raise InputError(text, "no such folder")
     from huggingface_hub import snapshot_download
 
     try:
         return Path(snapshot_download(text, revision=revision, allow_patterns=HUB_PATTERNS))
     except Exception as exc:  # offline mode, missing repo, network, auth: all end as one line for the user
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelUnavailableError(f"export {text!r}{'@' + revision if revision else ''} unavailable: {why}") from None
+        raise ModelUnavailableError(f"no such folder {text!r}, and export {text!r}{'@' + revision if revision else ''} unavailable on the Hub: {why}") from None
 
 
 def read_export(folder: Path) -> Export:
     """Verify the folder's checksums, then read and check its config.json; anything malformed is one :class:`InputError`."""
-    listed = verify_checksums(folder)
+    listed, held = _verify_files(folder, hold=lambda name: name.startswith(RERANKER_PREFIX))
     path = folder / CONFIG_FILE
-    try:
-        config = json.loads(read_text(path, kind="export config"))
-    except json.JSONDecodeError as exc:
-        raise InputError(str(path), f"not valid JSON: {exc}") from None
+    config = parse_json(read_text(path, kind="export config"), str(path))
     if not isinstance(config, dict) or config.get("format") != EXPORT_FORMAT:
         raise InputError(f"{path}: format", f"not a {EXPORT_FORMAT} config")
     if config.get("format_version") != EXPORT_FORMAT_VERSION:
@@ -172,51 +221,82 @@ def read_export(folder: Path) -> Export:
     models = _section(pipeline, "models", path, "pipeline.models") if "models" in pipeline else {}
     _refuse_caller_settings(module, CALLER_MODULE, f"{path}: module")
     _refuse_caller_settings(models, CALLER_MODELS, f"{path}: pipeline.models")
+    for where, values, key in ((f"{path}: module", module, "llm"), *((f"{path}: pipeline.models", models, k) for k in MODEL_REFERENCES)):
+        if values.get(key) is not None:
+            check_model_reference(values[key], f"{where}.{key}")
     portable = pipeline_from_dict({**pipeline, "models": portable_models(models)}, f"{path}: pipeline")
     adapter = _section(config, "adapter", path)
     graph = _adapter_file(adapter.get("graph"), "graph", listed, path)
     lora = _adapter_file(adapter["lora"], "lora", listed, path) if adapter.get("lora") is not None else None
-    return Export(folder, config, portable, portable_module(module), graph, lora, _bundled_reranker_files(config, listed, path))
+    return Export(folder, config, portable, portable_module(module), graph, lora, _bundled_reranker_files(config, held, path))
 
 
 def bundled_reranker_folder(export: Export, cache_dir: str | Path | None = None) -> Path | None:
     """A CrossEncoder folder holding the export's bundled reranker, ``None`` when it bundles none.
 
-    The verified ``reranker.*`` files are copied once, under their own names, into
-    ``<cache>/rerankers/<digest of their checksums>``; a cached copy is used only while every file
-    still matches the export's checksums, else it is written again (atomically).
+    The ``reranker.*`` files are written once, under their own names, into ``<cache>/rerankers/<digest of
+    their checksums>`` from the bytes that were verified (never read again from the export); a cached copy
+    is used only while every file still matches those checksums, else it is written again (atomically).
     """
     if not export.reranker_files:
         return None
     from qgmem_train.fileio import replace_folder
     from qgmem_train.llm.resolver import default_cache_dir
 
-    sums = read_checksums(export.folder)
-    wanted = {name[len(RERANKER_PREFIX):]: sums[name] for name in export.reranker_files}
-    digest = checksums_digest({n: sums[n] for n in export.reranker_files})
+    sums = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(export.reranker_files.items())}
+    wanted = {name[len(RERANKER_PREFIX):]: digest for name, digest in sums.items()}
+    digest = checksums_digest(sums)
     final = default_cache_dir(cache_dir) / "rerankers" / digest
     if final.is_dir() and {p.name for p in final.iterdir()} == set(wanted) and all(file_sha256(final / n) == d for n, d in wanted.items()):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{digest}.", dir=final.parent))
     try:
-        for name in wanted:
-            shutil.copyfile(export.folder / (RERANKER_PREFIX + name), staging / name)
+        for name, data in export.reranker_files.items():
+            (staging / name[len(RERANKER_PREFIX):]).write_bytes(data)
         replace_folder(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final
 
 
-def _bundled_reranker_files(config: Mapping[str, Any], listed: Collection[str], path: Path) -> tuple[str, ...]:
-    """The listed files of the bundled cross-encoder, when config.json says one is bundled; its required files must be there."""
+def _bundled_reranker_files(config: Mapping[str, Any], files: Mapping[str, bytes], path: Path) -> dict[str, bytes]:
+    """The verified ``reranker.*`` files, when config.json says a cross-encoder is bundled; its required files must be there."""
     reranker = config.get("reranker")
     if not isinstance(reranker, dict) or reranker.get("bundled") is not True:
-        return ()
+        return {}
     for name in RERANKER_REQUIRED:
-        if RERANKER_PREFIX + name not in listed:
+        if RERANKER_PREFIX + name not in files:
             raise InputError(f"{path}: reranker", f"says a cross-encoder is bundled, but {RERANKER_PREFIX + name} is not in the export")
-    return tuple(sorted(name for name in listed if name.startswith(RERANKER_PREFIX)))
+    return dict(files)
+
+
+def is_public_reference(ref: str) -> bool:
+    """Whether ``ref`` names a model the same way on every machine: a bundled ``pkg:`` model, or a Hub repo id that is no folder here."""
+    from qgmem_train.llm.resolver import BUNDLED_PACKAGES, PACKAGE_PREFIX, looks_like_hub_repo_id
+
+    if ref.startswith(PACKAGE_PREFIX):
+        return ref[len(PACKAGE_PREFIX):] in BUNDLED_PACKAGES
+    return looks_like_hub_repo_id(ref) and not Path(ref).exists()
+
+
+def check_model_reference(ref: Any, where: str) -> None:
+    """Refuse a model reference an export may not make: only a Hub repo id or a bundled-model ``pkg:`` name.
+
+    A path (absolute, ``~``, relative, or a Hub-id-shaped name that is a folder here) would load whatever lies
+    on the user's disk, and ``pkg:`` of another package would import it; those come only from the caller.
+    """
+    from qgmem_train.llm.resolver import BUNDLED_PACKAGES, PACKAGE_PREFIX
+
+    if not isinstance(ref, str):
+        raise InputError(where, f"is {ref!r}, not a model reference")
+    if ref.startswith(PACKAGE_PREFIX) and not is_public_reference(ref):
+        raise InputError(where, f"is {ref!r}, but an export may name only the bundled model packages ({', '.join(PACKAGE_PREFIX + p for p in BUNDLED_PACKAGES)})")
+    if not is_public_reference(ref):
+        raise InputError(
+            where, f"is {ref!r}, but an export may name only a Hub repo id or a bundled pkg: model, never a path on this machine; "
+            "a local model is the caller's to pass: QGMemPredictor.from_pretrained(..., models={...})",
+        )  # fmt: skip
 
 
 def _section(values: Mapping[str, Any], key: str, path: Path, name: str | None = None) -> dict[str, Any]:
@@ -272,23 +352,15 @@ def module_arguments(export: Export) -> dict[str, Any]:
 
 def check_base_url(url: str | None, *, allow_insecure_http: bool) -> None:
     """Refuse an HTTP backend endpoint that is not http(s), or plain http to another machine without the caller's opt-in."""
+    from qgmem_train.llm.http import is_loopback_host
+
     where = "models.base_url"
     if not url:
         raise InputError(where, "required with models.backend openai")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InputError(where, f"not an http(s) URL with a host (scheme {parts.scheme!r})")
-    if parts.scheme == "http" and not allow_insecure_http and not _is_loopback(parts.hostname):
+    if parts.scheme == "http" and not allow_insecure_http and not is_loopback_host(parts.hostname):
         raise InputError(
             where, f"plain http to {parts.hostname} would send the API key and your data unencrypted; use https, or pass allow_insecure_http=True"
         )
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether ``host`` is this machine: ``localhost`` or a loopback address."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

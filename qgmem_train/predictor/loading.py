@@ -7,11 +7,10 @@ settings (:mod:`qgmem_train.predictor.artifact` refuses anything else).
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from qgmem_train.config import PipelineConfig, pipeline_from_dict
 from qgmem_train.errors import InputError
@@ -24,17 +23,12 @@ from qgmem_train.predictor.artifact import (
     module_arguments,
     read_export,
 )
-from qgmem_train.predictor.memory import PredictorMemory
+from qgmem_train.predictor.base import MAX_QUESTION_CHARS, IntentMode, Predictor
+from qgmem_train.predictor.memory import PredictorMemory, checked_text
 
 if TYPE_CHECKING:
-    from qgmem_train.llm.base import ChatLLM
-    from qgmem_train.llm.embedder import Embedder
     from qgmem_train.model.module import GraphAugmentedLM
     from qgmem_train.predictor.results import AskResult
-    from qgmem_train.retrieval.rerank import Reranker
-
-IntentMode = Literal["llm", "rules"]
-
 
 def _not_an_adapter(path: Path, exc: Exception) -> InputError:
     """The one-line error for an adapter file that safetensors (or its metadata's JSON) cannot read."""
@@ -52,23 +46,33 @@ def read_adapter_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         state, metadata = load_adapter(path)
     except (SafetensorError, OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _not_an_adapter(path, exc) from None
+    except RecursionError:
+        raise InputError(str(path), "its qgmem metadata is not readable JSON: nested too deeply") from None
     if not isinstance(metadata, dict):
         raise InputError(str(path), "its qgmem metadata is not a JSON object")
     return state, metadata
 
 
-def load_exported_module(export: Export, *, cache_dir: str | None = None, device: str = "auto", trust_remote_code: bool = False) -> GraphAugmentedLM:
-    """Build the module on ``device`` from the exported hyperparameters and load exactly its adapter (and LoRA) parameters."""
+def load_exported_module(
+    export: Export, *, cache_dir: str | None = None, device: str = "auto", trust_remote_code: bool = False, base_model: Mapping[str, Any] | None = None
+) -> GraphAugmentedLM:
+    """Build the module on ``device`` from the exported hyperparameters and load exactly its adapter (and LoRA) parameters.
+
+    ``base_model`` (``llm``, ``llm_revision``) is the caller's naming of the base model over the exported one;
+    the adapter's metadata check still refuses any other backbone than the one it was trained on.
+    """
     from qgmem_train.model.checkpoint import check_compatible, trainable_state_dict
     from qgmem_train.model.module import GraphAugmentedLM
 
-    model = GraphAugmentedLM(**module_arguments(export), cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+    arguments = {**module_arguments(export), **(base_model or {})}
+    model = GraphAugmentedLM(**arguments, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     model.load_backbone(None if device == "auto" else device)
     expected = trainable_state_dict(model)
     adapter = export.folder / export.graph_adapter
     state, metadata = read_adapter_file(adapter)
     graph_keys = {k for k in expected if not k.startswith("llm.")}
     check_compatible(metadata, model.checkpoint_metadata(), set(state), graph_keys, str(adapter))
+    check_shapes(state, expected, adapter)
     model.load_state_dict(state, strict=False)
     lora_expected = {k for k in expected if k.startswith("llm.")}
     if bool(export.lora_adapter) != bool(lora_expected):
@@ -80,9 +84,16 @@ def load_exported_module(export: Export, *, cache_dir: str | None = None, device
     return model
 
 
+def check_shapes(found: Mapping[str, Any], expected: Mapping[str, Any], path: Path) -> None:
+    """Refuse an adapter tensor whose shape differs from the module's parameter of the same name."""
+    for name, tensor in found.items():
+        if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
+            raise InputError(f"{path}: {name}", f"has shape {list(tensor.shape)}, but the module's parameter is {list(expected[name].shape)}")
+
+
 def _load_lora(model: GraphAugmentedLM, path: Path) -> None:
-    """Load peft-format LoRA weights into the module's LoRA-wrapped LLM; any missing or extra tensor is refused."""
-    from peft import set_peft_model_state_dict
+    """Load peft-format LoRA weights into the module's LoRA-wrapped LLM; any missing, extra or misshapen tensor is refused."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -90,39 +101,15 @@ def _load_lora(model: GraphAugmentedLM, path: Path) -> None:
         weights = load_file(str(path))
     except (SafetensorError, OSError) as exc:
         raise _not_an_adapter(path, exc) from None
+    check_shapes(weights, get_peft_model_state_dict(model.llm), path)
     result = set_peft_model_state_dict(model.llm, weights)
     missing = [k for k in result.missing_keys if "lora_" in k]
     if result.unexpected_keys or missing:
         raise InputError(str(path), f"LoRA parameters differ: unexpected {sorted(result.unexpected_keys)[:3]}, missing {sorted(missing)[:3]}")
 
 
-class QGMemPredictor:
-    """An exported (or in-memory) QGMem model with its frozen retrieval stack, ready to build memory and answer."""
-
-    def __init__(
-        self,
-        model: GraphAugmentedLM | None,
-        pipeline: PipelineConfig,
-        *,
-        llm: ChatLLM,
-        embedder: Embedder,
-        reranker: Reranker | None,
-        intent: IntentMode = "llm",
-    ) -> None:
-        """Prefer :meth:`from_pretrained` or :meth:`from_module`; ``model`` is ``None`` on the text path."""
-        if intent not in ("llm", "rules"):
-            raise InputError("intent", f"unknown intent parser {intent!r} (llm, rules)")
-        self.model = model
-        self.pipeline = pipeline
-        self.llm = llm
-        self.embedder = embedder
-        self.reranker = reranker
-        self.intent = intent
-
-    @property
-    def path(self) -> Literal["graph", "text"]:
-        """``graph`` when a local module answers, ``text`` for an API backbone."""
-        return "graph" if self.model is not None else "text"
+class QGMemPredictor(Predictor):
+    """An exported (or in-memory) QGMem model with its frozen retrieval stack: load one, then open memories on it."""
 
     @classmethod
     def from_pretrained(
@@ -137,6 +124,7 @@ class QGMemPredictor:
         allow_insecure_http: bool = False,
         intent: IntentMode = "llm",
         max_new_tokens: int | None = None,
+        max_question_chars: int = MAX_QUESTION_CHARS,
     ) -> QGMemPredictor:
         """Load an export folder or Hub repo after verifying its checksums and config.
 
@@ -151,20 +139,28 @@ class QGMemPredictor:
             cache_dir: cache of converted bundled models.
             device: torch device of local models (auto: cuda when available).
             models: the caller's ``pipeline.models`` settings over the exported ones, e.g. ``{"backend": "openai",
-                "base_url": ..., "api_key_env": ...}`` to answer through an API backbone on the text path.
-            trust_remote_code: let the base model, embedder and reranker repositories run their own Python code.
+                "base_url": ..., "api_key_env": ...}`` to answer through an API backbone on the text path. Only here
+                may a model be a local path. ``llm`` (and ``llm_revision``) name the module's base model too: it must be
+                the backbone the adapter was trained on, and naming it lets ``trust_remote_code`` reach it.
+            trust_remote_code: let the models the caller names in ``models`` (``llm``, ``embedder``, ``reranker_model``)
+                run their repositories' own Python code; it never extends to a model the export names.
             allow_insecure_http: allow a plain-http ``base_url`` to a host other than this machine (the API key
                 would travel unencrypted).
             intent: query-intent parser: the paper's LLM prompt, or rules without an LLM.
             max_new_tokens: graph-path answer budget (default: the exported module's; the text path uses
                 ``generation.max_new_tokens``).
+            max_question_chars: longest question ``ask`` takes (characters); a longer one is refused.
         """
         export = read_export(locate_export(dir_or_repo_id, revision=revision))
+        caller = dict(models or {})
+        trusted = bool(trust_remote_code or caller.pop("trust_remote_code", False))
         values = export.pipeline.to_dict()
         reranker_dir = bundled_reranker_folder(export, cache_dir)
         if reranker_dir is not None:
             values["models"]["reranker_model"] = str(reranker_dir)
-        values["models"].update({"device": device, "cache_dir": cache_dir, "trust_remote_code": trust_remote_code, **(models or {})})
+        values["models"].update({"device": device, "cache_dir": cache_dir, **caller})
+        exported_reranker = values["models"]["reranker_model"] and reranker_dir is None and "reranker_model" not in caller
+        values["models"]["trust_remote_code"] = trusted and "embedder" in caller and not exported_reranker
         pipeline = pipeline_from_dict(values, "from_pretrained: pipeline")
         if pipeline.models.backend == "openai":
             from qgmem_train.llm.factory import build_embedder, build_llm
@@ -174,14 +170,17 @@ class QGMemPredictor:
             llm = build_llm(pipeline)
             embedder = build_embedder(pipeline)
             reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
-            return cls(None, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent)
-        model = load_exported_module(export, cache_dir=cache_dir, device=device, trust_remote_code=pipeline.models.trust_remote_code)
+            return cls(None, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent, max_question_chars=max_question_chars)
+        base = {key: caller[key] for key in ("llm", "llm_revision") if key in caller}
+        model = load_exported_module(export, cache_dir=cache_dir, device=device, trust_remote_code=trusted and "llm" in caller, base_model=base)
         if max_new_tokens is not None:
             model.hparams.max_new_tokens = max_new_tokens
-        return cls.from_module(model, pipeline, intent=intent)
+        return cls.from_module(model, pipeline, intent=intent, max_question_chars=max_question_chars)
 
     @classmethod
-    def from_module(cls, model: GraphAugmentedLM, pipeline: PipelineConfig, *, intent: IntentMode = "llm") -> QGMemPredictor:
+    def from_module(
+        cls, model: GraphAugmentedLM, pipeline: PipelineConfig, *, intent: IntentMode = "llm", max_question_chars: int = MAX_QUESTION_CHARS
+    ) -> QGMemPredictor:
         """A predictor around a module in memory; its LLM (adapters off) also serves intents, reranking and construction."""
         from qgmem_train.llm.factory import build_embedder
         from qgmem_train.llm.local import TransformersLLM
@@ -197,22 +196,13 @@ class QGMemPredictor:
             raise InputError("pipeline.models.embedder", f"{embedder.model_id} is {embedder.dim}-d; the model's graph features are {model.hparams.feature_dim}-d")
         model.eval()
         reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
-        return cls(model, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent)
-
-    @contextlib.contextmanager
-    def frozen_pipeline(self) -> Iterator[None]:
-        """LoRA adapters off while the shared LLM parses intents, reranks or builds memory (the pipeline is frozen)."""
-        disable = getattr(self.model.llm, "disable_adapter", None) if self.model is not None else None
-        with disable() if disable is not None else contextlib.nullcontext():
-            yield
+        return cls(model, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent, max_question_chars=max_question_chars)
 
     def memory(self, namespace: str, store_dir: str | Path) -> PredictorMemory:
         """A handle on ``namespace`` of the persistent store in ``store_dir`` (created when missing)."""
         from qgmem_train.memory.store import MemoryStore
 
-        if not namespace or not namespace.strip():
-            raise InputError("namespace", "empty namespace")
-        return PredictorMemory(self, namespace, MemoryStore.open(store_dir, create=True))
+        return PredictorMemory(self, checked_text(namespace, "namespace"), MemoryStore.open(store_dir, create=True))
 
 
 def ask_with_model(

@@ -21,14 +21,14 @@ if TYPE_CHECKING:
     from qgmem_train.llm.schemas import AnswerOutput
     from qgmem_train.memory.construct import BuildReport
     from qgmem_train.memory.store import MemoryStore, NamespaceMemory
-    from qgmem_train.predictor.loading import QGMemPredictor
+    from qgmem_train.predictor.base import Predictor
     from qgmem_train.retrieval.activation import ActivationIndex
 
 
 class PredictorMemory:
     """One user's (or conversation's) memory: add sessions as they happen, ask questions at any time."""
 
-    def __init__(self, predictor: QGMemPredictor, namespace: str, store: MemoryStore) -> None:
+    def __init__(self, predictor: Predictor, namespace: str, store: MemoryStore) -> None:
         self.predictor = predictor
         self.namespace = namespace
         self.store = store
@@ -55,7 +55,11 @@ class PredictorMemory:
         from qgmem_train.memory.construct import build_conversation
         from qgmem_train.memory.loaders import session_time
 
-        session_id = session_id or session_fingerprint(turns, time)
+        if isinstance(turns, (str, bytes)) or not isinstance(turns, Sequence):
+            raise InputError(f"namespace {self.namespace}: turns", f"expected a list of turns, got {type(turns).__name__}")
+        if time is not None:
+            checked_text(time, f"namespace {self.namespace}: time")
+        session_id = checked_text(session_id, f"namespace {self.namespace}: session_id") if session_id is not None else session_fingerprint(turns, time)
         where = f"namespace {self.namespace}, session {session_id}"
         if not turns:
             raise InputError(where, "no turns")
@@ -86,8 +90,11 @@ class PredictorMemory:
         from qgmem_train.answer.evidence import answer_evidence
         from qgmem_train.retrieval.activation import activate
 
-        if not question.strip():
-            raise InputError("question", "empty question")
+        checked_text(question, "question")
+        if len(question) > self.predictor.max_question_chars:
+            raise InputError("question", f"{len(question)} characters, more than the {self.predictor.max_question_chars} a question may have (max_question_chars)")
+        if question_time is not None:
+            checked_text(question_time, "question_time")
         predictor = self.predictor
         cfg = predictor.pipeline
         started = time.perf_counter()
@@ -165,12 +172,24 @@ class PredictorMemory:
 
 def _turn(value: Turn | Mapping[str, Any], session_id: str, number: int, where: str) -> Turn:
     """A :class:`Turn` from a Turn or a ``{id?, speaker, text}`` dict; a missing or mistyped field is an error."""
-    if isinstance(value, Turn):
-        return value
     twhere = f"{where}, turn {number}"
-    if not isinstance(value, Mapping):
+    if isinstance(value, Turn):
+        fields = {"id": value.id, "speaker": value.speaker, "text": value.text}
+    elif isinstance(value, Mapping):
+        fields = {"id": str(value["id"]) if value.get("id") else f"{session_id}:{number}", "speaker": value.get("speaker"), "text": value.get("text")}
+    else:
         raise InputError(twhere, f"expected a Turn or a dict with speaker and text, got {type(value).__name__}")
-    for key in ("speaker", "text"):
-        if not isinstance(value.get(key), str) or not value[key].strip():
-            raise InputError(f"{twhere}.{key}", "missing or not a non-empty string")
-    return Turn(str(value.get("id") or f"{session_id}:{number}"), value["speaker"], value["text"])
+    return Turn(*(checked_text(fields[key], f"{twhere}.{key}") for key in ("id", "speaker", "text")))
+
+
+def checked_text(value: object, where: str) -> str:
+    """``value`` when it is a non-blank string UTF-8 can store (no lone surrogates); anything else is an :class:`InputError` naming ``where``."""
+    if not isinstance(value, str):
+        raise InputError(where, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InputError(where, "empty")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(where, f"not valid text: {exc.reason} at character {exc.start}") from None
+    return value

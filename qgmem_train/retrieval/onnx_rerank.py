@@ -1,16 +1,21 @@
 """A sentence-transformers CrossEncoder run by ONNX Runtime on the CPU (``models.reranker_runtime: onnxruntime``).
 
 The graph is exported once from the model folder's weights by torch's exporter, quantized to dynamic int8
-by ONNX Runtime when asked, and kept in ``<cache>/onnx/<folder>-<digest of its files>-<fp32|int8>``; an
-export therefore never ships an ONNX file, and a changed model gets a new graph. Pairs are tokenized by
+by ONNX Runtime when asked, and kept in ``<cache>/onnx/<folder>-<digest of its files>-<fp32|int8>`` with the
+SHA-256 of each file it wrote, checked before every use; an export therefore never ships an ONNX file, a
+changed model gets a new graph, and a changed graph is exported again rather than run. Pairs are tokenized by
 the CrossEncoder itself and batched by token count, longest first, and the CrossEncoder's activation
 is applied to the logits, so the fp32 scores are torch's.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,11 +25,13 @@ from typing import Any
 import numpy as np
 
 from qgmem_train.errors import ModelUnavailableError
-from qgmem_train.fileio import checksums_digest, file_sha256, publish_folder_once
+from qgmem_train.fileio import checksums_digest, file_sha256, replace_folder, write_json_atomic
 from qgmem_train.logging_setup import is_verbose
 
 log = logging.getLogger(__name__)
 GRAPH_FILE = "model.onnx"
+DIGESTS_FILE = "sha256.json"
+"""``{file name: SHA-256}`` of every file of a cached graph folder, written with it and checked before each use."""
 
 
 def folder_digest(folder: Path) -> str:
@@ -75,16 +82,52 @@ def export_onnx(cross_encoder: Any, target: Path, quantization: str) -> None:
         fp32.unlink()
 
 
-def onnx_graph(cross_encoder: Any, folder: Path, quantization: str, cache_dir: str | os.PathLike | None) -> Path:
-    """The cached graph of the model in ``folder``, exported on first use (a few seconds, one info line)."""
+def onnx_graph(cross_encoder: Any, folder: Path, quantization: str, cache_dir: str | os.PathLike | None) -> bytes:
+    """The bytes of the model's cached graph, checked against the digests recorded when it was written.
+
+    Exported on first use (a few seconds, one info line); a cached folder whose files no longer match
+    their recorded digests (replaced in a shared cache, or cut short) is never used: it is exported again,
+    with one warning line. The bytes returned are the ones checked, so the file is not read twice.
+    """
     from qgmem_train.llm.resolver import default_cache_dir
 
     precision = "int8" if quantization == "int8" else "fp32"
     final = default_cache_dir(cache_dir) / "onnx" / f"{folder.name}-{folder_digest(folder)}-{precision}"
-    if not final.exists():
+    graph = recorded_graph(final)
+    if graph is not None:
+        return graph
+    if final.exists():
+        log.warning("warning: the cached ONNX graph in %s differs from the digests recorded when it was written; exporting it again", final)
+    else:
         log.info("exporting the reranker %s to ONNX (%s) once into %s", folder, precision, final)
-    with exporter_chatter_hidden():
-        return publish_folder_once(final, lambda staging: export_onnx(cross_encoder, staging, quantization)) / GRAPH_FILE
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        with exporter_chatter_hidden():
+            export_onnx(cross_encoder, staging, quantization)
+        graph = (staging / GRAPH_FILE).read_bytes()
+        digests = {p.name: file_sha256(p) for p in sorted(staging.iterdir()) if p.name != GRAPH_FILE}
+        write_json_atomic(staging / DIGESTS_FILE, {**digests, GRAPH_FILE: hashlib.sha256(graph).hexdigest()})
+        os.chmod(staging, 0o755)
+        replace_folder(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return graph
+
+
+def recorded_graph(final: Path) -> bytes | None:
+    """The graph's bytes when every file of ``final`` matches the digests recorded beside it, else ``None``."""
+    try:
+        digests = json.loads((final / DIGESTS_FILE).read_text(encoding="utf-8"))
+        names = {p.name for p in final.iterdir()} - {DIGESTS_FILE}
+        if not isinstance(digests, dict) or names != set(digests) or GRAPH_FILE not in names:
+            return None
+        if any(file_sha256(final / name) != digest for name, digest in digests.items() if name != GRAPH_FILE):
+            return None
+        graph = (final / GRAPH_FILE).read_bytes()
+    except (OSError, ValueError, RecursionError):
+        return None
+    return graph if hashlib.sha256(graph).hexdigest() == digests[GRAPH_FILE] else None
 
 
 class OnnxCrossEncoderReranker:
@@ -112,7 +155,7 @@ class OnnxCrossEncoderReranker:
         options.intra_op_num_threads = torch.get_num_threads()
         options.inter_op_num_threads = 1
         graph = onnx_graph(self.cross_encoder, folder, quantization, cache_dir)
-        self.session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        self.session = onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         """The cross-encoder's relevance score for every pair, pairs with the most tokens batched together.
