@@ -1,7 +1,8 @@
 """``python -m qgmem_train doctor``: resolve the configured models and exercise each once.
 
 A quick setup check before long jobs: the LLM writes one schema-valid JSON record (constrained to the
-final-answer schema) and the embedder embeds a few turns; sizes come from the loaded models.
+final-answer schema) and the embedder embeds a few turns; sizes come from the loaded models. A last line
+says which reranker retrieval will use (and how to build a cross-encoder folder that is missing).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from qgmem_train.llm.factory import build_embedder, build_llm
 from qgmem_train.llm.prompts import FINAL_ANSWER
 from qgmem_train.llm.schemas import AnswerOutput
 from qgmem_train.llm.structured import ParseStats, generate_structured
+from qgmem_train.retrieval.rerank import reranker_line
 
 SAMPLE_TURNS = [
     "Caroline: I went to an LGBTQ support group yesterday and it was so powerful.",
@@ -24,7 +26,7 @@ SAMPLE_TURNS = [
 
 
 def main(argv: list[str]) -> int:
-    """Parse flags, load both models, print one JSON line per check."""
+    """Parse flags, load both models, print one JSON line per check and one naming the reranker."""
     parser = argparse.ArgumentParser(prog="python -m qgmem_train doctor", description=__doc__)
     parser.add_argument("--config", help="YAML with a pipeline: section (default: bundled CPU models)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens for the sample generation")
@@ -45,5 +47,6 @@ def main(argv: list[str]) -> int:
     embedder = build_embedder(cfg)
     vectors = embedder.encode(SAMPLE_TURNS)
     print(json.dumps({"check": "embedder", "model": embedder.model_id, "shape": list(vectors.shape), "dim": embedder.dim}))
+    print(json.dumps({"check": "reranker", "uses": reranker_line(cfg)}))
     print(json.dumps({"check": "done", "seconds": round(time.perf_counter() - started, 1)}))
     return 0 if record is not None else 1

@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 step() { printf '\n== %s\n' "$*"; }
 started=$SECONDS
 
-step "1/9 models: resolve both bundled models, one schema-valid JSON record, a few embeddings"
+step "1/9 models: resolve both bundled models, one schema-valid JSON record, a few embeddings, which reranker"
 $PY -m qgmem_train doctor --config $CONFIG
 
 step "2/9 build: LoCoMo sample, one unit per turn (no LLM)"

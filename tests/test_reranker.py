@@ -22,7 +22,7 @@ from qgmem_train.config import PipelineConfig, load_pipeline_config
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.reranker.data import RerankData, ensure_turns_store, load_or_build, rerank_groups, sample_negatives
-from qgmem_train.retrieval.rerank import build_reranker, quantize_linear_int8, rerank_document
+from qgmem_train.retrieval.rerank import build_reranker, quantize_linear_int8, rerank_document, reranker_line
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "locomo_sample.json"
@@ -342,6 +342,21 @@ def test_reranker_config_parses_against_its_entry_point() -> None:
     assert config.trainer.deterministic is True and config.seed_everything == 0
     demo = load_pipeline_config(ROOT / "configs" / "demo-cpu.yaml")
     assert demo.models.reranker == "cross" and demo.models.reranker_model == config.out
+
+
+def test_the_reranker_line_names_the_folder_in_use_or_the_command_that_builds_it(tmp_path: Path) -> None:
+    """What the demo's first step says about the reranker: the demo config's folder when built, else the fused order and the make target."""
+    cfg = load_pipeline_config(ROOT / "configs" / "demo-cpu.yaml")
+    folder = tmp_path / "reranker-cpu" / "model"
+    cfg.models.reranker_model = str(folder)
+    missing = reranker_line(cfg)
+    assert str(folder) in missing and "fused" in missing and "`make reranker`" in missing and "\n" not in missing
+    folder.mkdir(parents=True)
+    built = reranker_line(cfg)
+    assert str(folder) in built and "onnxruntime" in built and "make reranker" not in built and "fused" not in built
+    cfg.models.reranker_quantization = "int8"
+    assert "int8" in reranker_line(cfg)
+    assert "fused" in reranker_line(cfg, "none") and str(folder) not in reranker_line(cfg, "none")
 
 
 def test_small_reranker_config_distils_the_trained_reranker_on_the_same_split() -> None:

@@ -5,6 +5,7 @@ data flows one way: conversation → memory → working memory → local graph +
 
 Modules: :mod:`~qgmem_train.answer.prompt` (the one final-answer chat), :mod:`~qgmem_train.answer.evidence`
 (a working memory as MEMORY_CONTEXT plus its local graph), :mod:`~qgmem_train.answer.text_path` (a frozen
-LLM answers the chat), :mod:`~qgmem_train.answer.parsing` (the answer JSON) and
+LLM answers the chat), :mod:`~qgmem_train.answer.capped` (the string cap both paths decode under),
+:mod:`~qgmem_train.answer.parsing` (the answer JSON) and
 :mod:`~qgmem_train.answer.citations` (the labels a reasoning path cites, as unit ids).
 """

@@ -36,6 +36,8 @@ class ChatLLM(ABC):
 
     model_id: str = ""
     revision: str | None = None
+    max_new_tokens: int = 512
+    """Generation budget of a call that names none."""
 
     @abstractmethod
     def generate(

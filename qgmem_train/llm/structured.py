@@ -86,10 +86,14 @@ def generate_structured(
     *,
     max_new_tokens: int | None = None,
     stats: ParseStats | None = None,
+    json_schema: dict[str, Any] | None = None,
 ) -> list[Record | None]:
-    """One validated ``schema_cls`` record (or None, counted as dropped) per chat; updates ``stats``."""
+    """One validated ``schema_cls`` record (or None, counted as dropped) per chat; updates ``stats``.
+
+    Decoding is constrained (where the backend supports it) to ``json_schema``, by default ``schema_cls``'s strict schema.
+    """
     stats = stats if stats is not None else ParseStats()
-    schema = strict_json_schema(schema_cls) if llm.supports_schema else None
+    schema = (json_schema or strict_json_schema(schema_cls)) if llm.supports_schema else None
     replies = llm.generate(chats, max_new_tokens=max_new_tokens, json_schema=schema)
     records: list[Record | None] = [None] * len(chats)
     mended = [False] * len(chats)

@@ -18,6 +18,7 @@ import lightning as L
 import torch
 from torch_geometric.data import Batch
 
+from qgmem_train.answer.capped import JSON_OVERHEAD_TOKENS, capped_answer_schema
 from qgmem_train.answer.parsing import parse_answer
 from qgmem_train.answer.prompt import final_answer_chat
 from qgmem_train.config import BUNDLED_LLM
@@ -26,8 +27,6 @@ from qgmem_train.graph.diagnostics import graph_token_diagnostics
 from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.graph.readout import READOUTS, GraphTokens, build_readout
-from qgmem_train.llm.schemas import AnswerOutput
-from qgmem_train.llm.structured import strict_json_schema
 from qgmem_train.model.answer_span import answer_labels, answer_token_mask
 from qgmem_train.model.answers import answer_scores
 from qgmem_train.model.backbone import describe_backbone
@@ -63,9 +62,6 @@ GraphBatch = dict[str, Any]
 
 ANSWER_METRICS = {"json_valid": "valid_json", "exact_match": "exact_match", "f1": "f1", "bleu1": "bleu1"}
 """Answer scores that validation and test log (means over the split), by logged name: the prediction record's key."""
-
-JSON_OVERHEAD_TOKENS = 24
-"""Tokens a schema-valid answer spends outside its two strings (braces, keys, quotes), with room to spare."""
 
 
 class GraphAugmentedLM(L.LightningModule):
@@ -378,17 +374,8 @@ class GraphAugmentedLM(L.LightningModule):
             self.log(f"{stage}/{name}", mean, batch_size=size, sync_dist=True)
 
     def answer_schema(self) -> dict[str, Any]:
-        """The answer JSON schema with each string capped so that a whole answer fits ``max_new_tokens``.
-
-        Every token of a JSON string holds at least one character, so two strings of at most
-        ``(max_new_tokens - JSON_OVERHEAD_TOKENS) // 2`` characters always close within the budget:
-        a constrained generation never ends cut off.
-        """
-        schema = strict_json_schema(AnswerOutput)
-        limit = (self.hparams.max_new_tokens - JSON_OVERHEAD_TOKENS) // 2
-        for field in schema["properties"].values():
-            field["maxLength"] = limit
-        return schema
+        """The answer JSON schema under the text path's string cap for ``max_new_tokens`` (:mod:`qgmem_train.answer.capped`)."""
+        return capped_answer_schema(self.hparams.max_new_tokens)
 
     @torch.no_grad()
     def generate(self, examples: list[TrajectoryExample], graph: Batch) -> list[str]:

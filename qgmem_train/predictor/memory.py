@@ -127,7 +127,7 @@ class PredictorMemory:
         )  # fmt: skip
 
     def _generate_graph(self, question: str, question_time: str | None, evidence: AnswerEvidence, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
-        """Graph-token path: embed the local graph, generate with the module, parse strictly."""
+        """Graph-token path: embed the local graph, generate with the module, parse strictly (a capped string ends at a word)."""
         from torch_geometric.data import Batch
 
         from qgmem_train.answer.parsing import parse_answer
@@ -150,7 +150,8 @@ class PredictorMemory:
         if model.hparams.get("graph_readout") == "edges":
             graph_tokens = min(graph_tokens, evidence.graph.num_edges)
         prompt_tokens = len(model.prompt_ids(example).ids) + graph_tokens
-        return generated, parse_answer(generated), prompt_tokens, self.predictor.llm.count_tokens(generated)
+        parsed = parse_answer(generated, model.hparams.max_new_tokens)
+        return generated, parsed, prompt_tokens, self.predictor.llm.count_tokens(generated)
 
     def _generate_text(self, question: str, question_time: str | None, evidence: AnswerEvidence, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
         """Text path (API backbones): the frozen LLM answers the final-answer chat, schema-checked."""

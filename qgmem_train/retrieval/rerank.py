@@ -164,6 +164,23 @@ def build_command(ref: str) -> str:
     return BUILD_COMMANDS.get(Path(ref).parent.name, "make reranker")
 
 
+def reranker_line(cfg: PipelineConfig, kind: str | None = None) -> str:
+    """One line saying which reranker the pipeline uses (``kind``, default ``models.reranker``) and, for a
+    cross-encoder folder not built yet, that the fused order stands and which make target builds it."""
+    kind = kind or cfg.models.reranker
+    ref = cfg.models.reranker_model
+    if kind == "none":
+        return "reranker: none, the fused (RRF) order stands"
+    if kind == "llm":
+        return f"reranker: yes/no scoring by the LLM {ref or cfg.models.llm}"
+    if not ref:
+        return "reranker: cross, but models.reranker_model names no CrossEncoder"
+    if names_missing_folder(ref):
+        return f"reranker: none yet, the fused (RRF) order stands; the trained cross-encoder {ref} is not built (`{build_command(ref)}` trains it)"
+    precision = ", int8" if cfg.models.reranker_quantization == "int8" else ""
+    return f"reranker: the cross-encoder {ref} ({cfg.models.reranker_runtime}{precision})"
+
+
 def build_reranker(cfg: PipelineConfig, kind: str | None = None, *, llm: ChatLLM | None = None) -> Reranker | None:
     """The reranker of ``kind`` (default ``cfg.models.reranker``); ``None`` for ``none``.
 
