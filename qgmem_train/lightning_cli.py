@@ -9,6 +9,7 @@ module; the node/edge feature width is linked from the loaded embedder. A ModelC
 
 from __future__ import annotations
 
+import os
 import warnings
 
 from lightning.pytorch import Trainer
@@ -18,6 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from qgmem_train.config import PipelineConfig
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.model.datamodule import TrajectoryDataModule
+from qgmem_train.model.launch_checks import refuse_stale_requeue_checkpoints, refuse_true_precision
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
 
@@ -54,6 +56,13 @@ class QGMemCLI(LightningCLI):
                 "checkpoint.auto_insert_metric_name": False,
             }
         )
+
+    def before_instantiate_classes(self) -> None:
+        """Refuse, before any model loads, a ``*-true`` half precision and (fit) a stale Slurm requeue checkpoint."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        refuse_true_precision(config["trainer"]["precision"])
+        if self.subcommand == "fit":
+            refuse_stale_requeue_checkpoints(config["trainer"]["default_root_dir"] or os.getcwd(), config["ckpt_path"])
 
 
 def summary(subcommand: str, trainer: Trainer) -> str | None:
