@@ -145,6 +145,20 @@ def test_train_srun_leaves_every_task_all_gpus_of_its_node(tmp_path: Path, gpus:
         assert f"{gpus} GPUs per node, each task sees all of them (CUDA_VISIBLE_DEVICES=0,1)" in result.stdout
 
 
+@pytest.mark.parametrize("cpus", ["8", None])
+def test_train_srun_gives_each_task_the_jobs_cpus_per_task(tmp_path: Path, cpus: str | None) -> None:
+    """From Slurm 22.05 srun does not inherit ``--cpus-per-task`` from sbatch: the launch line must pass it on."""
+    slurm = {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "7"}
+    if cpus:
+        slurm["SLURM_CPUS_PER_TASK"] = cpus
+    env = fake_slurm_env(tmp_path, RUN_DIR=str(tmp_path / "run"), RESUME="none", PYTHON="python3", **slurm)
+    result = subprocess.run(["bash", "slurm/train.sbatch", "configs/demo-cpu.yaml"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (call,) = fake_slurm_calls(tmp_path)
+    launcher = call["argv"][: call["argv"].index("python3")]
+    assert [a for a in launcher if a.startswith("--cpus-per-task")] == ([f"--cpus-per-task={cpus}"] if cpus else []), launcher
+
+
 @pytest.mark.slow
 def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch: Path) -> None:
     one = make_config(scratch, "one")
