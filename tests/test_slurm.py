@@ -11,8 +11,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,8 +27,8 @@ from tests.test_data_prep_run import make_config, rows
 from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
 
 MAX_STEPS = 8
-HOLD_STEP = 6
-"""The first run waits at step 6 (after one epoch of 4 steps, so last.ckpt is older than the signal's checkpoint)."""
+SIGNAL_AFTER_STEP = 5
+"""The signal goes out once rank 0 has passed step 5 (after one epoch of 4 steps, so last.ckpt is older than the signal's checkpoint)."""
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +186,8 @@ def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch:
     assert rows(scratch / "sharded") == rows(scratch / "one")
 
 
-def training_config(scratch: Path, llm_dir: Path) -> Path:
-    """A fit YAML over the tiny decoder: 2 ranks x batch 1 = 4 steps per epoch, CSV metrics every step, held mid-fit."""
+def training_config(scratch: Path, llm_dir: Path, run: Path) -> Path:
+    """A fit YAML over the tiny decoder: 2 ranks x batch 1 = 4 steps per epoch, 2 loader workers, CSV metrics every step, ranks paced apart."""
     model = {k: v for k, v in tiny_module_kwargs(llm_dir, 0, val_generate=False).items() if k not in ("feature_dim", "llm")}
     raw = {
         "seed_everything": 0,
@@ -202,19 +204,19 @@ def training_config(scratch: Path, llm_dir: Path) -> Path:
             "logger": [
                 {
                     "class_path": "lightning.pytorch.loggers.CSVLogger",
-                    "init_args": {"save_dir": str(scratch / "run"), "name": "logs", "flush_logs_every_n_steps": 1},
+                    "init_args": {"save_dir": str(run), "name": "logs", "flush_logs_every_n_steps": 1},
                 }
             ],
             "callbacks": [
-                {"class_path": "tests.slurm_cluster.HoldAtStep", "init_args": {"step": HOLD_STEP, "marker_dir": str(scratch / "held")}}
+                {"class_path": "tests.slurm_cluster.PaceSteps", "init_args": {"marker_dir": str(run / "steps")}}
             ],
         },
         "checkpoint": {"monitor": None, "filename": "step{step}"},
         "model": model,
-        "data": {"path": str(FIXTURE), "batch_size": 1},
+        "data": {"path": str(FIXTURE), "batch_size": 1, "num_workers": 2},
         "pipeline": {"models": {"llm": str(llm_dir), "embedder": BUNDLED_EMBEDDER, "reranker": "none", "dtype": "float32", "device": "cpu"}},
     }
-    path = scratch / "train.yaml"
+    path = scratch / f"train-{run.name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
@@ -228,23 +230,28 @@ def logged_steps(version: Path) -> list[int]:
         return sorted({int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")})
 
 
+def trainable_state(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
 @pytest.mark.slow
 def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm: LocalSlurm, scratch: Path) -> None:
+    """SIGUSR1 to every process of the step (loader workers too) while the ranks run apart; the requeued job ends where an
+    uninterrupted one does."""
     llm_dir = save_tiny_decoder(scratch / "tiny", fixture_corpus())
-    config = training_config(scratch, llm_dir)
-    run, logs = scratch / "run", scratch / "logs"
+    run, straight, logs = scratch / "run", scratch / "straight", scratch / "logs"
+    config = training_config(scratch, llm_dir, run)
     logs.mkdir(exist_ok=True)
-    job = slurm.run(
-        "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
-        f"--output={logs}/%x-%j.out", "slurm/train.sbatch", str(config), env=job_env(RUN_DIR=str(run)),
-    ).strip()  # fmt: skip
+    submit = ("sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", f"--output={logs}/%x-%j.out")
+    job = slurm.run(*submit, "slurm/train.sbatch", str(config), env=job_env(RUN_DIR=str(run))).strip()
     export = slurm.run(
         "sbatch", "--parsable", f"--dependency=afterok:{job}", "--cpus-per-task=1", f"--output={logs}/%x-%j.out",
         "slurm/export.sbatch", str(config), env=job_env(RUN_DIR=str(run), OUT=str(scratch / "export")),
     ).strip()  # fmt: skip
     log = logs / f"qgmem-train-{job}.out"
-    held = [scratch / "held" / f"rank{rank}" for rank in (0, 1)]
-    slurm.wait_for(lambda: all(m.exists() for m in held), job, timeout=900)
+    rank0 = run / "steps" / "rank0"
+    slurm.wait_for(lambda: rank0.exists() and int(rank0.read_text() or 0) > SIGNAL_AFTER_STEP, job, timeout=900)
+    time.sleep(random.uniform(0, 0.4))
     slurm.run("scancel", "--signal=USR1", job)
     final = slurm.wait(job, timeout=900)
     text = log.read_text()
@@ -252,15 +259,24 @@ def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm
     assert final["Restarts"] == "1"
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in text
     assert "distributed_backend=gloo" in text
-    assert f"Requeued SLURM job: {job}" in text
+    assert text.count(f"Requeued SLURM job: {job}") == 1, "one requeue, from rank 0 of the training processes only"
     hpc = run / "hpc_ckpt_1.ckpt"
-    assert global_step(hpc) == HOLD_STEP
+    saved_at = global_step(hpc)
+    assert SIGNAL_AFTER_STEP < saved_at < MAX_STEPS
     assert f"restart 1, run dir {run}, resume from {hpc}" in text
     assert global_step(run / "ckpt" / "last.ckpt") == MAX_STEPS
     first, second = logged_steps(run / "logs" / "version_0"), logged_steps(run / "logs" / "version_1")
-    assert max(first) < HOLD_STEP <= min(second) and max(second) < MAX_STEPS, (first, second)
+    assert max(first) < saved_at <= min(second) and max(second) < MAX_STEPS, (first, second)
     assert not list(run.glob("hpc_ckpt_2.ckpt")), "only one requeue was asked for"
     assert os.path.getmtime(hpc) < os.path.getmtime(run / "ckpt" / "last.ckpt")
+
+    reference = slurm.run(*submit, "slurm/train.sbatch", str(training_config(scratch, llm_dir, straight)), env=job_env(RUN_DIR=str(straight))).strip()
+    assert slurm.wait(reference, timeout=900)["JobState"] == "COMPLETED", (logs / f"qgmem-train-{reference}.out").read_text()[-3000:]
+    resumed, uninterrupted = trainable_state(run / "ckpt" / "last.ckpt"), trainable_state(straight / "ckpt" / "last.ckpt")
+    assert resumed.keys() == uninterrupted.keys()
+    for name in resumed:
+        torch.testing.assert_close(resumed[name], uninterrupted[name], msg=lambda m, name=name: f"{name}: {m}")
+
     exported = slurm.wait(export, timeout=600)
     export_log = (logs / f"qgmem-export-{export}.out").read_text()
     assert exported["JobState"] == "COMPLETED", export_log[-3000:]
