@@ -190,7 +190,7 @@ class GraphAugmentedLM(L.LightningModule):
         quantization = hp.quantization if quantized else "none"
         llm = _load_frozen_llm(hp.llm, hp.llm_revision, hp.dtype, quantization, hp.cache_dir, hp.trust_remote_code, target)
         if hp.lora_r > 0:
-            llm = _add_lora(llm, hp.lora_r, hp.lora_alpha, hp.lora_target_modules or ["q_proj", "v_proj"])
+            llm = _add_lora(llm, hp.lora_r, hp.lora_alpha, hp.lora_target_modules)
         if hp.gradient_checkpointing:
             llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.llm = llm
@@ -541,9 +541,16 @@ def _keep_read_only_cache_when_checkpointing(llm: Any) -> None:
         layer._can_checkpoint_with_cache = True
 
 
-def _add_lora(model: Any, rank: int, alpha: int, target_modules: list[str]) -> Any:
-    """Wrap the frozen LLM with peft LoRA adapters (no dropout: the backbone stays in eval mode)."""
-    from peft import LoraConfig, get_peft_model
+def lora_config(rank: int, alpha: int, target_modules: list[str] | None) -> Any:
+    """peft's LoRA settings of the module (no dropout: the backbone stays in eval mode; default ``q_proj``, ``v_proj``)."""
+    from peft import LoraConfig
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    targets = target_modules or ["q_proj", "v_proj"]
+    return LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+
+
+def _add_lora(model: Any, rank: int, alpha: int, target_modules: list[str] | None) -> Any:
+    """Wrap the frozen LLM with peft LoRA adapters (:func:`lora_config`)."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(rank, alpha, target_modules))
