@@ -32,6 +32,7 @@ from qgmem_train.model.answer_span import answer_labels, answer_token_mask
 from qgmem_train.model.answers import answer_scores
 from qgmem_train.model.backbone import describe_backbone
 from qgmem_train.model.checkpoint import METADATA_KEY, check_compatible, config_hash, trainable_state_dict
+from qgmem_train.model.ddp import frozen_backbone_names
 from qgmem_train.model.fusion import (
     PromptIds,
     chat_prompt_ids,
@@ -197,6 +198,7 @@ class GraphAugmentedLM(L.LightningModule):
         if hp.gradient_checkpointing and self.prefix_cache_status()[0]:
             _keep_read_only_cache_when_checkpointing(llm)
         self._prefix = None
+        self._ddp_params_and_buffers_to_ignore = frozen_backbone_names(self)
         self.to(torch.device(target))
         self.embedding_norm = float(llm.get_input_embeddings().weight.detach().float().norm(dim=-1).mean())
         if self.projector is not None:
