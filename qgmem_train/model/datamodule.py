@@ -142,7 +142,8 @@ class TrajectoryDataModule(L.LightningDataModule):
         return self.embedder.dim
 
     def setup(self, stage: str | None = None) -> None:
-        """Read and split the folder, then embed every distinct label once, on this process's device when a trainer runs it."""
+        """Read and split the folder, then embed every distinct label once, on this process's device when a trainer runs it
+        (the embedder goes back to the CPU afterwards)."""
         if self.splits:
             return
         loaded = read_trajectory_dataset(self.hparams.path)
@@ -163,6 +164,11 @@ class TrajectoryDataModule(L.LightningDataModule):
             self.embedder.model.to(self.trainer.strategy.root_device)
         self._features = self._embed(labels)
         self._questions = self._embed(sorted({ex.question for part in self.splits.values() for ex in part}))
+        if self.trainer is not None:
+            # the features are cached: the embedder's weights leave the GPU to the frozen LLM and its activations
+            self.embedder.model.to("cpu")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
     def _embed(self, labels: list[str]) -> dict[str, np.ndarray]:
         batch = 256
