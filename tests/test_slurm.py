@@ -86,7 +86,8 @@ FAKE_SLURM_COMMAND = """
 import json, os, sys
 record = {
     "command": os.path.basename(sys.argv[0]), "argv": sys.argv[1:],
-    "env": {k: v for k, v in os.environ.items() if k in ("SLURM_GPU_BIND", "SLURM_GPUS_PER_TASK", "CUDA_VISIBLE_DEVICES")},
+    "env": {k: v for k, v in os.environ.items() if k in ("SLURM_GPU_BIND", "SLURM_GPUS_PER_TASK", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE",
+                                                         "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM")},
 }
 with open(os.environ["FAKE_SLURM_LOG"], "a") as log:
     log.write(json.dumps(record) + "\\n")
@@ -159,6 +160,21 @@ def test_train_srun_gives_each_task_the_jobs_cpus_per_task(tmp_path: Path, cpus:
     (call,) = fake_slurm_calls(tmp_path)
     launcher = call["argv"][: call["argv"].index("python3")]
     assert [a for a in launcher if a.startswith("--cpus-per-task")] == ([f"--cpus-per-task={cpus}"] if cpus else []), launcher
+
+
+@pytest.mark.parametrize(("config", "offline"), [("configs/demo-cpu.yaml", True), ("configs/qwen3-8b.yaml", False)])
+def test_train_runs_offline_when_its_models_are_local_and_tokenizers_single_threaded(tmp_path: Path, config: str, offline: bool) -> None:
+    """Bundled or local-path models need no hub: the ranks run with HF_HUB_OFFLINE=1; hub ids leave it to the caller."""
+    slurm = {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "7"}
+    env = fake_slurm_env(tmp_path, RUN_DIR=str(tmp_path / "run"), RESUME="none", PYTHON=sys.executable, **slurm)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM"):
+        env.pop(name, None)
+    result = subprocess.run(["bash", "slurm/train.sbatch", config], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (call,) = fake_slurm_calls(tmp_path)
+    assert call["env"].get("TOKENIZERS_PARALLELISM") == "false"
+    expected = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"} if offline else {}
+    assert {k: v for k, v in call["env"].items() if k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")} == expected
 
 
 @pytest.mark.slow
