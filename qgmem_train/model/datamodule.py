@@ -214,10 +214,19 @@ class TrajectoryDataModule(L.LightningDataModule):
         return trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.ready
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.splits["validation"], self._eval_batch_size())
+        return self._loader(self.splits["validation"], self._eval_batch_size(), self._eval_sampler(self.splits["validation"]))
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.splits["test"], self._eval_batch_size())
+        return self._loader(self.splits["test"], self._eval_batch_size(), self._eval_sampler(self.splits["test"]))
+
+    def _eval_sampler(self, data: list[TrajectoryExample]) -> DistributedSampler | None:
+        """Every example on exactly one rank: Lightning's default DistributedSampler pads a split that does not divide by
+        the ranks with repeated examples, counted twice in the metrics (the ranks' batch counts may then differ by one)."""
+        if self.trainer is None or self.trainer.world_size == 1:
+            return None
+        from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+        return UnrepeatedDistributedSampler(data, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
         if self.hparams.predict_split not in self.splits:

@@ -362,22 +362,34 @@ class GraphAugmentedLM(L.LightningModule):
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         """Log the split's loss on the whole target and on the answer field alone and, with ``val_generate``, its answer scores.
 
-        The graph tokens are kept for the pass's diagnostics. Every logged value is a tensor on the module's device or a
-        Python number (which Lightning puts there), so ``sync_dist`` can all-reduce it under NCCL.
+        The graph tokens are kept for the pass's diagnostics. Every logged value is a mean over the split's examples, each
+        counted once (see :meth:`_log_split_mean`), kept in tensors on the module's device so that NCCL can reduce them.
         """
-        size = len(batch["examples"])
         graph_embeds = self.graph_embeddings(batch["graph"])
         if graph_embeds is not None:
             self._eval_tokens += [t.detach().cpu() for t in graph_embeds.per_example()]
         whole, answer = self.evaluation_losses(batch, graph_embeds)
-        self.log(f"{stage}/loss", whole.mean(), prog_bar=True, batch_size=size, sync_dist=True)
-        self.log(f"{stage}/answer_loss", answer.mean(), batch_size=size, sync_dist=True)
+        self._log_split_mean(f"{stage}/loss", whole.detach(), prog_bar=True)
+        self._log_split_mean(f"{stage}/answer_loss", answer.detach())
         if not self.hparams.val_generate:
             return
         records = self.predict_step(batch, 0)
         for name, key in ANSWER_METRICS.items():
-            mean = sum(float(r[key]) for r in records) / len(records)
-            self.log(f"{stage}/{name}", mean, batch_size=size, sync_dist=True)
+            self._log_split_mean(f"{stage}/{name}", torch.tensor([float(r[key]) for r in records], device=self.device))
+
+    def _log_split_mean(self, name: str, values: torch.Tensor, prog_bar: bool = False) -> None:
+        """Log the mean of ``values`` over the split, each example once whatever the ranks' shares.
+
+        A torchmetrics mean sums values and counts across ranks at the epoch's end; Lightning's own ``sync_dist``
+        mean divides an integer count by the ranks, which is wrong as soon as the ranks validate unequal shares.
+        """
+        from torchmetrics import MeanMetric
+
+        means = self.__dict__.setdefault("_split_means", {})
+        if name not in means:
+            means[name] = MeanMetric(nan_strategy="disable").to(self.device)  # a NaN loss shows; no host sync a step
+        means[name].update(values.float())
+        self.log(name, means[name], prog_bar=prog_bar, on_step=False, on_epoch=True, batch_size=len(values), metric_attribute=f"_split_means.{name}")
 
     def answer_schema(self) -> dict[str, Any]:
         """The answer JSON schema with each string capped so that a whole answer fits ``max_new_tokens``.
