@@ -19,7 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from qgmem_train.config import PipelineConfig
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.model.datamodule import TrajectoryDataModule
-from qgmem_train.model.launch_checks import refuse_stale_requeue_checkpoints, refuse_true_precision
+from qgmem_train.model.launch_checks import ValidationOnStepBoundaries, refuse_stale_requeue_checkpoints, refuse_true_precision
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
 from qgmem_train.model.requeue import StepBoundaryRequeue
@@ -67,8 +67,9 @@ class QGMemCLI(LightningCLI):
 
 
 def always_on_callbacks() -> list[Callback]:
-    """Callbacks every run gets whatever its config lists: Slurm's requeue signal handled at an optimizer-step boundary."""
-    return [StepBoundaryRequeue()]
+    """Callbacks every run gets whatever its config lists: checkpoints only at optimizer-step boundaries (Slurm's
+    requeue signal handled at the next one, validation refused inside an accumulation window)."""
+    return [StepBoundaryRequeue(), ValidationOnStepBoundaries()]
 
 
 def summary(subcommand: str, trainer: Trainer) -> str | None:

@@ -67,3 +67,30 @@ def test_a_requeued_job_may_resume_its_own_checkpoint(tmp_path: Path, monkeypatc
     monkeypatch.delenv("SLURM_NTASKS")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     assert stale_requeue_checkpoints(tmp_path, ckpt_path=None) == [], "outside Slurm Lightning ignores hpc checkpoints"
+
+
+@pytest.mark.parametrize(("every", "refused"), [(3, True), (4, False)])
+def test_validation_inside_an_accumulation_window_is_refused(llm_dir: Path, tmp_path: Path, every: int, refused: bool) -> None:
+    """Accumulating 2 batches a step, validating after batch 3 would checkpoint half a step's gradients, lost on resume."""
+    import lightning as L
+
+    from qgmem_train.errors import InputError
+    from qgmem_train.lightning_cli import always_on_callbacks
+    from qgmem_train.model.datamodule import TrajectoryDataModule
+    from qgmem_train.model.module import GraphAugmentedLM
+    from tests.tiny_decoder import FIXTURE, tiny_module_kwargs
+
+    data = TrajectoryDataModule(str(FIXTURE), batch_size=1)
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=1, accumulate_grad_batches=2, val_check_interval=every, limit_val_batches=1, num_sanity_val_steps=0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        callbacks=always_on_callbacks(),
+    )  # fmt: skip
+    if refused:
+        with pytest.raises(InputError, match="trainer.val_check_interval: validates every 3 batches, inside an accumulation window of 2"):
+            trainer.fit(model, datamodule=data)
+        assert trainer.global_step == 0
+    else:
+        trainer.fit(model, datamodule=data)
+        assert trainer.global_step == 1

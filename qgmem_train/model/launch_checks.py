@@ -1,8 +1,11 @@
-"""Trainer settings a fit refuses before anything loads: ``*-true`` half precisions and stale Slurm requeue checkpoints.
+"""Trainer settings a fit refuses: ``*-true`` half precisions, stale Slurm requeue checkpoints, validation inside an
+accumulation window.
 
-Both fail late or silently otherwise: a true half precision casts the graph encoder while PyG batches stay
+Each fails late or silently otherwise: a true half precision casts the graph encoder while PyG batches stay
 float32 (the first step fails on dtypes) and AdamW on half weights loses small updates; under Slurm, Lightning
-resumes from any ``hpc_ckpt_*.ckpt`` in the root folder when no ``ckpt_path`` is given, even one of a finished job.
+resumes from any ``hpc_ckpt_*.ckpt`` in the root folder when no ``ckpt_path`` is given, even one of a finished job;
+a checkpoint saved by validation inside an accumulation window lacks the accumulated gradients, so resuming from
+it is inexact. The first two are refused before anything loads, the last once Lightning knows the epoch's batches.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+
+import lightning as L
 
 from qgmem_train.errors import InputError
 
@@ -50,3 +55,16 @@ def refuse_stale_requeue_checkpoints(root: str | os.PathLike, ckpt_path: str | N
             f"a requeue checkpoint of an earlier job ({len(stale)} in {root}): under Slurm Lightning resumes from it when no ckpt_path "
             "is given; to start over move the hpc_ckpt_*.ckpt files away or use another run folder, to resume pass --ckpt_path",
         )
+
+
+class ValidationOnStepBoundaries(L.Callback):
+    """Refuse a ``val_check_interval`` that validates (and checkpoints) inside an accumulation window."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        accumulate, every = trainer.accumulate_grad_batches, trainer.val_check_batch
+        if accumulate > 1 and isinstance(every, int) and every % accumulate and every < trainer.num_training_batches:
+            raise InputError(
+                "trainer.val_check_interval",
+                f"validates every {every} batches, inside an accumulation window of {accumulate}: a checkpoint saved there lacks "
+                f"the accumulated gradients, so resuming from it is inexact; use a multiple of {accumulate} batches",
+            )
