@@ -354,8 +354,17 @@ class GraphAugmentedLM(L.LightningModule):
         self._log_token_diagnostics("test")
 
     def _log_token_diagnostics(self, stage: str) -> None:
-        """Log how much the pass's graph tokens vary with the question (:mod:`qgmem_train.graph.diagnostics`); nothing without a graph."""
-        for name, value in graph_token_diagnostics(self._eval_tokens).items():
+        """Log how much the pass's graph tokens vary with the question (:mod:`qgmem_train.graph.diagnostics`); nothing without a graph.
+
+        On several ranks the tokens of all ranks are gathered first: the figures are the split's, and every rank logs the
+        same names (a rank with fewer than two questions would otherwise log none, and the ranks' syncs would not pair).
+        """
+        tokens = self._eval_tokens
+        if self._trainer is not None and self._trainer.world_size > 1:
+            gathered: list[Any] = [None] * self._trainer.world_size
+            torch.distributed.all_gather_object(gathered, tokens)
+            tokens = [t for part in gathered for t in part]
+        for name, value in graph_token_diagnostics(tokens).items():
             self.log(f"{stage}/graph_token_{name}", value, sync_dist=True)
         self._eval_tokens = []
 
