@@ -27,8 +27,9 @@ from tests.test_data_prep_run import make_config, rows
 from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
 
 MAX_STEPS = 8
-SIGNAL_AFTER_STEP = 5
-"""The signal goes out once rank 0 has passed step 5 (after one epoch of 4 steps, so last.ckpt is older than the signal's checkpoint)."""
+SIGNAL_AFTER_STEP = 4
+"""The signal goes out once rank 0 has finished step 5 (after one epoch of 4 steps, so last.ckpt is older than the signal's
+checkpoint); ranks sleep up to a second a step, so it lands before the second epoch's last step (step 8)."""
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +225,7 @@ def training_config(scratch: Path, llm_dir: Path, run: Path) -> Path:
                 }
             ],
             "callbacks": [
-                {"class_path": "tests.slurm_cluster.PaceSteps", "init_args": {"marker_dir": str(run / "steps")}}
+                {"class_path": "tests.slurm_cluster.PaceSteps", "init_args": {"marker_dir": str(run / "steps"), "max_sleep": 1.0}}
             ],
         },
         "checkpoint": {"monitor": None, "filename": "step{step}"},
@@ -278,7 +279,7 @@ def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm
     assert text.count(f"Requeued SLURM job: {job}") == 1, "one requeue, from rank 0 of the training processes only"
     hpc = run / "hpc_ckpt_1.ckpt"
     saved_at = global_step(hpc)
-    assert SIGNAL_AFTER_STEP < saved_at < MAX_STEPS
+    assert SIGNAL_AFTER_STEP < saved_at < MAX_STEPS, "saved at a step boundary inside the second epoch"
     assert f"restart 1, run dir {run}, resume from {hpc}" in text
     assert global_step(run / "ckpt" / "last.ckpt") == MAX_STEPS
     first, second = logged_steps(run / "logs" / "version_0"), logged_steps(run / "logs" / "version_1")
