@@ -4,7 +4,8 @@ Five parts, each in its own try block (a failing part reports its error line and
 ``bench/results/gpu.json`` and ``gpu.md`` are rewritten after every part. ``scripts/gpu_check.sh`` runs each
 part in its own process under its own time limit (``--part``, ``--run-id``) and records a killed part (``--mark``).
 
-1. ``tests``: ``pytest -m gpu`` over the test files that carry the marker.
+1. ``tests``: ``pytest -m gpu`` over the test files that carry the marker, on this check's LLM and embedder (the
+   stand-ins below where the bundled packages are missing).
 2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct on ``accelerator="gpu", devices=1,
    precision="bf16-mixed"``, contexts cut to ``--seq-tokens`` (``model.max_context_tokens``): median step time, peak
    CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer calls per step, checkpointing off vs on.
@@ -13,8 +14,8 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
 5. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
    schema-valid rate, exact match and seconds.
 
-``--smoke`` runs the same code on CPU in seconds (two steps, short contexts; ``--llm`` may name a tiny decoder)
-and reports the CUDA-only parts as ``skipped: no CUDA``. Without CUDA and without ``--smoke`` nothing is
+``--smoke`` runs the same code on CPU in seconds (two steps, short contexts; ``--llm`` may name a tiny decoder):
+the marked tests run on CPU where they can (bf16; NF4 skips itself) and the NF4 parts report ``skipped: no CUDA``. Without CUDA and without ``--smoke`` nothing is
 measured or written, so ``bench/run_all.py`` (which finds this file too) leaves the GPU results alone.
 
 Models that cannot travel to a machine without network (the bundled SmolLM2 GGUF and MiniLM are about 90 MB
@@ -33,6 +34,7 @@ import gc
 import inspect
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -257,22 +259,29 @@ class Bench:
         self.args, self.cuda = args, cuda
         self._data: Any = None
         self.models: dict[str, str] = {}
-        self.llm = args.llm
+        self.llm, self._embedder = args.llm, args.embedder
 
     def data(self) -> Any:
         """The trajectory fixture, each context lengthened by the others' until ``max_context_tokens`` is what cuts it."""
         if self._data is None:
             from qgmem_train.model.datamodule import TrajectoryDataModule
 
-            self.llm, self.models["llm"] = resolve_or_standin(self.args.llm, "llm", self.args.models)
-            embedder, self.models["embedder"] = resolve_or_standin(self.args.embedder, "embedder", self.args.models)
-            data = TrajectoryDataModule(str(self.args.data), embedder=embedder, batch_size=self.args.batch_size, eval_batch_size=self.args.batch_size)
+            data = TrajectoryDataModule(
+                str(self.args.data), embedder=self.model_refs()["embedder"], batch_size=self.args.batch_size, eval_batch_size=self.args.batch_size
+            )
             data.setup("fit")
             pool = [ex.context for part in data.splits.values() for ex in part]
             tokens = self.args.seq_tokens
             data.splits = {name: [replace(ex, context=lengthen(ex.context, pool, tokens)) for ex in part] for name, part in data.splits.items()}
             self._data = data
         return self._data
+
+    def model_refs(self) -> dict[str, str]:
+        """The LLM and embedder every part uses: the given ones where they resolve, else the prepared stand-ins."""
+        if not self.models:
+            self.llm, self.models["llm"] = resolve_or_standin(self.args.llm, "llm", self.args.models)
+            self._embedder, self.models["embedder"] = resolve_or_standin(self.args.embedder, "embedder", self.args.models)
+        return {"llm": self.llm, "embedder": self._embedder}
 
     def module_settings(self, **overrides: Any) -> dict[str, Any]:
         """configs/demo-cpu.yaml's model section with this check's overrides, reduced to what the module accepts."""
@@ -322,14 +331,21 @@ def gpu_test_files() -> list[str]:
 
 
 def part_tests(bench: Bench) -> dict[str, Any]:
-    """``pytest -m gpu`` over the marked test files: the summary line and any failures."""
-    if not bench.cuda:
-        raise Skipped("no CUDA")
+    """``pytest -m gpu`` over the marked test files on this check's models: the summary line and any failures.
+
+    The tests take the LLM and embedder (stand-ins where the bundled packages are missing) from
+    ``QGMEM_GPU_TEST_LLM`` / ``QGMEM_GPU_TEST_EMBEDDER``; the smoke run on CPU sets ``QGMEM_GPU_TEST_DEVICE=cpu``
+    so the tests that can run there do (NF4 skips itself).
+    """
     files = gpu_test_files()
     if not files:
         raise PartFailed("no test file carries the gpu marker", {})
+    refs = bench.model_refs()
+    env = {**os.environ, "QGMEM_GPU_TEST_LLM": refs["llm"], "QGMEM_GPU_TEST_EMBEDDER": refs["embedder"]}
+    if not bench.cuda:
+        env["QGMEM_GPU_TEST_DEVICE"] = "cpu"
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE", *files]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=bench.args.tests_timeout)
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=bench.args.tests_timeout)
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     details = {
         "command": " ".join(["python", *command[1:]]),

@@ -119,28 +119,32 @@ def check_pipeline_matches(cfg: PipelineConfig, hparams: Mapping[str, Any], data
 
 
 def save_lora(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any], folder: Path) -> None:
-    """Write ``adapter_model.safetensors`` + ``adapter_config.json`` with peft's ``save_pretrained``.
+    """Write ``adapter_model.safetensors`` + ``adapter_config.json`` in peft's format from the checkpoint alone.
 
-    The module is rebuilt around the base LLM (loaded unquantized on the CPU: LoRA tensors do not
-    depend on it), checked against the checkpoint, loaded, and its LoRA-wrapped LLM saved; the adapter
-    config names the base model by its reference and revision rather than this machine's cache path.
+    No backbone is loaded (an 8B one is 16 GB on the CPU): the LoRA tensors are the checkpoint's ``llm.*lora_*``
+    entries under the keys peft's ``save_pretrained`` writes (no ``llm.`` prefix, no adapter name), and the config is
+    the one the module wraps the LLM with, naming the base model by its reference and revision.
     """
-    from qgmem_train.model.module import GraphAugmentedLM
+    from safetensors.torch import save_file
 
-    model = GraphAugmentedLM(**hparams)
-    model.load_backbone("cpu", quantized=False)
-    model.on_load_checkpoint(dict(checkpoint))
-    model.load_state_dict(checkpoint["state_dict"], strict=False)
-    peft_config = model.llm.peft_config["default"]
-    peft_config.base_model_name_or_path = hparams["llm"]
-    peft_config.revision = hparams["llm_revision"]
+    from qgmem_train.model.module import lora_config
+
+    weights = {peft_key(k): v.contiguous() for k, v in checkpoint["state_dict"].items() if k.startswith("llm.") and "lora_" in k}
+    config = lora_config(hparams["lora_r"], hparams["lora_alpha"], hparams["lora_target_modules"])
+    config.base_model_name_or_path, config.revision, config.inference_mode = hparams["llm"], hparams["llm_revision"], True
     staging = Path(tempfile.mkdtemp(prefix=".peft.", dir=folder))
     try:
-        model.llm.save_pretrained(staging, safe_serialization=True, save_embedding_layers=False)
+        save_file(weights, str(staging / LORA_WEIGHTS_FILE), metadata={"format": "pt"})
+        config.save_pretrained(str(staging))
         for name in (LORA_WEIGHTS_FILE, LORA_CONFIG_FILE):
             os.replace(staging / name, folder / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def peft_key(name: str, adapter: str = "default") -> str:
+    """peft's file key of a module state-dict entry: ``llm.`` and the adapter name dropped, as ``get_peft_model_state_dict`` does."""
+    return name.removeprefix("llm.").replace(f".{adapter}", "")
 
 
 def training_sources(data_path: str | None) -> dict[str, int] | None:

@@ -9,17 +9,20 @@ module; the node/edge feature width is linked from the loaded embedder. A ModelC
 
 from __future__ import annotations
 
+import os
 import warnings
 
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from qgmem_train.config import PipelineConfig
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.model.datamodule import TrajectoryDataModule
+from qgmem_train.model.launch_checks import ValidationOnStepBoundaries, refuse_stale_requeue_checkpoints, refuse_true_precision
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
+from qgmem_train.model.requeue import StepBoundaryRequeue
 
 PIPELINE_LINKS = {
     "pipeline.models.llm": "model.llm",
@@ -55,6 +58,19 @@ class QGMemCLI(LightningCLI):
             }
         )
 
+    def before_instantiate_classes(self) -> None:
+        """Refuse, before any model loads, a ``*-true`` half precision and (fit) a stale Slurm requeue checkpoint."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        refuse_true_precision(config["trainer"]["precision"])
+        if self.subcommand == "fit":
+            refuse_stale_requeue_checkpoints(config["trainer"]["default_root_dir"] or os.getcwd(), config["ckpt_path"])
+
+
+def always_on_callbacks() -> list[Callback]:
+    """Callbacks every run gets whatever its config lists: checkpoints only at optimizer-step boundaries (Slurm's
+    requeue signal handled at the next one, validation refused inside an accumulation window)."""
+    return [StepBoundaryRequeue(), ValidationOnStepBoundaries()]
+
 
 def summary(subcommand: str, trainer: Trainer) -> str | None:
     """The line a run ends with: steps, validation loss and last checkpoint after fit, the file after predict.
@@ -86,7 +102,7 @@ def main(argv: list[str]) -> int:
     with warnings.catch_warnings():
         # The dispatcher passes sys.argv on as ``args`` on purpose; LightningCLI warns about exactly that.
         warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
-        trainer_defaults = {"enable_model_summary": False} if is_quiet() else {}
+        trainer_defaults = {"callbacks": always_on_callbacks(), **({"enable_model_summary": False} if is_quiet() else {})}
         cli = QGMemCLI(GraphAugmentedLM, TrajectoryDataModule, args=argv, save_config_kwargs={"overwrite": True}, trainer_defaults=trainer_defaults)
     line = summary(cli.subcommand, cli.trainer) if cli.subcommand else None
     if line and cli.trainer.is_global_zero:

@@ -1,4 +1,4 @@
-"""A local single-node Slurm cluster for tests (through ``scripts/slurm_local.sh``), and a callback that holds a fit.
+"""A local single-node Slurm cluster for tests (through ``scripts/slurm_local.sh``), and a callback that paces a fit's ranks apart.
 
 The cluster runs real ``slurmctld``/``slurmd`` daemons on free ports with every file under one folder;
 jobs are submitted with ``sbatch`` and followed with ``scontrol``, as a user would on a real cluster.
@@ -7,6 +7,7 @@ jobs are submitted with ``sbatch`` and followed with ``scontrol``, as a user wou
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import subprocess
@@ -94,22 +95,23 @@ class LocalSlurm:
             time.sleep(0.5)
 
 
-class HoldAtStep(Callback):
-    """Test-only: on a job's first run, stop at ``step`` and wait there (until signalled and killed).
+class PaceSteps(Callback):
+    """Test-only: each rank sleeps its own random time after every batch, so the ranks reach each collective apart.
 
-    Each rank writes ``marker_dir/rank<R>`` when it starts waiting, so a test knows every rank sits in the
-    same place before it sends the requeue signal. A requeued run (``SLURM_RESTART_COUNT`` > 0) never waits.
+    Each rank writes its global step to ``marker_dir/rank<R>`` after every batch of a job's first run, so a test can
+    send the requeue signal once training is under way, at no step the ranks were parked at. A requeued run
+    (``SLURM_RESTART_COUNT`` > 0) writes nothing.
     """
 
-    def __init__(self, step: int, marker_dir: str) -> None:
-        self.step = step
+    def __init__(self, marker_dir: str, max_sleep: float = 0.4) -> None:
         self.marker_dir = Path(marker_dir)
+        self.max_sleep = max_sleep
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: object, batch: object, batch_idx: int) -> None:
-        """Wait forever at the chosen step of a first run; signal handlers still run between sleeps."""
-        if trainer.global_step != self.step or int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
-            return
-        self.marker_dir.mkdir(parents=True, exist_ok=True)
-        (self.marker_dir / f"rank{trainer.global_rank}").write_text(str(trainer.global_step))
-        while True:
-            time.sleep(0.2)
+        """Sleep a random while (its own stream, so the training's random numbers are untouched); note the step."""
+        if not hasattr(self, "_random"):
+            self._random = random.Random(os.getpid())
+        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0:
+            self.marker_dir.mkdir(parents=True, exist_ok=True)
+            (self.marker_dir / f"rank{trainer.global_rank}").write_text(str(trainer.global_step))
+        time.sleep(self._random.uniform(0, self.max_sleep))

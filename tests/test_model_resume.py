@@ -143,7 +143,7 @@ def test_ranks_split_each_batch_like_one_process_with_the_whole_batch(world) -> 
     assert len(ranks[0]) == ResumableSampler(size, batch, world, 0, True, 0, lambda: (epoch, 0)).num_samples - done * batch
 
 
-def test_graph_labels_are_embedded_on_the_trainers_device(assets, monkeypatch) -> None:
+def test_graph_labels_are_embedded_on_the_trainers_device_which_the_embedder_then_leaves(assets, monkeypatch) -> None:
     data = TrajectoryDataModule(str(assets[0]))
     placed: list[torch.device] = []
     model = data.embedder.model
@@ -153,5 +153,5 @@ def test_graph_labels_are_embedded_on_the_trainers_device(assets, monkeypatch) -
     monkeypatch.setattr(data.embedder, "encode", lambda texts: encoded.append(len(placed)) or encode(texts))
     data.trainer = type("Trainer", (), {"strategy": type("Strategy", (), {"root_device": torch.device("cuda", 3)})()})()
     data.setup("fit")
-    assert placed == [torch.device("cuda", 3)]
-    assert encoded and all(count == 1 for count in encoded), "labels are embedded after the move"
+    assert placed == [torch.device("cuda", 3), torch.device("cpu")], "the embedder leaves the GPU once the labels are cached"
+    assert encoded and all(count == 1 for count in encoded), "labels are embedded between the two moves"

@@ -11,8 +11,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,8 +27,9 @@ from tests.test_data_prep_run import make_config, rows
 from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
 
 MAX_STEPS = 8
-HOLD_STEP = 6
-"""The first run waits at step 6 (after one epoch of 4 steps, so last.ckpt is older than the signal's checkpoint)."""
+SIGNAL_AFTER_STEP = 4
+"""The signal goes out once rank 0 has finished step 5 (after one epoch of 4 steps, so last.ckpt is older than the signal's
+checkpoint); ranks sleep up to a second a step, so it lands before the second epoch's last step (step 8)."""
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,8 @@ FAKE_SLURM_COMMAND = """
 import json, os, sys
 record = {
     "command": os.path.basename(sys.argv[0]), "argv": sys.argv[1:],
-    "env": {k: v for k, v in os.environ.items() if k in ("SLURM_GPU_BIND", "SLURM_GPUS_PER_TASK", "CUDA_VISIBLE_DEVICES")},
+    "env": {k: v for k, v in os.environ.items() if k in ("SLURM_GPU_BIND", "SLURM_GPUS_PER_TASK", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE",
+                                                         "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM")},
 }
 with open(os.environ["FAKE_SLURM_LOG"], "a") as log:
     log.write(json.dumps(record) + "\\n")
@@ -145,6 +149,35 @@ def test_train_srun_leaves_every_task_all_gpus_of_its_node(tmp_path: Path, gpus:
         assert f"{gpus} GPUs per node, each task sees all of them (CUDA_VISIBLE_DEVICES=0,1)" in result.stdout
 
 
+@pytest.mark.parametrize("cpus", ["8", None])
+def test_train_srun_gives_each_task_the_jobs_cpus_per_task(tmp_path: Path, cpus: str | None) -> None:
+    """From Slurm 22.05 srun does not inherit ``--cpus-per-task`` from sbatch: the launch line must pass it on."""
+    slurm = {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "7"}
+    if cpus:
+        slurm["SLURM_CPUS_PER_TASK"] = cpus
+    env = fake_slurm_env(tmp_path, RUN_DIR=str(tmp_path / "run"), RESUME="none", PYTHON="python3", **slurm)
+    result = subprocess.run(["bash", "slurm/train.sbatch", "configs/demo-cpu.yaml"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (call,) = fake_slurm_calls(tmp_path)
+    launcher = call["argv"][: call["argv"].index("python3")]
+    assert [a for a in launcher if a.startswith("--cpus-per-task")] == ([f"--cpus-per-task={cpus}"] if cpus else []), launcher
+
+
+@pytest.mark.parametrize(("config", "offline"), [("configs/demo-cpu.yaml", True), ("configs/qwen3-8b.yaml", False)])
+def test_train_runs_offline_when_its_models_are_local_and_tokenizers_single_threaded(tmp_path: Path, config: str, offline: bool) -> None:
+    """Bundled or local-path models need no hub: the ranks run with HF_HUB_OFFLINE=1; hub ids leave it to the caller."""
+    slurm = {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "7"}
+    env = fake_slurm_env(tmp_path, RUN_DIR=str(tmp_path / "run"), RESUME="none", PYTHON=sys.executable, **slurm)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM"):
+        env.pop(name, None)
+    result = subprocess.run(["bash", "slurm/train.sbatch", config], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (call,) = fake_slurm_calls(tmp_path)
+    assert call["env"].get("TOKENIZERS_PARALLELISM") == "false"
+    expected = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"} if offline else {}
+    assert {k: v for k, v in call["env"].items() if k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")} == expected
+
+
 @pytest.mark.slow
 def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch: Path) -> None:
     one = make_config(scratch, "one")
@@ -170,8 +203,8 @@ def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch:
     assert rows(scratch / "sharded") == rows(scratch / "one")
 
 
-def training_config(scratch: Path, llm_dir: Path) -> Path:
-    """A fit YAML over the tiny decoder: 2 ranks x batch 1 = 4 steps per epoch, CSV metrics every step, held mid-fit."""
+def training_config(scratch: Path, llm_dir: Path, run: Path) -> Path:
+    """A fit YAML over the tiny decoder: 2 ranks x batch 1 = 4 steps per epoch, 2 loader workers, CSV metrics every step, ranks paced apart."""
     model = {k: v for k, v in tiny_module_kwargs(llm_dir, 0, val_generate=False).items() if k not in ("feature_dim", "llm")}
     raw = {
         "seed_everything": 0,
@@ -188,19 +221,19 @@ def training_config(scratch: Path, llm_dir: Path) -> Path:
             "logger": [
                 {
                     "class_path": "lightning.pytorch.loggers.CSVLogger",
-                    "init_args": {"save_dir": str(scratch / "run"), "name": "logs", "flush_logs_every_n_steps": 1},
+                    "init_args": {"save_dir": str(run), "name": "logs", "flush_logs_every_n_steps": 1},
                 }
             ],
             "callbacks": [
-                {"class_path": "tests.slurm_cluster.HoldAtStep", "init_args": {"step": HOLD_STEP, "marker_dir": str(scratch / "held")}}
+                {"class_path": "tests.slurm_cluster.PaceSteps", "init_args": {"marker_dir": str(run / "steps"), "max_sleep": 1.0}}
             ],
         },
         "checkpoint": {"monitor": None, "filename": "step{step}"},
         "model": model,
-        "data": {"path": str(FIXTURE), "batch_size": 1},
+        "data": {"path": str(FIXTURE), "batch_size": 1, "num_workers": 2},
         "pipeline": {"models": {"llm": str(llm_dir), "embedder": BUNDLED_EMBEDDER, "reranker": "none", "dtype": "float32", "device": "cpu"}},
     }
-    path = scratch / "train.yaml"
+    path = scratch / f"train-{run.name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
@@ -214,23 +247,28 @@ def logged_steps(version: Path) -> list[int]:
         return sorted({int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")})
 
 
+def trainable_state(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
 @pytest.mark.slow
 def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm: LocalSlurm, scratch: Path) -> None:
+    """SIGUSR1 to every process of the step (loader workers too) while the ranks run apart; the requeued job ends where an
+    uninterrupted one does."""
     llm_dir = save_tiny_decoder(scratch / "tiny", fixture_corpus())
-    config = training_config(scratch, llm_dir)
-    run, logs = scratch / "run", scratch / "logs"
+    run, straight, logs = scratch / "run", scratch / "straight", scratch / "logs"
+    config = training_config(scratch, llm_dir, run)
     logs.mkdir(exist_ok=True)
-    job = slurm.run(
-        "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
-        f"--output={logs}/%x-%j.out", "slurm/train.sbatch", str(config), env=job_env(RUN_DIR=str(run)),
-    ).strip()  # fmt: skip
+    submit = ("sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", f"--output={logs}/%x-%j.out")
+    job = slurm.run(*submit, "slurm/train.sbatch", str(config), env=job_env(RUN_DIR=str(run))).strip()
     export = slurm.run(
         "sbatch", "--parsable", f"--dependency=afterok:{job}", "--cpus-per-task=1", f"--output={logs}/%x-%j.out",
         "slurm/export.sbatch", str(config), env=job_env(RUN_DIR=str(run), OUT=str(scratch / "export")),
     ).strip()  # fmt: skip
     log = logs / f"qgmem-train-{job}.out"
-    held = [scratch / "held" / f"rank{rank}" for rank in (0, 1)]
-    slurm.wait_for(lambda: all(m.exists() for m in held), job, timeout=900)
+    rank0 = run / "steps" / "rank0"
+    slurm.wait_for(lambda: rank0.exists() and int(rank0.read_text() or 0) > SIGNAL_AFTER_STEP, job, timeout=900)
+    time.sleep(random.uniform(0, 0.4))
     slurm.run("scancel", "--signal=USR1", job)
     final = slurm.wait(job, timeout=900)
     text = log.read_text()
@@ -238,15 +276,24 @@ def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm
     assert final["Restarts"] == "1"
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in text
     assert "distributed_backend=gloo" in text
-    assert f"Requeued SLURM job: {job}" in text
+    assert text.count(f"Requeued SLURM job: {job}") == 1, "one requeue, from rank 0 of the training processes only"
     hpc = run / "hpc_ckpt_1.ckpt"
-    assert global_step(hpc) == HOLD_STEP
+    saved_at = global_step(hpc)
+    assert SIGNAL_AFTER_STEP < saved_at < MAX_STEPS, "saved at a step boundary inside the second epoch"
     assert f"restart 1, run dir {run}, resume from {hpc}" in text
     assert global_step(run / "ckpt" / "last.ckpt") == MAX_STEPS
     first, second = logged_steps(run / "logs" / "version_0"), logged_steps(run / "logs" / "version_1")
-    assert max(first) < HOLD_STEP <= min(second) and max(second) < MAX_STEPS, (first, second)
+    assert max(first) < saved_at <= min(second) and max(second) < MAX_STEPS, (first, second)
     assert not list(run.glob("hpc_ckpt_2.ckpt")), "only one requeue was asked for"
     assert os.path.getmtime(hpc) < os.path.getmtime(run / "ckpt" / "last.ckpt")
+
+    reference = slurm.run(*submit, "slurm/train.sbatch", str(training_config(scratch, llm_dir, straight)), env=job_env(RUN_DIR=str(straight))).strip()
+    assert slurm.wait(reference, timeout=900)["JobState"] == "COMPLETED", (logs / f"qgmem-train-{reference}.out").read_text()[-3000:]
+    resumed, uninterrupted = trainable_state(run / "ckpt" / "last.ckpt"), trainable_state(straight / "ckpt" / "last.ckpt")
+    assert resumed.keys() == uninterrupted.keys()
+    for name in resumed:
+        torch.testing.assert_close(resumed[name], uninterrupted[name], msg=lambda m, name=name: f"{name}: {m}")
+
     exported = slurm.wait(export, timeout=600)
     export_log = (logs / f"qgmem-export-{export}.out").read_text()
     assert exported["JobState"] == "COMPLETED", export_log[-3000:]

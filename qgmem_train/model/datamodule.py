@@ -142,7 +142,8 @@ class TrajectoryDataModule(L.LightningDataModule):
         return self.embedder.dim
 
     def setup(self, stage: str | None = None) -> None:
-        """Read and split the folder, then embed every distinct label once, on this process's device when a trainer runs it."""
+        """Read and split the folder, then embed every distinct label once, on this process's device when a trainer runs it
+        (the embedder goes back to the CPU afterwards)."""
         if self.splits:
             return
         loaded = read_trajectory_dataset(self.hparams.path)
@@ -163,6 +164,11 @@ class TrajectoryDataModule(L.LightningDataModule):
             self.embedder.model.to(self.trainer.strategy.root_device)
         self._features = self._embed(labels)
         self._questions = self._embed(sorted({ex.question for part in self.splits.values() for ex in part}))
+        if self.trainer is not None:
+            # the features are cached: the embedder's weights leave the GPU to the frozen LLM and its activations
+            self.embedder.model.to("cpu")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
     def _embed(self, labels: list[str]) -> dict[str, np.ndarray]:
         batch = 256
@@ -208,10 +214,19 @@ class TrajectoryDataModule(L.LightningDataModule):
         return trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.ready
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.splits["validation"], self._eval_batch_size())
+        return self._loader(self.splits["validation"], self._eval_batch_size(), self._eval_sampler(self.splits["validation"]))
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.splits["test"], self._eval_batch_size())
+        return self._loader(self.splits["test"], self._eval_batch_size(), self._eval_sampler(self.splits["test"]))
+
+    def _eval_sampler(self, data: list[TrajectoryExample]) -> DistributedSampler | None:
+        """Every example on exactly one rank: Lightning's default DistributedSampler pads a split that does not divide by
+        the ranks with repeated examples, counted twice in the metrics (the ranks' batch counts may then differ by one)."""
+        if self.trainer is None or self.trainer.world_size == 1:
+            return None
+        from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+        return UnrepeatedDistributedSampler(data, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
         if self.hparams.predict_split not in self.splits:

@@ -31,6 +31,7 @@ from qgmem_train.model.answer_span import answer_labels, answer_token_mask
 from qgmem_train.model.answers import answer_scores
 from qgmem_train.model.backbone import describe_backbone
 from qgmem_train.model.checkpoint import METADATA_KEY, check_compatible, config_hash, trainable_state_dict
+from qgmem_train.model.ddp import frozen_backbone_names
 from qgmem_train.model.fusion import (
     PromptIds,
     chat_prompt_ids,
@@ -186,13 +187,14 @@ class GraphAugmentedLM(L.LightningModule):
         quantization = hp.quantization if quantized else "none"
         llm = _load_frozen_llm(hp.llm, hp.llm_revision, hp.dtype, quantization, hp.cache_dir, hp.trust_remote_code, target)
         if hp.lora_r > 0:
-            llm = _add_lora(llm, hp.lora_r, hp.lora_alpha, hp.lora_target_modules or ["q_proj", "v_proj"])
+            llm = _add_lora(llm, hp.lora_r, hp.lora_alpha, hp.lora_target_modules)
         if hp.gradient_checkpointing:
             llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.llm = llm
         if hp.gradient_checkpointing and self.prefix_cache_status()[0]:
             _keep_read_only_cache_when_checkpointing(llm)
         self._prefix = None
+        self._ddp_params_and_buffers_to_ignore = frozen_backbone_names(self)
         self.to(torch.device(target))
         self.embedding_norm = float(llm.get_input_embeddings().weight.detach().float().norm(dim=-1).mean())
         if self.projector is not None:
@@ -348,30 +350,51 @@ class GraphAugmentedLM(L.LightningModule):
         self._log_token_diagnostics("test")
 
     def _log_token_diagnostics(self, stage: str) -> None:
-        """Log how much the pass's graph tokens vary with the question (:mod:`qgmem_train.graph.diagnostics`); nothing without a graph."""
-        for name, value in graph_token_diagnostics(self._eval_tokens).items():
+        """Log how much the pass's graph tokens vary with the question (:mod:`qgmem_train.graph.diagnostics`); nothing without a graph.
+
+        On several ranks the tokens of all ranks are gathered first: the figures are the split's, and every rank logs the
+        same names (a rank with fewer than two questions would otherwise log none, and the ranks' syncs would not pair).
+        """
+        tokens = self._eval_tokens
+        if self._trainer is not None and self._trainer.world_size > 1:
+            gathered: list[Any] = [None] * self._trainer.world_size
+            torch.distributed.all_gather_object(gathered, tokens)
+            tokens = [t for part in gathered for t in part]
+        for name, value in graph_token_diagnostics(tokens).items():
             self.log(f"{stage}/graph_token_{name}", value, sync_dist=True)
         self._eval_tokens = []
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         """Log the split's loss on the whole target and on the answer field alone and, with ``val_generate``, its answer scores.
 
-        The graph tokens are kept for the pass's diagnostics. Every logged value is a tensor on the module's device or a
-        Python number (which Lightning puts there), so ``sync_dist`` can all-reduce it under NCCL.
+        The graph tokens are kept for the pass's diagnostics. Every logged value is a mean over the split's examples, each
+        counted once (see :meth:`_log_split_mean`), kept in tensors on the module's device so that NCCL can reduce them.
         """
-        size = len(batch["examples"])
         graph_embeds = self.graph_embeddings(batch["graph"])
         if graph_embeds is not None:
             self._eval_tokens += [t.detach().cpu() for t in graph_embeds.per_example()]
         whole, answer = self.evaluation_losses(batch, graph_embeds)
-        self.log(f"{stage}/loss", whole.mean(), prog_bar=True, batch_size=size, sync_dist=True)
-        self.log(f"{stage}/answer_loss", answer.mean(), batch_size=size, sync_dist=True)
+        self._log_split_mean(f"{stage}/loss", whole.detach(), prog_bar=True)
+        self._log_split_mean(f"{stage}/answer_loss", answer.detach())
         if not self.hparams.val_generate:
             return
         records = self.predict_step(batch, 0)
         for name, key in ANSWER_METRICS.items():
-            mean = sum(float(r[key]) for r in records) / len(records)
-            self.log(f"{stage}/{name}", mean, batch_size=size, sync_dist=True)
+            self._log_split_mean(f"{stage}/{name}", torch.tensor([float(r[key]) for r in records], device=self.device))
+
+    def _log_split_mean(self, name: str, values: torch.Tensor, prog_bar: bool = False) -> None:
+        """Log the mean of ``values`` over the split, each example once whatever the ranks' shares.
+
+        A torchmetrics mean sums values and counts across ranks at the epoch's end; Lightning's own ``sync_dist``
+        mean divides an integer count by the ranks, which is wrong as soon as the ranks validate unequal shares.
+        """
+        from torchmetrics import MeanMetric
+
+        means = self.__dict__.setdefault("_split_means", {})
+        if name not in means:
+            means[name] = MeanMetric(nan_strategy="disable").to(self.device)  # a NaN loss shows; no host sync a step
+        means[name].update(values.float())
+        self.log(name, means[name], prog_bar=prog_bar, on_step=False, on_epoch=True, batch_size=len(values), metric_attribute=f"_split_means.{name}")
 
     def answer_schema(self) -> dict[str, Any]:
         """The answer JSON schema under the text path's string cap for ``max_new_tokens`` (:mod:`qgmem_train.answer.capped`)."""
@@ -528,9 +551,16 @@ def _keep_read_only_cache_when_checkpointing(llm: Any) -> None:
         layer._can_checkpoint_with_cache = True
 
 
-def _add_lora(model: Any, rank: int, alpha: int, target_modules: list[str]) -> Any:
-    """Wrap the frozen LLM with peft LoRA adapters (no dropout: the backbone stays in eval mode)."""
-    from peft import LoraConfig, get_peft_model
+def lora_config(rank: int, alpha: int, target_modules: list[str] | None) -> Any:
+    """peft's LoRA settings of the module (no dropout: the backbone stays in eval mode; default ``q_proj``, ``v_proj``)."""
+    from peft import LoraConfig
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    targets = target_modules or ["q_proj", "v_proj"]
+    return LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+
+
+def _add_lora(model: Any, rank: int, alpha: int, target_modules: list[str] | None) -> Any:
+    """Wrap the frozen LLM with peft LoRA adapters (:func:`lora_config`)."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(rank, alpha, target_modules))

@@ -1,0 +1,37 @@
+"""Validation on several ranks counts every example once: DistributedSampler pads a split that does not divide by
+the ranks with repeated examples, which would weigh them twice in the logged metrics and the best-checkpoint choice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+
+from qgmem_train.model.datamodule import TrajectoryDataModule
+from qgmem_train.model.module import GraphAugmentedLM
+from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+
+
+@pytest.fixture(scope="module")
+def llm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
+
+
+def _validate(llm_dir: Path, root: Path, devices: int) -> float:
+    data = TrajectoryDataModule(str(FIXTURE), batch_size=1)
+    data.setup("fit")
+    data.splits["validation"] = (data.splits["validation"] + data.splits["test"])[:3]
+    assert len(data.splits["validation"]) == 3, "an odd split: two ranks would pad it to four"
+    L.seed_everything(0)
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    trainer = L.Trainer(
+        accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, default_root_dir=root,
+    )  # fmt: skip
+    (metrics,) = trainer.validate(model, datamodule=data)
+    return metrics["val/loss"]
+
+
+def test_two_ranks_report_the_validation_loss_of_one(llm_dir: Path, tmp_path: Path) -> None:
+    assert _validate(llm_dir, tmp_path / "two", devices=2) == pytest.approx(_validate(llm_dir, tmp_path / "one", devices=1), rel=1e-5)

@@ -1,0 +1,96 @@
+"""Settings a fit refuses with one line and exit 2 before it loads anything: a ``*-true`` precision, and a stale
+Slurm requeue checkpoint that Lightning would silently resume from when no ``ckpt_path`` is given."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qgmem_train.model.launch_checks import stale_requeue_checkpoints
+from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "configs" / "demo-cpu.yaml"
+SLURM_STEP = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "qgmem-train", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+              "SLURM_NODEID": "0", "SLURM_NODELIST": "node1"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def llm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
+
+
+def fit(llm_dir: Path, root: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """One CPU step of the demo config over the tiny decoder, in its own process."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    command = [
+        sys.executable, "-m", "qgmem_train", "fit", "--config", str(DEMO), "--pipeline.models.llm", str(llm_dir),
+        "--trainer.default_root_dir", str(root), "--trainer.logger", "false", "--checkpoint.dirpath", str(root / "ckpt"),
+        "--data.max_examples", "2", "--model.max_context_tokens", "24", "--model.gnn_hidden", "32", "--model.projector_hidden", "32",
+        "--trainer.max_steps", "1", "--trainer.val_check_interval", "1", "--model.val_generate", "false", *extra,
+    ]  # fmt: skip
+    return subprocess.run(command, cwd=ROOT, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_a_true_half_precision_is_refused_with_one_line(llm_dir: Path, tmp_path: Path, precision: str) -> None:
+    result = fit(llm_dir, tmp_path, "--trainer.precision", precision)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert f"trainer.precision: {precision} casts" in result.stderr and "bf16-mixed" in result.stderr
+
+
+def test_a_stale_requeue_checkpoint_under_slurm_is_refused_with_one_line(llm_dir: Path, tmp_path: Path) -> None:
+    """RESUME=none under Slurm: no ckpt_path, yet Lightning would resume from hpc_ckpt_1.ckpt of an earlier job."""
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"an earlier job's checkpoint")
+    result = fit(llm_dir, tmp_path, env=SLURM_STEP)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert f"{tmp_path / 'hpc_ckpt_1.ckpt'}: a requeue checkpoint of an earlier job" in result.stderr
+    assert not (tmp_path / "ckpt").exists(), "nothing trained"
+
+
+def test_a_requeued_job_may_resume_its_own_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a requeue (SLURM_RESTART_COUNT > 0) the hpc checkpoint is this job's own: Lightning resumes it."""
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"x")
+    for key, value in SLURM_STEP.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert stale_requeue_checkpoints(tmp_path, ckpt_path=None) == [tmp_path / "hpc_ckpt_1.ckpt"]
+    assert stale_requeue_checkpoints(tmp_path, ckpt_path="last") == [], "an explicit ckpt_path wins over the hpc one"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert stale_requeue_checkpoints(tmp_path, ckpt_path=None) == []
+    monkeypatch.delenv("SLURM_NTASKS")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert stale_requeue_checkpoints(tmp_path, ckpt_path=None) == [], "outside Slurm Lightning ignores hpc checkpoints"
+
+
+@pytest.mark.parametrize(("every", "refused"), [(3, True), (4, False)])
+def test_validation_inside_an_accumulation_window_is_refused(llm_dir: Path, tmp_path: Path, every: int, refused: bool) -> None:
+    """Accumulating 2 batches a step, validating after batch 3 would checkpoint half a step's gradients, lost on resume."""
+    import lightning as L
+
+    from qgmem_train.errors import InputError
+    from qgmem_train.lightning_cli import always_on_callbacks
+    from qgmem_train.model.datamodule import TrajectoryDataModule
+    from qgmem_train.model.module import GraphAugmentedLM
+    from tests.tiny_decoder import FIXTURE, tiny_module_kwargs
+
+    data = TrajectoryDataModule(str(FIXTURE), batch_size=1)
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=1, accumulate_grad_batches=2, val_check_interval=every, limit_val_batches=1, num_sanity_val_steps=0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        callbacks=always_on_callbacks(),
+    )  # fmt: skip
+    if refused:
+        with pytest.raises(InputError, match="trainer.val_check_interval: validates every 3 batches, inside an accumulation window of 2"):
+            trainer.fit(model, datamodule=data)
+        assert trainer.global_step == 0
+    else:
+        trainer.fit(model, datamodule=data)
+        assert trainer.global_step == 1
