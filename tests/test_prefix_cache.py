@@ -163,6 +163,19 @@ def test_fit_runs_the_prefix_once_and_checkpointed_layers_still_recompute(llm_di
                     "prefix cache: off (model.prefix_cache: false)"]  # fmt: skip
 
 
+def test_under_bf16_autocast_the_prefix_computed_at_fit_start_serves_the_steps(llm_dir, data, tmp_path) -> None:
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    calls = _DecoderLengths()
+    trainer = L.Trainer(
+        accelerator="cpu", precision="bf16-mixed", max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[calls],
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+    prefix = model.prompt_ids(data.splits["train"][0]).graph_slot
+    assert model._prefix.key[4] == torch.bfloat16, "computed under the steps' autocast"
+    assert len(calls.lengths) == 2 and prefix not in calls.lengths, "no step ran the prefix again"
+
+
 @pytest.mark.slow
 def test_smollm2_losses_gradients_and_answers_equal_with_and_without_the_cache(data) -> None:
     from qgmem_train.config import BUNDLED_LLM

@@ -271,8 +271,9 @@ class GraphAugmentedLM(L.LightningModule):
         enabled, why = self.prefix_cache_status()
         if self.trainer.is_global_zero:
             log.info("prefix cache: %s", why)
-        if enabled:
-            self.cached_prefix([self.prompt_ids(_probe_example())])
+        if enabled:  # under the steps' autocast, so the first step finds the prefix it would compute
+            with self.trainer.precision_plugin.forward_context():
+                self.cached_prefix([self.prompt_ids(_probe_example())])
 
     def training_inputs(self, batch: GraphBatch, graph_embeds: GraphTokens | None = None) -> dict[str, Any]:
         """Right-padded embeddings, mask, position ids and labels (loss on target JSON + EOS only).
