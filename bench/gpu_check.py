@@ -1,6 +1,6 @@
-"""GPU check of training on one CUDA device: the CUDA tests, bf16 with vs without checkpointing, NF4, LoRA on NF4, predict.
+"""GPU check of training on one CUDA device: the CUDA tests, bf16 with vs without checkpointing and the prefix cache, NF4, LoRA on NF4, predict.
 
-Five parts, each in its own try block (a failing part reports its error line and the others still run);
+Six parts, each in its own try block (a failing part reports its error line and the others still run);
 ``bench/results/gpu.json`` and ``gpu.md`` are rewritten after every part. ``scripts/gpu_check.sh`` runs each
 part in its own process under its own time limit (``--part``, ``--run-id``) and records a killed part (``--mark``).
 
@@ -9,9 +9,11 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
 2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct on ``accelerator="gpu", devices=1,
    precision="bf16-mixed"``, contexts cut to ``--seq-tokens`` (``model.max_context_tokens``): median step time, peak
    CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer calls per step, checkpointing off vs on.
-3. ``nf4``: the backbone loaded in 4-bit NF4 (``quantization: 4bit``), then ``--steps`` training steps.
-4. ``lora_nf4``: LoRA (``lora_r: 8``) on the NF4 backbone for ``--steps`` steps.
-5. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
+3. ``prefix_cache``: the same fit with ``model.prefix_cache`` off vs on: step time, peak memory, and the first loss,
+   which must agree up to bf16 rounding.
+4. ``nf4``: the backbone loaded in 4-bit NF4 (``quantization: 4bit``), then ``--steps`` training steps.
+5. ``lora_nf4``: LoRA (``lora_r: 8``) on the NF4 backbone for ``--steps`` steps.
+6. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
    schema-valid rate, exact match and seconds.
 
 ``--smoke`` runs the same code on CPU in seconds (two steps, short contexts; ``--llm`` may name a tiny decoder):
@@ -23,7 +25,7 @@ each) are replaced by random weights of the same architecture and tokenizer: ``-
 keeps their configs and tokenizers, ``--models DIR`` (there) builds the stand-ins once. Step time and memory
 do not depend on the weights; the predict part then checks the generation path, not answer quality.
 
-    scripts/gpu_check.sh                                   # on the GPU machine: every part, within 8 minutes
+    scripts/gpu_check.sh                                   # on the GPU machine: every part, within 9 minutes
     python bench/gpu_check.py --smoke --out /tmp/gpu.json  # the CPU check of this script
 """
 
@@ -53,10 +55,11 @@ from qgmem_train.fileio import write_report_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu.json"
-PARTS = ("tests", "bf16", "nf4", "lora_nf4", "predict")
+PARTS = ("tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict")
 TITLES = {
     "tests": "CUDA-marked tests (`pytest -m gpu`)",
     "bf16": "bf16 fit: gradient checkpointing off vs on",
+    "prefix_cache": "bf16 fit: frozen-prefix cache off vs on",
     "nf4": "NF4 (4-bit) backbone: load and train",
     "lora_nf4": "LoRA (r=8) on the NF4 backbone",
     "predict": "predict (constrained generation)",
@@ -358,16 +361,19 @@ def part_tests(bench: Bench) -> dict[str, Any]:
     return details
 
 
-def part_bf16(bench: Bench) -> dict[str, Any]:
-    """The same fit with gradient checkpointing off and on: step time, peak memory and decoder-layer calls per step."""
+def fits_off_and_on(bench: Bench, setting: str) -> dict[str, Any]:
+    """The same fit with the boolean module ``setting`` off and on: both fits' measurements and the on / off ratios.
+
+    Raises :class:`PartFailed` naming the fit that failed.
+    """
     variants: dict[str, Any] = {}
     errors = []
-    for name, checkpointing in (("off", False), ("on", True)):
+    for name, value in (("off", False), ("on", True)):
         try:
-            variants[name] = bench.fit(bench.args.steps, gradient_checkpointing=checkpointing)
+            variants[name] = bench.fit(bench.args.steps, **{setting: value})
         except Exception as exc:
             variants[name] = {"error": error_line(exc)}
-            errors.append(f"checkpointing {name}: {error_line(exc)}")
+            errors.append(f"{setting} {name}: {error_line(exc)}")
         free_memory(bench.cuda)
     details: dict[str, Any] = {"variants": variants, "precision": device_arguments(bench.cuda)["precision"]}
     off, on = variants.get("off", {}), variants.get("on", {})
@@ -377,8 +383,30 @@ def part_bf16(bench: Bench) -> dict[str, Any]:
         details["memory_above_resident_on_over_off"] = on["above_resident_gib"] / off["above_resident_gib"]
     if errors:
         raise PartFailed("; ".join(errors), details)
+    return details
+
+
+def part_bf16(bench: Bench) -> dict[str, Any]:
+    """The same fit with gradient checkpointing off and on: step time, peak memory and decoder-layer calls per step."""
+    details = fits_off_and_on(bench, "gradient_checkpointing")
+    on = details["variants"]["on"]
     if on.get("decoder_layer_calls_per_step") is not None and on["decoder_layer_calls_per_step"] < 1.5:
         raise PartFailed("checkpointing on, yet each decoder layer ran once a step: nothing was recomputed in backward", details)
+    return details
+
+
+PREFIX_LOSS_TOLERANCE = {"bf16-mixed": 2e-2, "32-true": 1e-4}
+"""Relative difference allowed between the first training loss with and without the prefix cache (bf16 rounds both)."""
+
+
+def part_prefix_cache(bench: Bench) -> dict[str, Any]:
+    """The same fit with the frozen-prefix cache off and on: step time, peak memory, and the first loss, equal up to rounding."""
+    details = fits_off_and_on(bench, "prefix_cache")
+    off, on = details["variants"]["off"], details["variants"]["on"]
+    difference = abs(on["loss_first"] - off["loss_first"]) / abs(off["loss_first"])
+    details["first_loss_relative_difference"] = difference
+    if difference > PREFIX_LOSS_TOLERANCE[details["precision"]]:
+        raise PartFailed(f"the first loss differs by {difference:.2e} relative with the prefix cache on", details)
     return details
 
 
@@ -467,7 +495,10 @@ def part_predict(bench: Bench) -> dict[str, Any]:
     return details
 
 
-PART_FUNCTIONS = {"tests": part_tests, "bf16": part_bf16, "nf4": part_nf4, "lora_nf4": part_lora_nf4, "predict": part_predict}
+PART_FUNCTIONS = {
+    "tests": part_tests, "bf16": part_bf16, "prefix_cache": part_prefix_cache, "nf4": part_nf4, "lora_nf4": part_lora_nf4,
+    "predict": part_predict,
+}  # fmt: skip
 
 
 def error_line(exc: BaseException) -> str:
@@ -587,16 +618,19 @@ def markdown(result: dict[str, Any]) -> str:
             continue
         if name == "tests" and record.get("summary"):
             lines += ["", f"`{record.get('command')}`: {record['summary']}"] + [f"- {f}" for f in record.get("failures", [])]
-        elif name == "bf16" and record.get("variants"):
+        elif name in ("bf16", "prefix_cache") and record.get("variants"):
+            label = "checkpointing" if name == "bf16" else "prefix cache"
             lines += ["", *FIT_HEADER]
-            lines += [fit_row(f"checkpointing {v}", r) for v, r in record["variants"].items()]
+            lines += [fit_row(f"{label} {v}", r) for v, r in record["variants"].items()]
             ratios = []
             if record.get("step_time_on_over_off"):
                 ratios.append(f"step time ×{record['step_time_on_over_off']:.2f}")
             if record.get("memory_above_resident_on_over_off") is not None:
                 ratios.append(f"memory above resident ×{record['memory_above_resident_on_over_off']:.2f}")
+            if record.get("first_loss_relative_difference") is not None:
+                ratios.append(f"first loss differs by {record['first_loss_relative_difference']:.1e} relative")
             if ratios:
-                lines += ["", f"Checkpointing on / off: {', '.join(ratios)} (precision {record.get('precision')})."]
+                lines += ["", f"{label.capitalize()} on / off: {', '.join(ratios)} (precision {record.get('precision')})."]
         elif name in ("nf4", "lora_nf4") and "step_s_median" in record:
             lines += ["", *FIT_HEADER, fit_row(name, record), ""]
             extra = f"Load (setup to first step) {fmt(record.get('load_s'), 1)} s; {record.get('linear_4bit_layers')} Linear4bit layers"

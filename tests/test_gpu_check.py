@@ -18,10 +18,11 @@ import pytest
 from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ["tests", "bf16", "nf4", "lora_nf4", "predict"]
+PARTS = ["tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict"]
 TITLES = [
     "## CUDA-marked tests (`pytest -m gpu`)",
     "## bf16 fit: gradient checkpointing off vs on",
+    "## bf16 fit: frozen-prefix cache off vs on",
     "## NF4 (4-bit) backbone: load and train",
     "## LoRA (r=8) on the NF4 backbone",
     "## predict (constrained generation)",
@@ -51,6 +52,11 @@ def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_
     assert off["decoder_layer_calls_per_step"] == 1.0
     assert on["decoder_layer_calls_per_step"] == 2.0, "with checkpointing on, backward recomputes every decoder layer"
     assert "| checkpointing off |" in report and "| checkpointing on |" in report
+    cache = parts["prefix_cache"]
+    assert cache["status"] == "ok" and cache["first_loss_relative_difference"] < 1e-4
+    off, on = cache["variants"]["off"], cache["variants"]["on"]
+    assert off["decoder_layer_calls_per_step"] == on["decoder_layer_calls_per_step"] == 1.0, "the prefix runs before the first step"
+    assert "| prefix cache on |" in report and "Prefix cache on / off: step time ×" in report
     predict = parts["predict"]
     assert predict["status"] == "ok" and predict["examples"] == 2 and 0.0 <= predict["schema_valid"] <= 1.0
     assert predict["predict_s"] > 0
