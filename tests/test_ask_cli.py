@@ -42,7 +42,9 @@ def test_ask_json_prints_one_object_with_the_cited_units(small_store: tuple[Path
     """The answering LLM is scripted to cite F1 and F2: the JSON must carry exactly those units with their source turns."""
     from qgmem_train.llm import factory
 
-    store, config = small_store
+    store, small = small_store
+    config = small.parent / "ask-budget.yaml"  # room for the scripted answer: a longer string would be cut at the schema's cap
+    config.write_text(small.read_text().replace("max_new_tokens: 48", "max_new_tokens: 96"))
     reply = json.dumps({"reasoning_path": "F1 and F2 say where Caroline went.", "answer": "an LGBTQ support group"})
     monkeypatch.setattr(factory, "build_llm", lambda cfg: ScriptedLLM(lambda chat: reply))
     code = main(["ask", "--store", str(store), "--config", str(config), "--reranker", "none", "--intent", "rules", "--time", "2023-05-09",

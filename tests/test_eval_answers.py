@@ -178,7 +178,9 @@ def test_eval_answers_reports_f1_bleu1_and_exact_match_with_scripted_llm(turns_s
         return json.dumps({"reasoning_path": "F1", "answer": answer})
 
     monkeypatch.setattr(factory, "build_llm", lambda cfg: ScriptedLLM(reply))
-    store, config = turns_store
+    store, small = turns_store
+    config = tmp_path / "budget.yaml"  # room for the scripted answers: a longer string would be cut at the schema's cap
+    config.write_text(small.read_text().replace("max_new_tokens: 32", "max_new_tokens: 96"))
     out = tmp_path / "report"
     code = main(["eval", "answers", "--benchmark", "locomo", "--input", str(SAMPLE), "--store", str(store), "--out", str(out),
                  "--config", str(config), "--limit", "2", "--intent", "rules", "--reranker", "none"])  # fmt: skip
