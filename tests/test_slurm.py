@@ -24,7 +24,7 @@ import yaml
 from qgmem_train.config import BUNDLED_EMBEDDER
 from tests.slurm_cluster import ROOT, LocalSlurm, SlurmUnavailable
 from tests.test_data_prep_run import make_config, rows
-from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import FIXTURE, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
 
 MAX_STEPS = 8
 SIGNAL_AFTER_STEP = 4
@@ -263,7 +263,7 @@ def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm
     job = slurm.run(*submit, "slurm/train.sbatch", str(config), env=job_env(RUN_DIR=str(run))).strip()
     export = slurm.run(
         "sbatch", "--parsable", f"--dependency=afterok:{job}", "--cpus-per-task=1", f"--output={logs}/%x-%j.out",
-        "slurm/export.sbatch", str(config), env=job_env(RUN_DIR=str(run), OUT=str(scratch / "export")),
+        "slurm/export.sbatch", str(config), env=job_env(RUN_DIR=str(run), OUT=str(scratch / "export"), LLM_ID=publish_to_hub_cache(llm_dir)),
     ).strip()  # fmt: skip
     log = logs / f"qgmem-train-{job}.out"
     rank0 = run / "steps" / "rank0"
