@@ -26,7 +26,7 @@ from qgmem_train.model.checkpoint import trainable_state_dict
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.predictor import QGMemPredictor
-from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import FIXTURE, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
 
 
 class BackboneLoaded(AssertionError):
@@ -61,7 +61,8 @@ def test_lora_export_loads_no_backbone_and_matches_peft(trained, tmp_path, monke
     model, checkpoint, config = trained
     monkeypatch.setattr(module_file, "_load_frozen_llm", refuse)
     monkeypatch.setattr(resolver, "load_causal_lm", refuse)
-    out = export_model(checkpoint, config, tmp_path / "model")
+    public = publish_to_hub_cache(Path(model.hparams.llm))  # an export names its base model by a public name
+    out = export_model(checkpoint, config, tmp_path / "model", names={"llm": public})
     monkeypatch.undo()
 
     reference = get_peft_model_state_dict(model.llm)
@@ -75,7 +76,7 @@ def test_lora_export_loads_no_backbone_and_matches_peft(trained, tmp_path, monke
     for key in ("peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "bias", "fan_in_fan_out", "init_lora_weights", "use_rslora", "use_dora"):
         assert adapter[key] == (expected[key].value if hasattr(expected[key], "value") else expected[key]), key
     assert set(adapter["target_modules"]) == {"q_proj", "v_proj", "o_proj"} and adapter["inference_mode"] is True
-    assert adapter["base_model_name_or_path"] == model.hparams.llm and adapter["revision"] is None
+    assert adapter["base_model_name_or_path"] == public and adapter["revision"] is None
 
     loaded = QGMemPredictor.from_pretrained(out, device="cpu", intent="rules").model
     restored, original = trainable_state_dict(loaded), trainable_state_dict(model)

