@@ -424,18 +424,25 @@ def answered_subset(examples: list[Any], limit: int | None, seed: int) -> list[A
     return [ex for i, ex in enumerate(examples) if i in chosen]
 
 
-def per_question_losses(model: Any, data: Any) -> dict[str, dict[str, float]]:
-    """Whole-target and answer-span loss per test question id, with the model's current weights."""
+def per_question_losses(model: Any, data: Any) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Whole-target and answer-span loss per test question id, and the graph-token diagnostics of the same pass, with the
+    model's current weights (one pass over the test questions serves both)."""
     import torch
+
+    from qgmem_train.graph.diagnostics import graph_token_diagnostics
 
     model.eval()
     out: dict[str, dict[str, float]] = {}
+    tokens: list[torch.Tensor] = []
     with torch.no_grad():
         for batch in data.test_dataloader():
-            whole, answer = model.evaluation_losses(batch)
+            graph_embeds = model.graph_embeddings(batch["graph"])
+            if graph_embeds is not None:
+                tokens += [t.cpu() for t in graph_embeds.per_example()]
+            whole, answer = model.evaluation_losses(batch, graph_embeds)
             for example, w, a in zip(batch["examples"], whole.tolist(), answer.tolist()):
                 out[example.question_id] = {"loss": w, "answer_loss": a}
-    return out
+    return out, {f"graph_token_{name}": value for name, value in graph_token_diagnostics(tokens).items()}
 
 
 def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path: Path, run_dir: Path, source: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -501,9 +508,6 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         curve.val.append([0, best_val])
     eval_started = time.perf_counter()
     log.info("  testing %d questions of the test conversation", len(data.splits["test"]))
-    tested = trainer.test(model, datamodule=data, ckpt_path=ckpt or None, verbose=False)[0]
-    test_loss = tested["test/loss"]
-    diagnostics = {key.removeprefix("test/"): float(v) for key, v in tested.items() if key.startswith("test/graph_token_")}
     tested_questions = data.splits["test"]
     data.splits["test"] = answered_subset(tested_questions, args.max_f1_questions, args.split_seed)
     log.info("  answering %d of them (F1, BLEU-1, EM)", len(data.splits["test"]))
@@ -511,7 +515,8 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         answers = {r["question_id"]: r for batch in trainer.predict(model, datamodule=data, ckpt_path=ckpt or None) for r in batch}
     finally:
         data.splits["test"] = tested_questions
-    losses = per_question_losses(model, data)  # predict left the tested checkpoint's weights in the model
+    losses, diagnostics = per_question_losses(model, data)  # predict left the tested checkpoint's weights in the model
+    test_loss = statistics.fmean(loss["loss"] for loss in losses.values())
     records = [{"question_id": ex.question_id, **answers.get(ex.question_id, {}), **losses[ex.question_id]} for ex in tested_questions]
     eval_s = time.perf_counter() - eval_started
     answered = [r for r in records if "f1" in r]
