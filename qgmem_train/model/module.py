@@ -193,7 +193,6 @@ class GraphAugmentedLM(L.LightningModule):
         self.llm = llm
         if hp.gradient_checkpointing and self.prefix_cache_status()[0]:
             _keep_read_only_cache_when_checkpointing(llm)
-        self._prefix = None
         self._ddp_params_and_buffers_to_ignore = frozen_backbone_names(self)
         self.to(torch.device(target))
         self.embedding_norm = float(llm.get_input_embeddings().weight.detach().float().norm(dim=-1).mean())
