@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import lightning as L
 import pytest
@@ -18,6 +20,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 
 from qgmem_train.answer.prompt import final_answer_chat
 from qgmem_train.errors import InputError
+from qgmem_train.llm.base import render_chat
 from qgmem_train.llm.resolver import pick_device
 from qgmem_train.model import module as module_file
 from qgmem_train.model.datamodule import TrajectoryDataModule
@@ -25,7 +28,7 @@ from qgmem_train.model.fusion import chat_prompt_ids
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.graph.local_graph import LocalGraph
 from tests.test_configs import CONFIGS, _parse
-from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import FIXTURE, bundled_tokenizer, fixture_corpus, official_chat, save_tiny_decoder, tiny_module_kwargs, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -204,55 +207,46 @@ def test_training_logs_the_graph_token_norm_ratio(llm_dir, data, monkeypatch) ->
     assert logged["train/graph_token_norm_ratio"] == pytest.approx(1.0, rel=0.05)
 
 
-CHATML_USER_HEADER = "<|im_start|>user\n"
-LLAMA31_USER_HEADER = "<|start_header_id|>user<|end_header_id|>\n\n"
-TEMPLATES = {
-    # The header structure of each model's own template on the no-tools path, reduced to what places text:
-    # SmolLM2's ChatML with its default system turn, Qwen3's ChatML with the empty thinking block of
-    # enable_thinking=False, and Llama 3.1's BOS, dated system block and trimmed message content.
-    "smollm2": (
-        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-        "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}"
-        "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
-        CHATML_USER_HEADER,
-    ),
-    "qwen3": (
-        "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}"
-        "{%- for message in messages %}{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
-        "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}{%- endfor %}"
-        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-        "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}",
-        CHATML_USER_HEADER,
-    ),
-    "llama31": (
-        "{{- bos_token }}{%- set date_string = '26 Jul 2024' %}"
-        "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content']|trim %}{%- set messages = messages[1:] %}"
-        "{%- else %}{%- set system_message = '' %}{%- endif %}"
-        "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}{{- 'Cutting Knowledge Date: December 2023\\n' }}"
-        "{{- 'Today Date: ' + date_string + '\\n\\n' }}{{- system_message }}{{- '<|eot_id|>' }}"
-        "{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
-        "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}",
-        LLAMA31_USER_HEADER,
-    ),
-}
+CHATS = ("llama31", "qwen3", "smollm2")
+USER_HEADERS = {"llama31": "<|start_header_id|>user<|end_header_id|>\n\n", "qwen3": "<|im_start|>user\n", "smollm2": "<|im_start|>user\n"}
 
 
-@pytest.mark.parametrize("name", sorted(TEMPLATES))
-def test_graph_slot_opens_the_user_content_never_a_role_header(llm_dir, name: str) -> None:
-    from transformers import AutoTokenizer
+@pytest.fixture(scope="module")
+def chat_tokenizers() -> dict[str, Any]:
+    """The bundled SmolLM2's own tokenizer, and tokenizers with the official Qwen3 and Llama 3.1 templates and tokens."""
+    corpus = fixture_corpus()
+    return {"smollm2": bundled_tokenizer(), **{name: tiny_tokenizer(corpus, official_chat(name)) for name in ("llama31", "qwen3")}}
 
-    template, user_header = TEMPLATES[name]
-    tokenizer = AutoTokenizer.from_pretrained(llm_dir)
-    tokenizer.chat_template = template
-    tokenizer.bos_token = "<|endoftext|>"
+
+@pytest.mark.parametrize("name", CHATS)
+def test_graph_slot_opens_the_user_content_never_a_role_header(chat_tokenizers, name: str) -> None:
+    tokenizer = chat_tokenizers[name]
     graph = LocalGraph(node_labels=["Alice", "Paris"], edge_src=[0], edge_dst=[1], edge_labels=["moved to"])
     chat = final_answer_chat("Where does Alice live?", "2023-06-01", "[F1] Alice | moved to | Paris", graph, text_path=False)
     prompt = chat_prompt_ids(tokenizer, chat)
-    before, after = tokenizer.decode(prompt.ids[: prompt.graph_slot]), tokenizer.decode(prompt.ids[prompt.graph_slot :])
-    assert before.endswith(user_header), before[-60:]
-    assert after.startswith("Question: Where does Alice live?")
-    assert before.count(user_header) == 1 and "You answer questions using only the provided memory context." in before
+    decode = partial(tokenizer.decode, clean_up_tokenization_spaces=False)
+    before, after = decode(prompt.ids[: prompt.graph_slot]), decode(prompt.ids[prompt.graph_slot :])
+    assert before + after == render_chat(tokenizer, chat), "the ids write exactly the model's rendered prompt"
+    assert before.endswith(USER_HEADERS[name]), before[-60:]
+    assert after.startswith("Question: Where does Alice live?") and decode(prompt.ids[prompt.graph_slot]) == "Question"
+    assert before.count(USER_HEADERS[name]) == 1 and "You answer questions using only the provided memory context." in before
+    assert prompt.ids == tokenizer(before + after, add_special_tokens=False)["input_ids"], "the slot is a boundary the tokenizer makes itself"
+
+
+def test_the_official_templates_write_their_own_headers_around_the_slot(chat_tokenizers) -> None:
+    """Llama 3.1 opens with one BOS and its dated system block; Qwen3 closes with the empty thinking block; SmolLM2 drops its default system turn."""
+    graph = LocalGraph(node_labels=["Alice"], edge_src=[], edge_dst=[], edge_labels=[])
+    chat = final_answer_chat("Where does Alice live?", None, "", graph, text_path=False)
+    prompts = {name: chat_prompt_ids(tokenizer, chat) for name, tokenizer in chat_tokenizers.items()}
+    llama, qwen, smol = (chat_tokenizers[name] for name in ("llama31", "qwen3", "smollm2"))
+    ids = prompts["llama31"].ids
+    assert ids[0] == llama.bos_token_id and ids.count(llama.bos_token_id) == 1
+    assert "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nYou answer" in llama.decode(ids[: prompts["llama31"].graph_slot])
+    ids = prompts["qwen3"].ids
+    opening = qwen("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]
+    assert ids[-len(opening) :] == opening
+    assert qwen.convert_tokens_to_ids("<think>") in ids
+    assert "named SmolLM" not in smol.decode(prompts["smollm2"].ids) and "named SmolLM" in smol.chat_template
 
 
 def _change_in_place(folder: Path, change: str) -> None:

