@@ -170,6 +170,7 @@ def test_cross_encoder_reranker_runs_a_local_model(tmp_path) -> None:
     assert scores.shape == (2,) and np.isfinite(scores).all()
 
 
+@pytest.mark.slow
 def test_onnxruntime_reranker_threads_sleep_between_operators_instead_of_spinning(tmp_path) -> None:
     """Spinning threads burn a core between operators and batches; on a shared CPU that is time taken from the next batch."""
     import torch
