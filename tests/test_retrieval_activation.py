@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -148,18 +149,43 @@ def test_llm_reranker_renders_the_qwen3_reranker_prompt() -> None:
     assert llm.calls == [] and RERANK.render(instruction="i", query="q", document="d")[1]["content"].startswith("<Instruct>: i\n<Query>: q")
 
 
-def test_cross_encoder_reranker_runs_a_local_model(tmp_path) -> None:
-    from sentence_transformers import CrossEncoder
+def tiny_cross_encoder(folder: Path) -> Path:
+    """A one-layer, 16-wide BERT cross-encoder with a 13-word vocabulary, saved into ``folder``."""
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "melanie", "paint", "sunrise", "caroline", "group", "?", "what", "did"]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab))
-    BertTokenizerFast(str(tmp_path / "vocab.txt")).save_pretrained(tmp_path)
+    (folder / "vocab.txt").write_text("\n".join(vocab))
+    BertTokenizerFast(str(folder / "vocab.txt")).save_pretrained(folder)
     config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, num_labels=1)
-    BertForSequenceClassification(config).save_pretrained(tmp_path)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+def test_cross_encoder_reranker_runs_a_local_model(tmp_path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    tiny_cross_encoder(tmp_path)
     assert isinstance(CrossEncoder(str(tmp_path)), CrossEncoder)
     scores = CrossEncoderReranker(str(tmp_path), device="cpu").score("what did melanie paint?", ["melanie paint sunrise", "caroline group"])
     assert scores.shape == (2,) and np.isfinite(scores).all()
+
+
+@pytest.mark.slow
+def test_onnxruntime_reranker_threads_sleep_between_operators_instead_of_spinning(tmp_path) -> None:
+    """Spinning threads burn a core between operators and batches; on a shared CPU that is time taken from the next batch."""
+    import torch
+
+    from qgmem_train.retrieval.onnx_rerank import OnnxCrossEncoderReranker
+
+    (tmp_path / "model").mkdir()
+    folder = tiny_cross_encoder(tmp_path / "model")
+    reranker = OnnxCrossEncoderReranker(str(folder), cache_dir=str(tmp_path / "cache"))
+    options = reranker.session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.intra_op_num_threads == torch.get_num_threads()
+    documents = ["melanie paint sunrise", "caroline group", "what did caroline paint"]
+    np.testing.assert_allclose(reranker.score("what did melanie paint?", documents),
+                               CrossEncoderReranker(str(folder), device="cpu").score("what did melanie paint?", documents), atol=1e-5)
 
 
 def test_serialization_clusters_then_facts_with_labels(memory) -> None:

@@ -131,7 +131,12 @@ def recorded_graph(final: Path) -> bytes | None:
 
 
 class OnnxCrossEncoderReranker:
-    """A CrossEncoder's scores from ONNX Runtime on the CPU, on as many threads as torch uses."""
+    """A CrossEncoder's scores from ONNX Runtime on the CPU, on as many threads as torch uses.
+
+    The threads sleep between operators rather than spin (ONNX Runtime's default): spinning threads
+    hold a core the other thread or process needs, which on 2 shared cores cost a pool of 100 about 1.4x
+    its time (bench/results/rerank_question_time.md).
+    """
 
     name = "cross"
 
@@ -154,6 +159,7 @@ class OnnxCrossEncoderReranker:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
         options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         graph = onnx_graph(self.cross_encoder, folder, quantization, cache_dir)
         self.session = onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
 
