@@ -15,8 +15,7 @@ Stages (progress lines for each; rerunning the same command resumes):
    (a seeded sample of each conversation's questions) before data prep, which activates only those.
 2. **Runs.** The frozen SmolLM2 (``--llm``) with, per arm (``--variants``, keys below): each graph design, ``mean1`` (the
    paper's mean readout, T=1), ``mean4`` (T=4), ``edges`` (one token per edge, at most ``--edge-tokens``) and ``query``
-   (``--query-tokens`` question-queried pools), and ``edges-centered`` / ``query-centered`` (the same readouts through the
-   centered projector, ``model.graph_projector: centered``: a learned prompt plus a graph part that averages to zero); for each, ``<design>-soft``, the same number of tokens trained on empty
+   (``--query-tokens`` question-queried pools); for each, ``<design>-soft``, the same number of tokens trained on empty
    graphs (a learned soft prompt; for ``edges`` the mean readout with the cap's worth of tokens, since an empty graph has
    no edges), and ``<design>-shuffled``, the design's trained checkpoint tested with each test question given another
    question's graph from the same conversation (no training); ``lora`` (LoRA r=8, no graph) and ``lora+<design>``
@@ -105,7 +104,6 @@ class Variant:
     name: str
     graph_tokens: int = 0
     graph_readout: str = "mean"
-    graph_projector: str = "mlp"
     text_path: bool = False
     lora_r: int = 0
     empty_graphs: bool = False
@@ -119,7 +117,7 @@ class Variant:
         return self.shuffled_of is None and (self.graph_tokens > 0 or self.lora_r > 0)
 
 
-GRAPH_ARMS = ("mean1", "mean4", "edges", "query", "edges-centered", "query-centered")
+GRAPH_ARMS = ("mean1", "mean4", "edges", "query")
 """The trained graph designs; each has a same-size soft prompt (``<arm>-soft``) and a shuffled-graph test (``<arm>-shuffled``)."""
 
 
@@ -135,16 +133,12 @@ def variants(edge_tokens: int = 10, query_tokens: int = 4, lora_readout: str = "
         "edges": Variant("edges", f"edge tokens, at most {edge_tokens} (edges readout)", graph_tokens=edge_tokens, graph_readout="edges"),
         "query": Variant("query", f"query tokens T={query_tokens} (query readout)", graph_tokens=query_tokens, graph_readout="query"),
     }
-    for key in ("edges", "query"):
-        design = designs[key]
-        designs[f"{key}-centered"] = replace(design, key=f"{key}-centered", name=f"{design.name}, centered projector", graph_projector="centered")
     arms: dict[str, Variant] = {}
     for key, design in designs.items():
         soft_readout = "mean" if design.graph_readout == "edges" else design.graph_readout
         arms[key] = design
         arms[f"{key}-soft"] = Variant(f"{key}-soft", f"soft prompt T={design.graph_tokens} for {key} (empty graphs)",
-                                      graph_tokens=design.graph_tokens, graph_readout=soft_readout, graph_projector=design.graph_projector,
-                                      empty_graphs=True)  # fmt: skip
+                                      graph_tokens=design.graph_tokens, graph_readout=soft_readout, empty_graphs=True)  # fmt: skip
         arms[f"{key}-shuffled"] = replace(design, key=f"{key}-shuffled", name=f"{design.name}, shuffled test graphs", shuffled_of=key)
     lora_design = designs[lora_readout]
     arms["lora"] = Variant("lora", "LoRA r=8, no graph", lora_r=8)
@@ -478,7 +472,7 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
     torch.manual_seed(seed)
     model = GraphAugmentedLM(
         feature_dim=data.feature_dim, llm=args.llm, dtype="float32", graph_tokens=variant.graph_tokens,
-        graph_readout=variant.graph_readout, graph_projector=variant.graph_projector, text_path=variant.text_path,
+        graph_readout=variant.graph_readout, text_path=variant.text_path,
         gnn_hidden=args.gnn_hidden, gnn_layers=2, gnn_heads=4, projector_hidden=2 * args.gnn_hidden, lora_r=variant.lora_r,
         learning_rate=args.lr, weight_decay=0.0, warmup_fraction=0.1, max_context_tokens=args.max_context_tokens,
         max_new_tokens=args.max_new_tokens, val_generate=False,

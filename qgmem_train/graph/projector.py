@@ -38,18 +38,3 @@ class GraphTokenProjector(nn.Module):
         if self.norm is None or self.scale is None:
             return tokens
         return self.scale * self.norm(tokens) / math.sqrt(self.llm_hidden_size)
-
-
-PROJECTORS = ("mlp", "centered")
-"""Names of the projectors (``model.graph_projector``); ``mlp`` is the paper's."""
-
-
-def build_projector(kind: str, in_dim: int, hidden_dim: int, llm_hidden_size: int, tokens: int, normalize: bool) -> nn.Module:
-    """The projector ``kind`` from ``in_dim`` readout vectors to ``tokens`` LLM embeddings each (``hidden_dim`` and ``normalize``: MLP only)."""
-    from qgmem_train.graph.centered_projector import CenteredGraphProjector
-
-    if kind == "mlp":
-        return GraphTokenProjector(in_dim, hidden_dim, llm_hidden_size, tokens, normalize=normalize)
-    if kind == "centered":
-        return CenteredGraphProjector(in_dim, llm_hidden_size, tokens)
-    raise ValueError(f"unknown graph projector {kind!r} (one of {', '.join(PROJECTORS)})")

@@ -18,7 +18,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qgmem_train.errors import InputError
-from qgmem_train.model.ddp import BACKBONE_PREFIX
 
 METADATA_KEY = "qgmem"
 """Key of the compatibility record in a Lightning checkpoint dict."""
@@ -33,11 +32,8 @@ def config_hash(settings: Mapping[str, Any]) -> str:
 
 
 def trainable_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a checkpoint carries beyond the frozen LLM, by ``state_dict`` names, detached: the parameters that require
-    gradients and the graph path's buffers (a projector's running statistics), never the LLM's (``llm.``) buffers."""
-    params = {name: param.detach() for name, param in module.named_parameters() if param.requires_grad}
-    buffers = {name: buffer.detach() for name, buffer in module.named_buffers() if not name.startswith(BACKBONE_PREFIX)}
-    return params | buffers
+    """Parameters that require gradients, by their ``state_dict`` names, detached."""
+    return {name: param.detach() for name, param in module.named_parameters() if param.requires_grad}
 
 
 def check_compatible(found: Mapping[str, Any] | None, expected: Mapping[str, Any], keys: set[str], expected_keys: set[str], where: str) -> None:

@@ -25,8 +25,7 @@ from qgmem_train.config import BUNDLED_LLM
 from qgmem_train.errors import InputError
 from qgmem_train.graph.diagnostics import graph_token_diagnostics
 from qgmem_train.graph.encoder import RelationalGraphEncoder
-from qgmem_train.graph.centered_projector import CenteredGraphProjector
-from qgmem_train.graph.projector import PROJECTORS, GraphTokenProjector, build_projector
+from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.graph.readout import READOUTS, GraphTokens, build_readout
 from qgmem_train.model.answer_span import answer_labels, answer_token_mask
 from qgmem_train.model.answers import answer_scores
@@ -88,7 +87,6 @@ class GraphAugmentedLM(L.LightningModule):
         reverse_edges: bool = True,
         projector_hidden: int = 2048,
         projector_norm: bool = True,
-        graph_projector: Literal["mlp", "centered"] = "mlp",
         lora_r: int = 0,
         lora_alpha: int = 16,
         lora_target_modules: list[str] | None = None,
@@ -124,9 +122,6 @@ class GraphAugmentedLM(L.LightningModule):
             reverse_edges: also pass messages object → subject, with an inverse-relation feature.
             projector_hidden: hidden width of the projector MLP.
             projector_norm: layer-normalise graph tokens to the mean norm of the LLM's input embeddings (learned scale).
-            graph_projector: ``mlp`` (the paper's two-layer MLP) or ``centered`` (a learned prompt plus a bias-free map of the
-                standardised readout, so the graph part cannot turn into a soft prompt); see
-                :mod:`qgmem_train.graph.centered_projector`.
             lora_r: LoRA rank on the LLM (0: no LoRA, the LLM is fully frozen).
             lora_alpha: LoRA scaling numerator.
             lora_target_modules: modules LoRA wraps (default ``q_proj``, ``v_proj``).
@@ -146,8 +141,6 @@ class GraphAugmentedLM(L.LightningModule):
             raise InputError("model.graph_tokens", "must be 0 (no graph) or more")
         if graph_readout not in READOUTS:
             raise InputError("model.graph_readout", f"{graph_readout!r} is not one of {', '.join(READOUTS)}")
-        if graph_projector not in PROJECTORS:
-            raise InputError("model.graph_projector", f"{graph_projector!r} is not one of {', '.join(PROJECTORS)}")
         if max_new_tokens <= JSON_OVERHEAD_TOKENS:
             raise InputError("model.max_new_tokens", f"must be more than {JSON_OVERHEAD_TOKENS} to hold an answer JSON")
         self.save_hyperparameters()
@@ -161,13 +154,13 @@ class GraphAugmentedLM(L.LightningModule):
         self._prefix: PrefixKV | None = None
         self._eval_tokens: list[torch.Tensor] = []
         self.encoder: RelationalGraphEncoder | None = None
-        self.projector: GraphTokenProjector | CenteredGraphProjector | None = None
+        self.projector: GraphTokenProjector | None = None
         self.readout: torch.nn.Module | None = None
         if graph_tokens > 0:
             self.encoder = RelationalGraphEncoder(feature_dim, gnn_hidden, gnn_layers, gnn_heads, gnn_dropout, reverse_edges=reverse_edges)
             self.readout = build_readout(graph_readout, gnn_hidden, feature_dim, graph_tokens)
-            self.projector = build_projector(
-                graph_projector, self.readout.out_dim, projector_hidden, backbone.hidden_size, self.readout.tokens_per_vector, projector_norm
+            self.projector = GraphTokenProjector(
+                self.readout.out_dim, projector_hidden, backbone.hidden_size, self.readout.tokens_per_vector, normalize=projector_norm
             )
 
     def configure_model(self) -> None:
@@ -238,12 +231,7 @@ class GraphAugmentedLM(L.LightningModule):
         graph = graph.to(self.device)
         vectors, mask = self.readout(self.encoder.node_states(graph), graph)
         size, count = vectors.shape[0], vectors.shape[1] * self.readout.tokens_per_vector
-        flat = vectors.flatten(0, 1)
-        if isinstance(self.projector, CenteredGraphProjector):
-            projected = self.projector(flat, None if mask is None else mask.flatten())
-        else:
-            projected = self.projector(flat)
-        tokens = projected.reshape(size, count, self.projector.llm_hidden_size)
+        tokens = self.projector(vectors.flatten(0, 1)).reshape(size, count, self.projector.llm_hidden_size)
         return GraphTokens(tokens, mask)
 
     def prompt_ids(self, example: TrajectoryExample) -> PromptIds:
