@@ -184,37 +184,93 @@ def _cell_search(lists: NeighbourLists, vectors: np.ndarray, queries: np.ndarray
     """Search ``queries`` in the cells they probe; offer every pair met to the member's list too.
 
     ``searching`` marks the rows searched in this run (a superset of ``queries``): a member is offered a
-    query only when it will not meet that query by probing the query's cell itself.
+    query only when it will not meet that query by probing the query's cell itself. When only some rows
+    search (units added), :func:`_extend_cells` merges what they meet in a few passes instead.
     """
-    cells = lists.cells
-    own = cells.probes[:, 0]
-    member_order = np.argsort(own, kind="stable")
-    member_start = np.concatenate([[0], np.cumsum(np.bincount(own, minlength=len(cells.centroids)))])
+    layout = _cell_layout(lists.cells)
+    if not searching.all():
+        _extend_cells(lists, layout, vectors, queries, searching, block_bytes, changed)
+        return
     last = lists.sims.min(axis=1)
-    everyone_searches = bool(searching.all())
-    # When everyone searches, own cells come first so that lists are filled before the other cells only offer
-    # candidates that beat them; a few new units read every cell's members once, in one pass.
-    for ranks in (slice(0, 1), slice(1, None)) if everyone_searches else (slice(None),):
-        probed = cells.probes[queries, ranks]
-        order = np.argsort(probed, axis=None, kind="stable")
-        cell_of = probed.ravel()[order]
-        order //= probed.shape[1]
-        bounds = np.searchsorted(cell_of, np.arange(len(cells.centroids) + 1))
-        del probed, cell_of
-        for cell in np.flatnonzero((np.diff(bounds) > 0) & (np.diff(member_start) > 0)):
-            members = member_order[member_start[cell]:member_start[cell + 1]]
-            member_vectors = vectors[members]
-            in_cell = order[bounds[cell]:bounds[cell + 1]]
-            for part in _row_blocks(len(in_cell), len(members) * _BYTES_PER_SIMILARITY + vectors.shape[1] * 4, block_bytes):
-                rows = queries[in_cell[part]]
-                block = vectors[rows] @ member_vectors.T
-                at = np.minimum(np.searchsorted(members, rows), len(members) - 1)
-                self_row = np.flatnonzero(members[at] == rows)
-                block[self_row, at[self_row]] = -np.inf
-                _merge_block(lists.index, lists.sims, rows, members, block)
-                last[rows] = lists.sims[rows].min(axis=1)
-                if ranks.start or not everyone_searches:  # in its own cell, everyone searching meets everyone
-                    _offer_back(lists, rows, members, block, searching, last, changed)
+    # Own cells come first so that lists are filled before the other cells only offer candidates that beat them.
+    for ranks in (slice(0, 1), slice(1, None)):
+        for _, rows, members, block in _cell_blocks(lists.cells, layout, vectors, queries, ranks, block_bytes):
+            _merge_block(lists.index, lists.sims, rows, members, block)
+            last[rows] = lists.sims[rows].min(axis=1)
+            if ranks.start:  # in its own cell, everyone searching meets everyone
+                _offer_back(lists, rows, members, block, searching, last, changed)
+
+
+def _cell_layout(cells: Cells) -> tuple[np.ndarray, np.ndarray]:
+    """(rows ordered by own cell, ascending within it; where each cell's rows start in that order, C + 1 entries)."""
+    own = cells.probes[:, 0]
+    return np.argsort(own, kind="stable"), np.concatenate([[0], np.cumsum(np.bincount(own, minlength=len(cells.centroids)))])
+
+
+def _cell_blocks(
+    cells: Cells, layout: tuple[np.ndarray, np.ndarray], vectors: np.ndarray, queries: np.ndarray, ranks: slice, block_bytes: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(probes, query rows, cell members, similarities) of ``queries`` with the members of their probed cells at ``ranks``, a cell at a time.
+
+    ``probes`` are flat positions in ``cells.probes[queries, ranks]``; a query's own row is at -inf. Each
+    cell's members (ascending rows) are gathered once.
+    """
+    member_order, member_start = layout
+    probed = cells.probes[queries, ranks]
+    order = np.argsort(probed, axis=None, kind="stable")
+    bounds = np.searchsorted(probed.ravel()[order], np.arange(len(cells.centroids) + 1))
+    width = probed.shape[1]
+    del probed
+    for cell in np.flatnonzero((np.diff(bounds) > 0) & (np.diff(member_start) > 0)):
+        members = member_order[member_start[cell]:member_start[cell + 1]]
+        member_vectors = vectors[members]
+        in_cell = order[bounds[cell]:bounds[cell + 1]]
+        for part in _row_blocks(len(in_cell), len(members) * _BYTES_PER_SIMILARITY + vectors.shape[1] * 4, block_bytes):
+            rows = queries[in_cell[part] // width]
+            block = vectors[rows] @ member_vectors.T
+            at = np.minimum(np.searchsorted(members, rows), len(members) - 1)
+            self_row = np.flatnonzero(members[at] == rows)
+            block[self_row, at[self_row]] = -np.inf
+            yield in_cell[part], rows, members, block
+
+
+def _extend_cells(
+    lists: NeighbourLists, layout: tuple[np.ndarray, np.ndarray], vectors: np.ndarray, queries: np.ndarray, searching: np.ndarray, block_bytes: int, changed: np.ndarray | None
+) -> None:
+    """Search a few ``queries`` in the cells they probe, keeping every similarity, then merge the lists a few times, not per cell.
+
+    Similarities are laid out query by query, probe by probe (4 bytes a pair, batches of queries within
+    ``block_bytes``); each query's list then takes its k best, and each member the queries beating its list.
+    """
+    member_order, member_start = layout
+    sizes = np.diff(member_start)
+    pair_counts = sizes[lists.cells.probes[queries]].sum(axis=1)
+    last = lists.sims.min(axis=1)
+    for batch in _row_blocks(len(queries), int(pair_counts.max(initial=1)) * 4, block_bytes):
+        rows = queries[batch]
+        probed = lists.cells.probes[rows].ravel()
+        lengths = sizes[probed]
+        starts = np.cumsum(lengths) - lengths
+        values = np.empty(int(lengths.sum()), np.float32)
+        for at, _, members, block in _cell_blocks(lists.cells, layout, vectors, rows, slice(None), block_bytes):
+            values[starts[at][:, None] + np.arange(len(members))] = block
+        width = lists.cells.probes.shape[1]
+        row_bytes = int(pair_counts[batch].max(initial=1)) * (_BYTES_PER_SIMILARITY + 24)
+        for part in _row_blocks(len(rows), row_bytes, block_bytes):
+            segments = slice(part.start * width, part.stop * width)
+            first, end = int(starts[segments.start]), int(starts[segments.stop - 1] + lengths[segments.stop - 1])
+            offsets = np.repeat(member_start[probed[segments]] - starts[segments], lengths[segments]) + np.arange(first, end)
+            met, met_sims = member_order[offsets], values[first:end]
+            counts = lengths[segments].reshape(-1, width).sum(axis=1)
+            query = np.repeat(np.arange(len(counts)), counts)
+            column = np.arange(end - first) - np.repeat(np.cumsum(counts) - counts, counts)
+            padded_index, padded_sims = _empty_lists(len(counts), int(counts.max(initial=1)))
+            padded_index[query, column] = met
+            padded_sims[query, column] = met_sims
+            _keep_best(lists.index, lists.sims, rows[part], padded_index, padded_sims)
+            last[rows[part]] = lists.sims[rows[part]].min(axis=1)
+            beats = met_sims > last[met]
+            _offer_pairs(lists, met[beats], rows[part][query[beats]], met_sims[beats], searching, last, changed)
 
 
 def _offer_back(
@@ -222,9 +278,14 @@ def _offer_back(
 ) -> None:
     """Offer each query (``rows``) to the lists of the ``columns`` it beats, unless that column meets it in its own search."""
     at, column = np.nonzero(block > last[columns][None, :])
-    if not len(at):
-        return
-    members, queries = columns[column], rows[at]
+    if len(at):
+        _offer_pairs(lists, columns[column], rows[at], block[at, column], searching, last, changed)
+
+
+def _offer_pairs(
+    lists: NeighbourLists, members: np.ndarray, queries: np.ndarray, values: np.ndarray, searching: np.ndarray, last: np.ndarray, changed: np.ndarray | None
+) -> None:
+    """Offer ``queries[i]`` to the list of ``members[i]``, unless that member meets it in its own search; update ``last``."""
     offered = ~searching[members]
     if lists.cells is not None:
         probes = lists.cells.probes
@@ -232,7 +293,7 @@ def _offer_back(
     if not offered.any():
         return
     members = members[offered]
-    _merge_pairs(lists.index, lists.sims, members, queries[offered], block[at[offered], column[offered]])
+    _merge_pairs(lists.index, lists.sims, members, queries[offered], values[offered])
     last[members] = lists.sims[members].min(axis=1)
     if changed is not None:
         changed[members] = True
@@ -278,11 +339,18 @@ def _merge_pairs(index: np.ndarray, sims: np.ndarray, rows: np.ndarray, neighbou
     offered_index, offered_sims = _empty_lists(len(unique), int(counts.max()))
     offered_index[group, rank] = neighbours
     offered_sims[group, rank] = values
-    candidate_sims = np.concatenate([sims[unique], offered_sims], axis=1)
-    candidate_index = np.concatenate([index[unique], offered_index], axis=1)
+    _keep_best(index, sims, unique, offered_index, offered_sims)
+
+
+def _keep_best(index: np.ndarray, sims: np.ndarray, rows: np.ndarray, offered_index: np.ndarray, offered_sims: np.ndarray) -> None:
+    """Keep, for each of ``rows`` (distinct), the k best of its list and its row of offered candidates (-inf: none); lists stay unsorted."""
+    k = index.shape[1]
+    candidate_sims = np.concatenate([sims[rows], offered_sims], axis=1)
+    candidate_index = np.concatenate([index[rows], offered_index], axis=1)
     keep = np.argpartition(candidate_sims, candidate_sims.shape[1] - k, axis=1)[:, candidate_sims.shape[1] - k:]
-    sims[unique] = np.take_along_axis(candidate_sims, keep, 1)
-    index[unique] = np.take_along_axis(candidate_index, keep, 1)
+    kept_sims = np.take_along_axis(candidate_sims, keep, 1)
+    sims[rows] = kept_sims
+    index[rows] = np.where(np.isneginf(kept_sims), -1, np.take_along_axis(candidate_index, keep, 1))
 
 
 def _sort_lists(index: np.ndarray, sims: np.ndarray, block_bytes: int, rows: np.ndarray | None = None) -> None:
