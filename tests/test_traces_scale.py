@@ -347,7 +347,13 @@ def test_extending_cell_lists_keeps_the_best_of_what_each_unit_meets() -> None:
     vectors = _clustered(1500, seed=11)
     before = nearest_neighbours(vectors[:1400], 20, exact_max=0)
     grown = moved(before, np.arange(1400), 1500)
-    changed = extend_neighbours(grown, vectors, np.arange(1400, 1500), block_bytes=2**16)
+    tracemalloc.start()
+    try:
+        changed = extend_neighbours(grown, vectors, np.arange(1400, 1500), block_bytes=2**16)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 2**16 + grown.index.nbytes + grown.sims.nbytes  # batches of what the new units meet stay within the bound
     expected = _met_by_rule(before, grown, vectors, np.arange(1400, 1500))
     assert [set(row.tolist()) for row in grown.index] == expected
     np.testing.assert_allclose(grown.sims, np.take_along_axis(vectors @ vectors.T, grown.index, 1), rtol=1e-5, atol=1e-6)

@@ -45,6 +45,8 @@ SPARSE_SHARE = 1 / 16
 """A block whose candidates beating the lists so far are at most this share is merged candidate by candidate."""
 _BYTES_PER_SIMILARITY = 16
 """Bytes a similarity costs in a block: the float32 itself, its int64 partial-sort index and a mask."""
+_MERGE_BYTES_PER_PAIR = 64
+"""Bytes a pair met by an added unit costs while merged: its member, query and column (int64), a padded slot and masks."""
 
 Block = tuple[np.ndarray, np.ndarray, np.ndarray]
 """(query positions, candidate rows, similarities of those queries with those candidates)."""
@@ -239,38 +241,49 @@ def _extend_cells(
 ) -> None:
     """Search a few ``queries`` in the cells they probe, keeping every similarity, then merge the lists a few times, not per cell.
 
-    Similarities are laid out query by query, probe by probe (4 bytes a pair, batches of queries within
-    ``block_bytes``); each query's list then takes its k best, and each member the queries beating its list.
+    Similarities are laid out query by query, probe by probe, 4 bytes a pair, for batches of queries
+    within half of ``block_bytes``; the merges of a batch take the other half.
     """
-    member_order, member_start = layout
-    sizes = np.diff(member_start)
+    sizes = np.diff(layout[1])
+    width = lists.cells.probes.shape[1]
     pair_counts = sizes[lists.cells.probes[queries]].sum(axis=1)
     last = lists.sims.min(axis=1)
-    for batch in _row_blocks(len(queries), int(pair_counts.max(initial=1)) * 4, block_bytes):
+    for batch in _row_blocks(len(queries), int(pair_counts.max(initial=1)) * 4, block_bytes // 2):
         rows = queries[batch]
         probed = lists.cells.probes[rows].ravel()
         lengths = sizes[probed]
-        starts = np.cumsum(lengths) - lengths
-        values = np.empty(int(lengths.sum()), np.float32)
-        for at, _, members, block in _cell_blocks(lists.cells, layout, vectors, rows, slice(None), block_bytes):
-            values[starts[at][:, None] + np.arange(len(members))] = block
-        width = lists.cells.probes.shape[1]
-        row_bytes = int(pair_counts[batch].max(initial=1)) * (_BYTES_PER_SIMILARITY + 24)
-        for part in _row_blocks(len(rows), row_bytes, block_bytes):
+        ends = np.cumsum(lengths)
+        values = np.empty(int(ends[-1]), np.float32)
+        for at, _, members, block in _cell_blocks(lists.cells, layout, vectors, rows, slice(None), block_bytes // 2):
+            values[(ends[at] - lengths[at])[:, None] + np.arange(len(members))] = block
+        for part in _row_blocks(len(rows), int(pair_counts[batch].max(initial=1)) * _MERGE_BYTES_PER_PAIR, block_bytes // 2):
             segments = slice(part.start * width, part.stop * width)
-            first, end = int(starts[segments.start]), int(starts[segments.stop - 1] + lengths[segments.stop - 1])
-            offsets = np.repeat(member_start[probed[segments]] - starts[segments], lengths[segments]) + np.arange(first, end)
-            met, met_sims = member_order[offsets], values[first:end]
-            counts = lengths[segments].reshape(-1, width).sum(axis=1)
-            query = np.repeat(np.arange(len(counts)), counts)
-            column = np.arange(end - first) - np.repeat(np.cumsum(counts) - counts, counts)
-            padded_index, padded_sims = _empty_lists(len(counts), int(counts.max(initial=1)))
-            padded_index[query, column] = met
-            padded_sims[query, column] = met_sims
-            _keep_best(lists.index, lists.sims, rows[part], padded_index, padded_sims)
-            last[rows[part]] = lists.sims[rows[part]].min(axis=1)
-            beats = met_sims > last[met]
-            _offer_pairs(lists, met[beats], rows[part][query[beats]], met_sims[beats], searching, last, changed)
+            first = int(ends[segments.start] - lengths[segments.start])
+            met = values[first:int(ends[segments.stop - 1])]
+            _merge_met(lists, layout, rows[part], probed[segments], lengths[segments], met, searching, last, changed)
+
+
+def _merge_met(
+    lists: NeighbourLists, layout: tuple[np.ndarray, np.ndarray], rows: np.ndarray, probed: np.ndarray, lengths: np.ndarray, values: np.ndarray,
+    searching: np.ndarray, last: np.ndarray, changed: np.ndarray | None
+) -> None:
+    """Merge what ``rows`` met into every list: ``values`` are their similarities with the members of the cells ``probed`` (``lengths`` members each), query by query.
+
+    Each of ``rows`` keeps the k best it met; each member is offered the rows beating its list.
+    """
+    member_order, member_start = layout
+    starts = np.cumsum(lengths) - lengths
+    met = member_order[np.repeat(member_start[probed] - starts, lengths) + np.arange(len(values))]
+    counts = lengths.reshape(len(rows), -1).sum(axis=1)
+    query = np.repeat(np.arange(len(rows)), counts)
+    column = np.arange(len(values)) - np.repeat(np.cumsum(counts) - counts, counts)
+    padded_index, padded_sims = _empty_lists(len(rows), int(counts.max(initial=1)))
+    padded_index[query, column] = met
+    padded_sims[query, column] = values
+    _keep_best(lists.index, lists.sims, rows, padded_index, padded_sims)
+    last[rows] = lists.sims[rows].min(axis=1)
+    beats = values > last[met]
+    _offer_pairs(lists, met[beats], rows[query[beats]], values[beats], searching, last, changed)
 
 
 def _offer_back(
