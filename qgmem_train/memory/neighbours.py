@@ -11,7 +11,9 @@ Two searches by inner product of normalised vectors (cosine); no temporary excee
   meet when either probes the other's cell; a true neighbour that neither probes is missed.
 
 :func:`extend_neighbours` adds units to lists already built: each new unit is searched like any other,
-and offered to the lists of the units it met, entering where it beats their last entry. With exact lists
+and offered to the lists of the units it met, entering where it beats their last entry. With cells, what
+the new units meet is kept and merged into the lists in a few passes, not cell by cell: a 1% add meets
+nearly every cell. With exact lists
 the result equals an exact search over all units. With cells the new units join the cells of their
 nearest centroids (the centroids stay), and an existing unit meets a new unit when the new unit probes
 its cell (a rebuild would also let it probe the new unit's).
