@@ -318,7 +318,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"Synthetic turns-like units, {DIM}-d; neighbours 20, τ 0.80, min cluster 2, max trace size {ConstructionConfig().max_trace_size}; "
         f"exact search up to {EXACT_MAX_UNITS} units, cells beyond; BLAS threads per run: {report['blas_threads']}. "
         "Peak RSS includes the two input matrices (input MB); CPU s is the run's user + system time. "
-        "Command: `python bench/bench_traces.py " + report.get("command", "") + "`.",
+        "Command: `python bench/bench_traces.py " + report.get("command", "") + "`."
+        + (f" Baseline code: {report['baseline']}." if report.get("baseline") else ""),
         "",
         "| units | algorithm | search | wall s | CPU s | peak RSS MB | input MB | traces | units in traces | largest | recall@20 | traces equal to exact | phases (wall s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -360,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before a run is stopped")
     parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads of each run (1: many small products; see the results' notes)")
     parser.add_argument("--baseline", type=Path, help="a checkout whose qgmem_train also runs each add, side by side with ours")
+    parser.add_argument("--baseline-label", help="what the baseline is, for the report (default: its path), e.g. the commit it was taken from")
     parser.add_argument("--add-repeats", type=int, default=1, help="times each code's add runs (alternating); the median is reported")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "traces.json")
     parser.add_argument("--render", action="store_true", help="only rewrite the .md from the .json at --out")
@@ -382,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report: dict[str, Any] = {
         "machine": machine_info(), "command": " ".join(sys.argv[1:] if argv is None else argv), "blas_threads": args.blas_threads,
-        "uptime_start": uptime(), "runs": [], "incremental": [], "baseline": str(args.baseline) if args.baseline else None,
+        "uptime_start": uptime(), "runs": [], "incremental": [], "baseline": (args.baseline_label or str(args.baseline)) if args.baseline else None,
     }
     for n in args.sizes:
         with tempfile.TemporaryDirectory(prefix="bench_traces.") as folder:
