@@ -47,8 +47,8 @@ SPARSE_SHARE = 1 / 16
 """A block whose candidates beating the lists so far are at most this share is merged candidate by candidate."""
 _BYTES_PER_SIMILARITY = 16
 """Bytes a similarity costs in a block: the float32 itself, its int64 partial-sort index and a mask."""
-_MERGE_BYTES_PER_PAIR = 64
-"""Bytes a pair met by an added unit costs while merged: its member, query and column (int64), a padded slot and masks."""
+_MERGE_BYTES_PER_PAIR = 48
+"""Bytes a pair met by an added unit costs while merged: its member, query and column (int64), a padded float32 slot, masks."""
 
 Block = tuple[np.ndarray, np.ndarray, np.ndarray]
 """(query positions, candidate rows, similarities of those queries with those candidates)."""
@@ -276,13 +276,17 @@ def _merge_met(
     member_order, member_start = layout
     starts = np.cumsum(lengths) - lengths
     met = member_order[np.repeat(member_start[probed] - starts, lengths) + np.arange(len(values))]
-    counts = lengths.reshape(len(rows), -1).sum(axis=1)
+    counts = lengths.reshape(len(rows), -1).sum(axis=1)  # at least 1: a row is a member of its own cell
+    first = np.cumsum(counts) - counts
     query = np.repeat(np.arange(len(rows)), counts)
-    column = np.arange(len(values)) - np.repeat(np.cumsum(counts) - counts, counts)
-    padded_index, padded_sims = _empty_lists(len(rows), int(counts.max(initial=1)))
-    padded_index[query, column] = met
-    padded_sims[query, column] = values
-    _keep_best(lists.index, lists.sims, rows, padded_index, padded_sims)
+    width = int(counts.max())
+    padded = np.full((len(rows), width), -np.inf, np.float32)
+    padded[query, np.arange(len(values)) - first[query]] = values
+    take = min(lists.k, width)
+    top = np.argpartition(padded, width - take, axis=1)[:, width - take:]
+    top_sims = np.take_along_axis(padded, top, 1)
+    top_index = np.where(np.isneginf(top_sims), -1, met[np.minimum(first[:, None] + top, len(met) - 1)]).astype(np.int32)
+    _keep_best(lists.index, lists.sims, rows, top_index, top_sims)
     last[rows] = lists.sims[rows].min(axis=1)
     beats = values > last[met]
     _offer_pairs(lists, met[beats], rows[query[beats]], values[beats], searching, last, changed)
