@@ -343,7 +343,11 @@ def _met_by_rule(before, grown, vectors: np.ndarray, new_rows: np.ndarray) -> li
     return expected
 
 
-def test_extending_cell_lists_keeps_the_best_of_what_each_unit_meets() -> None:
+@pytest.mark.parametrize("keep_pairs_block", [0, 10**9])  # each block cut to its best at once, or every pair kept
+def test_extending_cell_lists_keeps_the_best_of_what_each_unit_meets(keep_pairs_block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qgmem_train.memory import neighbours
+
+    monkeypatch.setattr(neighbours, "KEEP_PAIRS_BLOCK", keep_pairs_block)
     vectors = _clustered(1500, seed=11)
     before = nearest_neighbours(vectors[:1400], 20, exact_max=0)
     grown = moved(before, np.arange(1400), 1500)
@@ -362,10 +366,12 @@ def test_extending_cell_lists_keeps_the_best_of_what_each_unit_meets() -> None:
     assert differs[:1400].any() and np.array_equal(changed, differs)
 
 
-def test_extending_cell_lists_merges_per_batch_not_per_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("keep_pairs_block", [0, 10**9])
+def test_extending_cell_lists_merges_per_batch_not_per_cell(keep_pairs_block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Adding a few units costs what they meet: the lists are merged a few times, not once or more per probed cell."""
     from qgmem_train.memory import neighbours
 
+    monkeypatch.setattr(neighbours, "KEEP_PAIRS_BLOCK", keep_pairs_block)
     vectors = _clustered(6000, seed=12)
     grown = moved(nearest_neighbours(vectors[:5940], 20, exact_max=0), np.arange(5940), 6000)
     merges = []
