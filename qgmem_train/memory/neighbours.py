@@ -297,7 +297,7 @@ def _extend_keeping_best(
     for batch in _row_blocks(len(queries), width * k * _BEST_BYTES_PER_SLOT, block_bytes // 2):
         rows = queries[batch]
         best_index, best_sims = _empty_lists(len(rows), width * k)
-        for at, _, members, block in _cell_blocks(lists.cells, layout, vectors, rows, slice(None), block_bytes // 2):
+        for at, met_by, members, block in _cell_blocks(lists.cells, layout, vectors, rows, slice(None), block_bytes // 2):
             positions, take = at // width, min(k, len(members))
             top = np.argpartition(block, len(members) - take, axis=1)[:, len(members) - take:]
             columns = (at % width)[:, None] * k + np.arange(take)
@@ -305,7 +305,7 @@ def _extend_keeping_best(
             best_sims[positions[:, None], columns] = np.take_along_axis(block, top, 1)
             beat, column = np.nonzero(block > last[members])
             if len(beat):
-                offers.append((members[column], rows[positions[beat]], block[beat, column]))
+                offers.append((members[column], met_by[beat], block[beat, column]))
                 offered += len(beat)
             if offered * _MERGE_BYTES_PER_PAIR > block_bytes // 2:
                 _offer_collected(lists, offers, searching, last, changed)
