@@ -15,13 +15,16 @@ units, kept here only as the baseline); ``new`` is :func:`~qgmem_train.memory.tr
 (exact up to 20k units, cells beyond); ``faiss`` takes the lists from a faiss IVF-Flat index instead
 (``--faiss``); ``add`` reads the graph cached by a build over all but the last ``--added`` share of the
 units, adds them as consolidation does (read the cache, extend, link, cut, write the cache) and is
-compared with ``new`` over all units.
+compared with ``new`` over all units. With ``--baseline DIR`` (a checkout of other code, e.g. ``git archive``
+of an earlier commit), each add also runs with that code's ``qgmem_train``, alternating with ours, from the
+same cached graph, ``--add-repeats`` times each; the table gives each code's median.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import resource
 import subprocess
@@ -56,6 +59,7 @@ RELATION_NOISE = (0.3, 0.8)
 RECALL_SAMPLE = 1000
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _CHUNK = 65_536
+BASELINE_TAG = "_baseline"
 
 
 def synthetic_units(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -178,8 +182,8 @@ def faiss_lists(facts: np.ndarray, neighbours: int) -> NeighbourLists:
     return NeighbourLists(rows[keep].reshape(n, neighbours).astype(np.int32), sims[keep].reshape(n, neighbours))
 
 
-def child(algorithm: str, n: int, added: float, work: Path) -> dict[str, Any]:
-    """One measurement in this process; returns its figures."""
+def child(algorithm: str, n: int, added: float, work: Path, tag: str = "") -> dict[str, Any]:
+    """One measurement in this process; returns its figures. ``tag`` names its output files (traces, an add's graph)."""
     cc = ConstructionConfig()
     facts, relations, linkable = synthetic_units(n)
     result: dict[str, Any] = {"algorithm": algorithm, "units": n, "input_mb": round(2 * facts.nbytes / 2**20)}
@@ -217,7 +221,7 @@ def child(algorithm: str, n: int, added: float, work: Path) -> dict[str, Any]:
         graph = stored.graph
         traces = cut(linked_components(graph, linkable, cc.min_cluster_size), cc)
         phases["components_and_cut_s"] = time.perf_counter() - start - sum(phases.values())
-        write_graph(work / "graph.npz", ids, prints, graph)
+        write_graph(work / f"{algorithm}{tag}_graph.npz", ids, prints, graph)
         phases["write_cache_s"] = time.perf_counter() - start - sum(phases.values())
         result.update(added_units=len(stored.new_rows), lists_changed=int(changed.sum()))
         result["search"] = "exact" if graph.lists.cells is None else f"cells ({len(graph.lists.cells.centroids)})"
@@ -228,14 +232,14 @@ def child(algorithm: str, n: int, added: float, work: Path) -> dict[str, Any]:
     result.update(trace_summary(traces))
     if algorithm != "old":
         result["recall_at_20"] = round(recall(facts, graph.lists.index), 4)
-    save_traces(work / f"{algorithm}_traces.npz", traces)
+    save_traces(work / f"{algorithm}{tag}_traces.npz", traces)
     return result
 
 
-def run_child(algorithm: str, n: int, added: float, work: Path, timeout: float, blas_threads: int) -> dict[str, Any]:
-    """:func:`child` in a fresh process (its own peak memory); a run past ``timeout`` seconds is reported as such."""
-    command = [sys.executable, __file__, "--child", algorithm, "--sizes", str(n), "--added", str(added), "--work", str(work)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "bench")]))
+def run_child(algorithm: str, n: int, added: float, work: Path, timeout: float, blas_threads: int, code: Path = ROOT, tag: str = "") -> dict[str, Any]:
+    """:func:`child` in a fresh process (its own peak memory) with ``qgmem_train`` from ``code``; a run past ``timeout`` seconds is reported as such."""
+    command = [sys.executable, __file__, "--child", algorithm, "--sizes", str(n), "--added", str(added), "--work", str(work), "--tag", tag]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), str(ROOT / "bench")]))
     env.update({name: str(blas_threads) for name in BLAS_THREAD_VARIABLES})
     try:
         done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=timeout, env=env)
@@ -246,6 +250,30 @@ def run_child(algorithm: str, n: int, added: float, work: Path, timeout: float, 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_adds(n: int, args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, Any]]]:
+    """The add run ``args.add_repeats`` times by each code (ours, and the baseline's when given), alternating."""
+    codes = {"": ROOT} | ({BASELINE_TAG: args.baseline} if args.baseline else {})
+    runs: dict[str, list[dict[str, Any]]] = {tag: [] for tag in codes}
+    for repeat in range(args.add_repeats):
+        for tag, code in (codes.items() if repeat % 2 == 0 else reversed(codes.items())):
+            run = run_child("add", n, args.added, work, args.timeout, args.blas_threads, code, tag)
+            run["code"] = "baseline" if tag else "this"
+            runs[tag].append(run)
+            print(json.dumps(run), flush=True)
+    return runs
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median wall time (the first when any failed), with the wall and CPU seconds of every run."""
+    done = [r for r in runs if "seconds" in r]
+    if len(done) < len(runs):
+        return next(r for r in runs if "seconds" not in r)
+    middle = dict(sorted(done, key=lambda r: r["seconds"])[(len(done) - 1) // 2])
+    middle.update(all_seconds=[r["seconds"] for r in done], all_cpu_seconds=[r["cpu_seconds"] for r in done],
+                  cpu_seconds=statistics.median(r["cpu_seconds"] for r in done))
+    return middle
+
+
 NOTES = [
     "- `old`: the previous clustering (2048 units against all at a time, argpartition, union-find in Python); "
     "`new`: exact up to 20k units, cells beyond; `cells`: the cell search forced where `new` is exact; "
@@ -254,6 +282,8 @@ NOTES = [
     "- recall@20: share of the exact 20 nearest neighbours listed, over 1000 sampled units. Traces equal to exact: share "
     "of the exact run's traces (member sets) that the run has too; one missed or extra neighbour can split, join or "
     "shift a trace, so this is stricter than recall.",
+    "- With a baseline: `add (baseline)` is the same add run with the baseline's `qgmem_train`, alternating with ours; "
+    "each add row is the median of its repeats (wall; CPU is the median CPU), all repeats listed in the JSON.",
     "- Runs use one BLAS thread: the cell search makes thousands of mid-sized matrix products, and with two OpenBLAS "
     "threads on this shared machine a thread spins while the other waits to be scheduled (a 30k-unit build took "
     "20 CPU s and 335 s with two threads, 2.4 CPU s and 37 s with one, `OPENBLAS_NUM_THREADS`).",
@@ -273,7 +303,7 @@ def targets(report: dict[str, Any]) -> list[str]:
     ]
     for row in report["incremental"]:
         met = "met" if row["ratio"] < 0.05 else "not met"
-        lines.append(f"- {row['units']} units, adding {row['added']}: {row['ratio']:.1%} of a full build's wall time ({row['cpu_ratio']:.1%} of its CPU), target 5%: {met}.")
+        lines.append(f"- {row['units']} units, adding {row['added']} ({row.get('code', 'this')} code): {row['ratio']:.1%} of a full build's wall time ({row['cpu_ratio']:.1%} of its CPU), target 5%: {met}.")
     return lines
 
 
@@ -288,7 +318,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"Synthetic turns-like units, {DIM}-d; neighbours 20, τ 0.80, min cluster 2, max trace size {ConstructionConfig().max_trace_size}; "
         f"exact search up to {EXACT_MAX_UNITS} units, cells beyond; BLAS threads per run: {report['blas_threads']}. "
         "Peak RSS includes the two input matrices (input MB); CPU s is the run's user + system time. "
-        "Command: `python bench/bench_traces.py " + report.get("command", "") + "`.",
+        "Command: `python bench/bench_traces.py " + report.get("command", "") + "`."
+        + (f" Baseline code: {report['baseline']}." if report.get("baseline") else ""),
         "",
         "| units | algorithm | search | wall s | CPU s | peak RSS MB | input MB | traces | units in traces | largest | recall@20 | traces equal to exact | phases (wall s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -300,17 +331,17 @@ def markdown(report: dict[str, Any]) -> str:
             continue
         phases = ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in r.get("phases", {}).items())
         lines.append(
-            f"| {r['units']} | {r['algorithm']} | {r.get('search', 'exact, 2048-row blocks')} | {r['seconds']} | {r['cpu_seconds']} | {r['peak_rss_mb']} | {r['input_mb']} | "
+            f"| {r['units']} | {r['algorithm']}{' (baseline)' if r.get('code') == 'baseline' else ''} | {r.get('search', 'exact, 2048-row blocks')} | {r['seconds']} | {r['cpu_seconds']} | {r['peak_rss_mb']} | {r['input_mb']} | "
             f"{r['traces']} | {r['units_in_traces']} | {r['largest_trace']} | {r.get('recall_at_20', '')} | {r.get('traces_equal_to_exact', '')} | {phases} |"
         )
     lines += ["", "Adding units to a namespace (`add`: read the cached graph, extend it, link, cut, write it back) against building all units anew (`new`):", ""]
     lines += [
-        "| units | added | full build s (CPU s) | add s (CPU s) | add / full, wall (CPU) | lists changed | peak RSS MB (add) | traces equal to the full build's |",
-        "|---|---|---|---|---|---|---|---|",
+        "| units | added | code | full build s (CPU s) | add s (CPU s) | add / full, wall (CPU) | lists changed | peak RSS MB (add) | traces equal to the full build's |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["incremental"]:
         lines.append(
-            f"| {row['units']} | {row['added']} | {row['full_s']} ({row['full_cpu_s']}) | {row['add_s']} ({row['add_cpu_s']}) | {row['ratio']} ({row['cpu_ratio']}) | "
+            f"| {row['units']} | {row['added']} | {row.get('code', 'this')} | {row['full_s']} ({row['full_cpu_s']}) | {row['add_s']} ({row['add_cpu_s']}) | {row['ratio']} ({row['cpu_ratio']}) | "
             f"{row['lists_changed']} | {row['peak_rss_mb']} | {row['traces_equal']} |"
         )
     return "\n".join(lines + ["", "Targets:", ""] + targets(report) + ["", "Notes:", ""] + NOTES) + "\n"
@@ -329,46 +360,59 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--added", type=float, default=0.01, help="share of units added to a built namespace")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before a run is stopped")
     parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads of each run (1: many small products; see the results' notes)")
+    parser.add_argument("--baseline", type=Path, help="a checkout whose qgmem_train also runs each add, side by side with ours")
+    parser.add_argument("--baseline-label", help="what the baseline is, for the report (default: its path), e.g. the commit it was taken from")
+    parser.add_argument("--add-repeats", type=int, default=1, help="times each code's add runs (alternating); the median is reported")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "traces.json")
     parser.add_argument("--render", action="store_true", help="only rewrite the .md from the .json at --out")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--tag", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.sizes[0], args.added, args.work)))
+        print(json.dumps(child(args.child, args.sizes[0], args.added, args.work, args.tag)))
         return 0
+    if args.baseline is not None and not (args.baseline / "qgmem_train" / "memory" / "trace_graph.py").is_file():
+        print(f"--baseline {args.baseline}: no qgmem_train/memory/trace_graph.py there", file=sys.stderr)
+        return 2
+    if args.add_repeats < 1:
+        print("--add-repeats must be at least 1", file=sys.stderr)
+        return 2
     if args.render:
         report = json.loads(args.out.read_text())
         write_report_atomic(args.out, report, markdown(report))
         return 0
     report: dict[str, Any] = {
         "machine": machine_info(), "command": " ".join(sys.argv[1:] if argv is None else argv), "blas_threads": args.blas_threads,
-        "uptime_start": uptime(), "runs": [], "incremental": [],
+        "uptime_start": uptime(), "runs": [], "incremental": [], "baseline": (args.baseline_label or str(args.baseline)) if args.baseline else None,
     }
     for n in args.sizes:
         with tempfile.TemporaryDirectory(prefix="bench_traces.") as folder:
             work = Path(folder)
             plan = (["old"] if n <= args.old_max else []) + ["new"] + (["cells"] if n in args.cells else []) + (["faiss"] if n in args.faiss else [])
             measured = {}
-            for algorithm in plan + ["base", "add"]:
+            for algorithm in plan + ["base"]:
                 measured[algorithm] = run_child(algorithm, n, args.added, work, args.timeout, args.blas_threads)
                 print(json.dumps(measured[algorithm]), flush=True)
+            adds = {tag: median_run(runs) for tag, runs in run_adds(n, args, work).items()}
             exact = "old" if "seconds" in measured.get("old", {}) else "new" if measured["new"].get("search") == "exact" else None
             for algorithm in plan:
                 if exact is not None and algorithm != exact:
                     measured[algorithm]["traces_equal_to_exact"] = equal_share(work / f"{exact}_traces.npz", work / f"{algorithm}_traces.npz")
                 report["runs"].append(measured[algorithm])
-            report["runs"] += [measured["base"], measured["add"]]
-            measured["add"]["traces_equal_to_full_build"] = equal_share(work / "new_traces.npz", work / "add_traces.npz")
-            full, add = measured["new"], measured["add"]
-            if "seconds" in full and "seconds" in add:
-                report["incremental"].append({
-                    "units": n, "added": add["added_units"], "full_s": full["seconds"], "add_s": add["seconds"],
-                    "full_cpu_s": full["cpu_seconds"], "add_cpu_s": add["cpu_seconds"],
-                    "ratio": round(add["seconds"] / full["seconds"], 4), "cpu_ratio": round(add["cpu_seconds"] / full["cpu_seconds"], 4),
-                    "lists_changed": add["lists_changed"],
-                    "peak_rss_mb": add["peak_rss_mb"], "traces_equal": add.get("traces_equal_to_full_build"),
-                })
+            report["runs"].append(measured["base"])
+            full = measured["new"]
+            for tag, add in sorted(adds.items()):
+                add["traces_equal_to_full_build"] = equal_share(work / "new_traces.npz", work / f"add{tag}_traces.npz")
+                report["runs"].append(add)
+                if "seconds" in full and "seconds" in add:
+                    report["incremental"].append({
+                        "units": n, "added": add["added_units"], "code": add["code"], "full_s": full["seconds"], "add_s": add["seconds"],
+                        "full_cpu_s": full["cpu_seconds"], "add_cpu_s": add["cpu_seconds"],
+                        "ratio": round(add["seconds"] / full["seconds"], 4), "cpu_ratio": round(add["cpu_seconds"] / full["cpu_seconds"], 4),
+                        "lists_changed": add["lists_changed"],
+                        "peak_rss_mb": add["peak_rss_mb"], "traces_equal": add.get("traces_equal_to_full_build"),
+                    })
     report["uptime_end"] = uptime()
     write_report_atomic(args.out, report, markdown(report))
     return 0

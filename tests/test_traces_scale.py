@@ -322,3 +322,61 @@ def test_lists_moved_to_appended_rows_keep_their_numbers_and_others_are_renumber
     assert appended.index is not lists.index and appended.cells.centroids is lists.cells.centroids
     shifted = moved(lists, np.arange(500) + 100, 600)  # the same lists one hundred rows later: renumbered
     np.testing.assert_array_equal(shifted.index[100:], np.where(lists.index >= 0, lists.index + 100, -1))
+
+
+def _met_by_rule(before, grown, vectors: np.ndarray, new_rows: np.ndarray) -> list[set[int]]:
+    """Each unit's k best of what the cell rule lets it meet: its list before, the units of the cells it probes when
+    it searches, and the searching units that probe its own cell."""
+    n, k = len(vectors), before.k
+    probes, own = grown.cells.probes, grown.cells.probes[:, 0]
+    searching = np.zeros(n, bool)
+    searching[new_rows] = True
+    sims = vectors @ vectors.T
+    expected = []
+    for u in range(n):
+        met = set(before.index[u][before.index[u] >= 0].tolist()) if u < len(before.index) else set()
+        if searching[u]:
+            met |= set(np.flatnonzero(np.isin(own, probes[u])).tolist())
+        met |= set(np.flatnonzero(searching & (probes == own[u]).any(axis=1)).tolist())
+        met.discard(u)
+        expected.append(set(sorted(met, key=lambda v: -sims[u, v])[:k]))
+    return expected
+
+
+@pytest.mark.parametrize("keep_pairs_block", [0, 10**9])  # each block cut to its best at once, or every pair kept
+def test_extending_cell_lists_keeps_the_best_of_what_each_unit_meets(keep_pairs_block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qgmem_train.memory import neighbours
+
+    monkeypatch.setattr(neighbours, "KEEP_PAIRS_BLOCK", keep_pairs_block)
+    vectors = _clustered(1500, seed=11)
+    before = nearest_neighbours(vectors[:1400], 20, exact_max=0)
+    grown = moved(before, np.arange(1400), 1500)
+    tracemalloc.start()
+    try:
+        changed = extend_neighbours(grown, vectors, np.arange(1400, 1500), block_bytes=2**16)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 2**16 + grown.index.nbytes + grown.sims.nbytes  # batches of what the new units meet stay within the bound
+    expected = _met_by_rule(before, grown, vectors, np.arange(1400, 1500))
+    assert [set(row.tolist()) for row in grown.index] == expected
+    np.testing.assert_allclose(grown.sims, np.take_along_axis(vectors @ vectors.T, grown.index, 1), rtol=1e-5, atol=1e-6)
+    differs = np.ones(1500, bool)
+    differs[:1400] = (grown.index[:1400] != before.index).any(axis=1)
+    assert differs[:1400].any() and np.array_equal(changed, differs)
+
+
+@pytest.mark.parametrize("keep_pairs_block", [0, 10**9])
+def test_extending_cell_lists_merges_per_batch_not_per_cell(keep_pairs_block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a few units costs what they meet: the lists are merged a few times, not once or more per probed cell."""
+    from qgmem_train.memory import neighbours
+
+    monkeypatch.setattr(neighbours, "KEEP_PAIRS_BLOCK", keep_pairs_block)
+    vectors = _clustered(6000, seed=12)
+    grown = moved(nearest_neighbours(vectors[:5940], 20, exact_max=0), np.arange(5940), 6000)
+    merges = []
+    for name in ("_merge_block", "_merge_pairs", "_keep_best"):
+        monkeypatch.setattr(neighbours, name, lambda *args, _merge=getattr(neighbours, name): merges.append(1) or _merge(*args))
+    extend_neighbours(grown, vectors, np.arange(5940, 6000))
+    probed = len(np.unique(grown.cells.probes[5940:]))
+    assert probed > 100 and len(merges) <= 4
