@@ -445,6 +445,23 @@ def per_question_losses(model: Any, data: Any) -> tuple[dict[str, dict[str, floa
     return out, {f"graph_token_{name}": value for name, value in graph_token_diagnostics(tokens).items()}
 
 
+WARMUP_FRACTION = 0.1
+"""Share of a trained arm's steps spent warming up to the peak learning rate."""
+
+
+def build_module(args: argparse.Namespace, variant: Variant, feature_dim: int) -> Any:
+    """The arm's ``GraphAugmentedLM`` over the frozen ``args.llm`` (float32), with the experiment's encoder, schedule and context."""
+    from qgmem_train.model.module import GraphAugmentedLM
+
+    return GraphAugmentedLM(
+        feature_dim=feature_dim, llm=args.llm, dtype="float32", graph_tokens=variant.graph_tokens,
+        graph_readout=variant.graph_readout, text_path=variant.text_path,
+        gnn_hidden=args.gnn_hidden, gnn_layers=2, gnn_heads=4, projector_hidden=2 * args.gnn_hidden, lora_r=variant.lora_r,
+        learning_rate=args.lr, weight_decay=0.0, warmup_fraction=WARMUP_FRACTION, max_context_tokens=args.max_context_tokens,
+        max_new_tokens=args.max_new_tokens, val_generate=False,
+    )  # fmt: skip
+
+
 def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path: Path, run_dir: Path, source: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train (when the variant has something to train), validate, then test and predict the test conversations.
 
@@ -457,7 +474,6 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
 
     from qgmem_train.graph.local_graph import LocalGraph
     from qgmem_train.model.datamodule import TrajectoryDataModule
-    from qgmem_train.model.module import GraphAugmentedLM
 
     started = time.perf_counter()
     L.seed_everything(seed, verbose=False)
@@ -470,13 +486,7 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
     if variant.shuffled_of is not None:
         data.splits["test"] = shuffled_graphs(data.splits["test"], seed)
     torch.manual_seed(seed)
-    model = GraphAugmentedLM(
-        feature_dim=data.feature_dim, llm=args.llm, dtype="float32", graph_tokens=variant.graph_tokens,
-        graph_readout=variant.graph_readout, text_path=variant.text_path,
-        gnn_hidden=args.gnn_hidden, gnn_layers=2, gnn_heads=4, projector_hidden=2 * args.gnn_hidden, lora_r=variant.lora_r,
-        learning_rate=args.lr, weight_decay=0.0, warmup_fraction=0.1, max_context_tokens=args.max_context_tokens,
-        max_new_tokens=args.max_new_tokens, val_generate=False,
-    )  # fmt: skip
+    model = build_module(args, variant, data.feature_dim)
     every = max(1, math.ceil(args.steps / args.val_checks))
     curve = loss_curve_callback(max(1, args.steps // 10), args.monitor)
     checkpoints = ModelCheckpoint(
