@@ -657,7 +657,7 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for row in variants_.values():
-        diag = [f"{row[k]:.3f}" if k in row else "" for k in ("graph_token_cosine", "graph_token_between_variance_ratio")]
+        diag = [f"{row[k]:{spec}}" if k in row else "" for k, spec in (("graph_token_cosine", ".6f"), ("graph_token_between_variance_ratio", ".1e"))]
         lines.append(
             f"| {row['name']} | {len(row['seeds'])} | {row['steps']} | {fmt(row['test_answer_loss'])} | {fmt(row['test_loss'])} | "
             f"{fmt(row['json_valid'])} | {fmt(row['f1'])} | {fmt(row['bleu1'])} | {fmt(row['exact_match'])} | {diag[0]} | {diag[1]} |"
