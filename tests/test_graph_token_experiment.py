@@ -191,3 +191,10 @@ def test_bad_arms_are_one_line_and_exit_2(tmp_path: Path, arms: list[str], messa
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and not (tmp_path / "out").exists(), "refused before any work"
+
+
+def test_the_quick_benchmark_run_names_known_arms(experiment: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    run_all = importlib.import_module("run_all")
+    quick = run_all.quick_arguments(tmp_path, tmp_path, None)["graph_token_experiment"]
+    args = experiment.parser().parse_args(quick)
+    assert args.variants and set(args.variants) <= set(experiment.variants())
