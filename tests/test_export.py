@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from export.__main__ import main as export_main
 from export.hub import PushError, push_folder
@@ -31,7 +30,7 @@ from qgmem_train.model.checkpoint import trainable_state_dict
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.predictor import CALLER_MODELS, CHECKSUM_FILE, MACHINE_MODELS, QGMemPredictor, verify_checksums
-from tests.tiny_decoder import FIXTURE
+from tests.tiny_decoder import FIXTURE, fit_to_last_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE = {
@@ -60,16 +59,12 @@ def trained(tmp_path_factory):
         feature_dim=data.feature_dim, llm=BUNDLED_LLM, dtype="float32", gnn_hidden=32, gnn_layers=1, gnn_heads=2,
         projector_hidden=32, lora_r=2, max_context_tokens=48, max_new_tokens=32, learning_rate=1e-2, weight_decay=0.0,
     )  # fmt: skip
-    trainer = L.Trainer(
-        accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=root, callbacks=[ModelCheckpoint(dirpath=root / "ckpt", save_last=True)],
-    )  # fmt: skip
-    trainer.fit(model, datamodule=data)
+    checkpoint = fit_to_last_checkpoint(model, data, root, steps=1)
     config = root / "fit.yaml"
     config.write_text(yaml.safe_dump({"pipeline": {**PIPELINE, "models": {**PIPELINE["models"], **INTERNAL_SERVER}}}))
     out = root / "model"
-    assert export_main(["--checkpoint", str(root / "ckpt" / "last.ckpt"), "--config", str(config), "--out", str(out), "--dry-run", "--push", "me/qgmem"]) == 0
-    return model.eval(), root / "ckpt" / "last.ckpt", config, out
+    assert export_main(["--checkpoint", str(checkpoint), "--config", str(config), "--out", str(out), "--dry-run", "--push", "me/qgmem"]) == 0
+    return model.eval(), checkpoint, config, out
 
 
 def _copy(folder: Path, target: Path) -> Path:

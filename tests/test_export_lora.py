@@ -14,7 +14,6 @@ import lightning as L
 import pytest
 import torch
 import yaml
-from lightning.pytorch.callbacks import ModelCheckpoint
 from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
 
@@ -26,7 +25,7 @@ from qgmem_train.model.checkpoint import trainable_state_dict
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.predictor import QGMemPredictor
-from tests.tiny_decoder import FIXTURE, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import FIXTURE, fit_to_last_checkpoint, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
 
 
 class BackboneLoaded(AssertionError):
@@ -46,15 +45,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[GraphAugmentedLM,
     data = TrajectoryDataModule(str(FIXTURE), batch_size=1, max_examples=2)
     data.setup("fit")
     model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj", "o_proj"]))
-    trainer = L.Trainer(
-        accelerator="cpu", max_steps=2, limit_val_batches=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=root, callbacks=[ModelCheckpoint(dirpath=root / "ckpt", save_last=True)],
-    )  # fmt: skip
-    trainer.fit(model, datamodule=data)
+    checkpoint = fit_to_last_checkpoint(model, data, root, steps=2)
     config = root / "fit.yaml"
     models = {"llm": str(llm_dir), "embedder": BUNDLED_EMBEDDER, "reranker": "none", "dtype": "float32", "device": "cpu"}
     config.write_text(yaml.safe_dump({"pipeline": {"models": models, "construction": {"units": "turns", "traces": False}}}))
-    return model.eval(), root / "ckpt" / "last.ckpt", config
+    return model.eval(), checkpoint, config
 
 
 def test_lora_export_loads_no_backbone_and_matches_peft(trained, tmp_path, monkeypatch) -> None:

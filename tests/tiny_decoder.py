@@ -13,6 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -165,3 +166,16 @@ def tiny_module_kwargs(llm_dir: Path, feature_dim: int, **overrides: object) -> 
     )
     settings.update(overrides)
     return settings
+
+
+def fit_to_last_checkpoint(model: Any, data: Any, root: Path, steps: int) -> Path:
+    """Train ``model`` for ``steps`` CPU steps (no validation) and return the ``last.ckpt`` its fit wrote under ``root``."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=steps, limit_val_batches=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=root, callbacks=[ModelCheckpoint(dirpath=root / "ckpt", save_last=True)],
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+    return root / "ckpt" / "last.ckpt"
