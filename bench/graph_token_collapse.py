@@ -61,7 +61,7 @@ def stage_vectors(model: Any, data: Any, examples: list[Any], batch_size: int) -
             for i in range(vectors.shape[0]):
                 keep = slice(None) if mask is None else mask[i].bool()
                 out["readout"].append(vectors[i][keep])
-                out["mlp"].append(hidden[i][keep] if mask is not None else hidden[i])
+                out["mlp"].append(hidden[i][keep])
             out["tokens"] += tokens.per_example()
     return out
 
