@@ -3,13 +3,15 @@
     python bench/graph_token_collapse.py --trajectories out/graph_token/data/trajectories --readout edges --tokens 10
 
 Trains one graph-token arm of ``bench/graph_token_experiment.py`` (same module, learning rate, warm-up and cosine
-schedule, batch of one, seeded) on the experiment's trajectories, and before training and every ``--every`` steps
-measures three stages on a fixed set of test questions: the readout's vectors (``readout``), the projector's MLP
-output before its layer norm (``mlp``) and the graph tokens the LLM reads (``tokens``). For each stage: the mean
-pairwise cosine of the questions' mean vectors and the between-question share of their variance
-(:mod:`qgmem_train.graph.diagnostics`, as training logs them), and the share of the single vectors' energy that is
-not the shared mean (``token_spread``: 0 when every vector of every question is the same). Writes
-``graph_token_collapse_<readout>.{json,md}`` to ``--out``.
+schedule, seeded; a batch of ``--batch-size``, one by default) on the experiment's trajectories, and before training
+and every ``--every`` steps measures three stages on a fixed set of test questions: the readout's vectors
+(``readout``), the projector's MLP output before its layer norm (``mlp``) and the graph tokens the LLM reads
+(``tokens``). For each stage: the mean pairwise cosine of the questions' mean vectors and the between-question share
+of their variance (:mod:`qgmem_train.graph.diagnostics`, as training logs them), and the share of the single vectors'
+energy that is not the shared mean (``token_spread``: 0 when every vector of every question is the same); and the
+shuffle gap, the answer-span loss with another question's graph minus with the question's own. ``--contrast W`` trains
+with the module's ``graph_contrast`` term (needs ``--batch-size`` 2 or more). Writes
+``graph_token_collapse_<readout>[_contrastW].{json,md}`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from graph_token_experiment import WARMUP_FRACTION, Variant, build_module  # noqa: E402
+from graph_token_experiment import WARMUP_FRACTION, Variant, build_module, shuffled_graphs  # noqa: E402
 from machine import machine_info  # noqa: E402
 
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM  # noqa: E402
@@ -67,13 +69,27 @@ def stage_vectors(model: Any, data: Any, examples: list[Any], batch_size: int) -
 
 
 def measure(model: Any, data: Any, examples: list[Any], batch_size: int) -> dict[str, dict[str, float]]:
-    """Cosine, between-question variance share and single-vector spread of each stage."""
+    """Cosine, between-question variance share and single-vector spread of each stage, and the shuffled-graph loss gap."""
     from qgmem_train.graph.diagnostics import graph_token_diagnostics
 
-    return {
+    stages = {
         stage: {**graph_token_diagnostics(vectors), "token_spread": token_spread(vectors)}
         for stage, vectors in stage_vectors(model, data, examples, batch_size).items()
     }
+    return {**stages, "shuffle_gap": shuffle_gap(model, data, examples, batch_size)}
+
+
+def shuffle_gap(model: Any, data: Any, examples: list[Any], batch_size: int) -> float:
+    """Mean answer-span loss with another question's graph minus with the question's own (> 0: the graph carries the question)."""
+    import torch
+
+    model.eval()
+    gaps = []
+    with torch.no_grad():
+        for own_graphs in (examples, shuffled_graphs(examples, 0)):
+            losses = [model.evaluation_losses(data.collate(own_graphs[i : i + batch_size]))[1] for i in range(0, len(examples), batch_size)]
+            gaps.append(torch.cat(losses))
+    return float((gaps[1] - gaps[0]).mean())
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -86,17 +102,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if not args.trajectories.is_dir():
         raise InputError(str(args.trajectories), "not a folder of trajectories (the experiment's out/<run>/data/trajectories)")
+    if args.contrast and args.batch_size < 2:
+        raise InputError("--contrast", "compares each question with another in its batch: needs --batch-size 2 or more")
     torch.set_num_threads(args.threads)
     machine = machine_info()
     L.seed_everything(args.seed, verbose=False)
-    data = TrajectoryDataModule(str(args.trajectories), embedder=args.embedder, batch_size=1, eval_batch_size=8, shuffle_seed=args.seed)
+    data = TrajectoryDataModule(str(args.trajectories), embedder=args.embedder, batch_size=args.batch_size, eval_batch_size=8, shuffle_seed=args.seed)
     data.setup()
     examples = data.splits["test"][: args.questions]
     if len(examples) < 2:
         raise InputError(str(args.trajectories), "fewer than two test questions to compare")
     variant = Variant("collapse", args.readout, graph_tokens=args.tokens, graph_readout=args.readout)
     torch.manual_seed(args.seed)
-    model = build_module(args, variant, data.feature_dim)
+    model = build_module(args, variant, data.feature_dim, graph_contrast=args.contrast, graph_contrast_margin=args.margin)
     model.load_backbone("cpu")
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -108,7 +126,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for step in range(1, args.steps + 1):
         model.train()
         batch = next(batches)
-        loss = model.example_losses(batch, model.graph_embeddings(batch["graph"])).mean()
+        loss = model.training_step(batch, step)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -125,22 +143,24 @@ def markdown(result: dict[str, Any]) -> str:
     """The report: one row per measured step, one column group per stage."""
     s = result["settings"]
     lines = [
-        f"# Graph-token collapse: {s['readout']} readout, T={s['tokens']}, learning rate {s['lr']}",
+        f"# Graph-token collapse: {s['readout']} readout, T={s['tokens']}, learning rate {s['lr']}, contrast {s['contrast']}",
         "",
         f"`python bench/graph_token_collapse.py --trajectories {s['trajectories']} --readout {s['readout']} --tokens {s['tokens']} "
-        f"--steps {s['steps']} --every {s['every']} --lr {s['lr']}` on {result['questions']} test questions; machine: "
+        f"--steps {s['steps']} --every {s['every']} --lr {s['lr']} --batch-size {s['batch_size']} --contrast {s['contrast']} "
+        f"--margin {s['margin']}` on {result['questions']} test questions; machine: "
         f"{result['machine'].get('cpu')}, {result['machine'].get('cores')} cores, load {result['machine'].get('load_average_1m')}.",
         "",
         "Per stage: mean pairwise cosine of the questions' mean vectors / between-question share of their variance / share of the"
-        " single vectors' energy off their common mean.",
+        " single vectors' energy off their common mean. Shuffle gap: the test questions' mean answer-span loss with another"
+        " question's graph of their conversation minus with their own (nats; above 0 when the graph carries the question).",
         "",
-        "| step | train loss | " + " | ".join(STAGES) + " |",
-        "|---|---|" + "---|" * len(STAGES),
+        "| step | train loss | " + " | ".join(STAGES) + " | shuffle gap |",
+        "|---|---|" + "---|" * (len(STAGES) + 1),
     ]
     for point in result["points"]:
         loss = "" if point["train_loss"] is None else f"{point['train_loss']:.3f}"
         cells = [f"{point[k]['cosine']:.5f} / {point[k]['between_variance_ratio']:.2e} / {point[k]['token_spread']:.4f}" for k in STAGES]
-        lines.append(f"| {point['step']} | {loss} | " + " | ".join(cells) + " |")
+        lines.append(f"| {point['step']} | {loss} | " + " | ".join(cells) + f" | {point['shuffle_gap']:+.5f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -152,6 +172,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--every", type=int, default=10, help="measure every N steps")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (the experiment's default)")
+    p.add_argument("--batch-size", type=int, default=1, help="training examples per step")
+    p.add_argument("--contrast", type=float, default=0.0, help="weight of the own-against-another-graph hinge (model.graph_contrast)")
+    p.add_argument("--margin", type=float, default=0.1, help="its margin in nats (model.graph_contrast_margin)")
     p.add_argument("--questions", type=int, default=64, help="test questions measured")
     p.add_argument("--gnn-hidden", type=int, default=256)
     p.add_argument("--max-context-tokens", type=int, default=128)
@@ -173,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"graph_token_collapse_{args.readout}"
+    stem = f"graph_token_collapse_{args.readout}" + (f"_contrast{args.contrast:g}" if args.contrast else "")
     write_json_atomic(args.out / f"{stem}.json", result)
     with atomic_output(args.out / f"{stem}.md") as handle:
         handle.write(markdown(result))

@@ -449,8 +449,9 @@ WARMUP_FRACTION = 0.1
 """Share of a trained arm's steps spent warming up to the peak learning rate."""
 
 
-def build_module(args: argparse.Namespace, variant: Variant, feature_dim: int) -> Any:
-    """The arm's ``GraphAugmentedLM`` over the frozen ``args.llm`` (float32), with the experiment's encoder, schedule and context."""
+def build_module(args: argparse.Namespace, variant: Variant, feature_dim: int, **overrides: Any) -> Any:
+    """The arm's ``GraphAugmentedLM`` over the frozen ``args.llm`` (float32), with the experiment's encoder, schedule and
+    context; ``overrides`` are further module settings."""
     from qgmem_train.model.module import GraphAugmentedLM
 
     return GraphAugmentedLM(
@@ -458,7 +459,7 @@ def build_module(args: argparse.Namespace, variant: Variant, feature_dim: int) -
         graph_readout=variant.graph_readout, text_path=variant.text_path,
         gnn_hidden=args.gnn_hidden, gnn_layers=2, gnn_heads=4, projector_hidden=2 * args.gnn_hidden, lora_r=variant.lora_r,
         learning_rate=args.lr, weight_decay=0.0, warmup_fraction=WARMUP_FRACTION, max_context_tokens=args.max_context_tokens,
-        max_new_tokens=args.max_new_tokens, val_generate=False,
+        max_new_tokens=args.max_new_tokens, val_generate=False, **overrides,
     )  # fmt: skip
 
 

@@ -33,6 +33,10 @@ class GraphTokens(NamedTuple):
         """Each example's real tokens, ``(count, H)``."""
         return [row[: n] if self.mask is None else row[self.mask[i].bool()] for i, (row, n) in enumerate(zip(self.embeds, self.counts()))]
 
+    def rolled(self) -> "GraphTokens":
+        """The tokens shifted one example along the batch: each example gets the previous one's graph (the first, the last's)."""
+        return GraphTokens(self.embeds.roll(1, 0), None if self.mask is None else self.mask.roll(1, 0))
+
 
 def build_readout(kind: str, gnn_hidden: int, feature_dim: int, tokens: int) -> nn.Module:
     """The readout ``kind`` for an encoder of width ``gnn_hidden``, node/edge features of ``feature_dim`` and T = ``tokens``."""

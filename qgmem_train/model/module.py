@@ -79,6 +79,8 @@ class GraphAugmentedLM(L.LightningModule):
         trust_remote_code: bool = False,
         graph_tokens: int = 1,
         graph_readout: Literal["mean", "edges", "query"] = "mean",
+        graph_contrast: float = 0.0,
+        graph_contrast_margin: float = 0.1,
         text_path: bool = False,
         gnn_hidden: int = 1024,
         gnn_layers: int = 3,
@@ -114,6 +116,10 @@ class GraphAugmentedLM(L.LightningModule):
             graph_readout: how node states become graph tokens: ``mean`` (the paper's mean pool), ``edges`` (one token per
                 edge in the text path's fact order, at most T, masked in a batch) or ``query`` (T attention pools queried by
                 the question's embedding); see :mod:`qgmem_train.graph.readout`.
+            graph_contrast: weight of a training term that asks each question's answer loss to be ``graph_contrast_margin``
+                below its loss with the next batch example's graph tokens (a hinge; 0: off, the paper's loss). The shared
+                part of the tokens cancels in that difference, so only what differs between graphs can lower it.
+            graph_contrast_margin: the hinge's margin in nats.
             text_path: append the local graph to the prompt as labelled facts (API backbones; use with ``graph_tokens: 0``).
             gnn_hidden: hidden width of the graph encoder.
             gnn_layers: message-passing layers.
@@ -141,6 +147,9 @@ class GraphAugmentedLM(L.LightningModule):
             raise InputError("model.graph_tokens", "must be 0 (no graph) or more")
         if graph_readout not in READOUTS:
             raise InputError("model.graph_readout", f"{graph_readout!r} is not one of {', '.join(READOUTS)}")
+        for name, value in (("graph_contrast", graph_contrast), ("graph_contrast_margin", graph_contrast_margin)):
+            if value < 0:
+                raise InputError(f"model.{name}", f"must be 0 or more, not {value}")
         if max_new_tokens <= JSON_OVERHEAD_TOKENS:
             raise InputError("model.max_new_tokens", f"must be more than {JSON_OVERHEAD_TOKENS} to hold an answer JSON")
         self.save_hyperparameters()
@@ -323,8 +332,14 @@ class GraphAugmentedLM(L.LightningModule):
     def training_step(self, batch: GraphBatch, batch_idx: int) -> torch.Tensor:
         size = len(batch["examples"])
         graph_embeds = self.graph_embeddings(batch["graph"])
-        loss = self.example_losses(batch, graph_embeds).mean()
+        own = self.example_losses(batch, graph_embeds)
+        loss = own.mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        if self.hparams.graph_contrast > 0 and graph_embeds is not None and size > 1:
+            other = self.example_losses(batch, graph_embeds.rolled())
+            contrast = torch.relu(self.hparams.graph_contrast_margin + own - other).mean()
+            self.log("train/graph_contrast", contrast, batch_size=size)
+            loss = loss + self.hparams.graph_contrast * contrast
         real = torch.cat(graph_embeds.per_example()) if graph_embeds is not None else None
         if real is not None and real.shape[0] and self.embedding_norm:
             ratio = real.detach().float().norm(dim=-1).mean() / self.embedding_norm
