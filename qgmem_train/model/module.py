@@ -116,8 +116,8 @@ class GraphAugmentedLM(L.LightningModule):
             graph_readout: how node states become graph tokens: ``mean`` (the paper's mean pool), ``edges`` (one token per
                 edge in the text path's fact order, at most T, masked in a batch) or ``query`` (T attention pools queried by
                 the question's embedding); see :mod:`qgmem_train.graph.readout`.
-            graph_contrast: weight of a training term that asks each question's answer loss to be ``graph_contrast_margin``
-                below its loss with the next batch example's graph tokens (a hinge; 0: off, the paper's loss). The shared
+            graph_contrast: weight of a training term that asks each question's target loss to be ``graph_contrast_margin``
+                below its loss with the previous batch example's graph tokens (a hinge; 0: off, the paper's loss). The shared
                 part of the tokens cancels in that difference, so only what differs between graphs can lower it.
             graph_contrast_margin: the hinge's margin in nats.
             text_path: append the local graph to the prompt as labelled facts (API backbones; use with ``graph_tokens: 0``).
