@@ -84,12 +84,13 @@ def shuffle_gap(model: Any, data: Any, examples: list[Any], batch_size: int) -> 
     import torch
 
     model.eval()
-    gaps = []
+    answer_losses = []
     with torch.no_grad():
-        for own_graphs in (examples, shuffled_graphs(examples, 0)):
-            losses = [model.evaluation_losses(data.collate(own_graphs[i : i + batch_size]))[1] for i in range(0, len(examples), batch_size)]
-            gaps.append(torch.cat(losses))
-    return float((gaps[1] - gaps[0]).mean())
+        for graphs_given in (examples, shuffled_graphs(examples, 0)):
+            batches = (data.collate(graphs_given[i : i + batch_size]) for i in range(0, len(examples), batch_size))
+            answer_losses.append(torch.cat([model.evaluation_losses(batch)[1] for batch in batches]))
+    own, shuffled = answer_losses
+    return float((shuffled - own).mean())
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

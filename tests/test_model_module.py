@@ -159,13 +159,13 @@ def test_training_loss_adds_the_hinge_on_own_against_another_questions_graph(llm
     assert model.training_step(batch, 0).item() == pytest.approx(expected.item(), rel=1e-6)
 
 
-def test_without_the_term_the_loss_is_the_answer_loss(llm_dir, data) -> None:
+def test_without_the_term_the_loss_is_the_target_loss(llm_dir, data) -> None:
     model = _module(llm_dir, data).train()
     batch = data.collate(data.splits["train"][:2])
     assert model.training_step(batch, 0).item() == pytest.approx(model.example_losses(batch).mean().item(), rel=1e-6)
 
 
-def test_a_batch_of_one_has_no_other_graph_and_trains_on_its_answer_alone(llm_dir, data) -> None:
+def test_a_batch_of_one_has_no_other_graph_and_trains_on_its_target_loss_alone(llm_dir, data) -> None:
     model = _module(llm_dir, data, graph_contrast=1.0).train()
     batch = data.collate(data.splits["train"][:1])
     assert model.training_step(batch, 0).item() == pytest.approx(model.example_losses(batch).mean().item(), rel=1e-6)
@@ -177,7 +177,7 @@ def test_the_term_reaches_the_graph_path(llm_dir, data) -> None:
     plain = _module(llm_dir, data).train()
     model.training_step(batch, 0).backward()
     plain.training_step(batch, 0).backward()
-    mine, theirs = model.encoder.parameters().__next__().grad, plain.encoder.parameters().__next__().grad
+    mine, theirs = next(model.encoder.parameters()).grad, next(plain.encoder.parameters()).grad
     assert mine is not None and not torch.allclose(mine, theirs)
 
 
