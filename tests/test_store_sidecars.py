@@ -32,7 +32,8 @@ def _mapped(array: np.ndarray) -> bool:
 
 
 def _files(path: Path) -> list[str]:
-    return sorted(os.listdir(path / sidecar.FOLDER))
+    """The sidecars in the store at ``path`` (each may have a codes file beside it: tests/test_store_codes.py)."""
+    return sorted(name for name in os.listdir(path / sidecar.FOLDER) if name.endswith(sidecar.SUFFIX))
 
 
 def test_a_mapped_load_equals_what_was_written_and_copies_no_vector(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ A segment is a run of rows (units or turns) from one write: its ``columns`` blob
 see :meth:`UnitTable.columns_blob`), cut into pieces of at most :data:`PIECE_BYTES` so that no blob
 nears SQLite's size limit, and, for units, a vector sidecar (:mod:`qgmem_train.memory.sidecar`): the
 float32 vectors in a file of their own, recorded in ``segment_files`` and read through a memory map,
-so a load does not copy them out of the database. A namespace reads as its segments concatenated in
+so a load does not copy them out of the database, and the int8 codes of its facts and sentences in a codes file
+the dense channel maps. A namespace reads as its segments concatenated in
 ``seq`` order, so loading costs a handful of queries, whatever its size.
 
 Merging keeps the count of segments low: each segment has a level (0 when written, one more than its
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from qgmem_train import vector_codes
 from qgmem_train.errors import InputError
 from qgmem_train.memory import sidecar
 from qgmem_train.memory.turn_table import TurnTable
@@ -36,6 +38,8 @@ MAX_MERGED_ROWS = 32_768
 """Largest merged segment, in rows: bounds the work (and the write lock) of one merge."""
 LAST_SEQ = 1 << 62
 """Larger than any segment's seq."""
+CODED_PARTS = ("fact", "sentence")
+"""The vector parts a segment's int8 codes hold, in that order (the dense channel's vectors)."""
 
 SCHEMA = [
     "CREATE TABLE unit_keys (namespace TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (namespace, id))",
@@ -69,7 +73,7 @@ def append(db: sqlite3.Connection, namespace: str, table: UnitTable | TurnTable,
 
 def add_sidecar(db: sqlite3.Connection, namespace: str, seq: int, vectors: dict[str, np.ndarray]) -> None:
     """Write the vector sidecar of unit segment ``seq`` and record it in the current transaction."""
-    name, size, token = sidecar.write(sidecar.folder_of(db), vectors)
+    name, size, token = sidecar.write(sidecar.folder_of(db), vectors, coded=CODED_PARTS)
     db.execute("INSERT INTO segment_files VALUES (?, ?, ?, ?, ?)", (namespace, seq, name, size, token))
 
 
@@ -106,19 +110,46 @@ def read_units(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence
     The vectors of one segment are views of its memory-mapped sidecar (nothing is copied); those of
     several are concatenated.
     """
+    return _concat([table for table, _ in _read_segments(db, namespace, dim, parts, lo, hi)], dim)
+
+
+def read_units_and_codes(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence[str] = VECTOR_PARTS) -> tuple[UnitTable, list[tuple[object, float, int]] | None]:
+    """All units (as :func:`read_units`) and each segment's int8 codes, mapped (a faiss index of its facts, then its
+    sentences, its scale and its unit count); None when a segment has none (written without faiss or before codes were kept)."""
+    segments = _read_segments(db, namespace, dim, parts, 0, LAST_SEQ)
+    codes = []
+    for table, (folder, name, arrays, what) in segments:
+        if sidecar.CODE_BYTES not in arrays:
+            return _concat([t for t, _ in segments], dim), None
+        vectors = len(table) + len(table.sentence_owner)
+        index = vector_codes.read(sidecar.codes_path(folder, name), int(arrays[sidecar.CODE_BYTES][0]), vectors, dim, what)
+        codes.append((index, float(arrays[sidecar.CODE_SCALE][0]), len(table)))
+    return _concat([t for t, _ in segments], dim), codes
+
+
+def _read_segments(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence[str], lo: int, hi: int) -> list[tuple[UnitTable, tuple]]:
+    """Each unit segment from ``lo`` to ``hi`` as a table with its vector ``parts``, and (folder, sidecar name, sidecar arrays, name in errors)."""
     tables = [UnitTable.from_columns_blob(blob) for blob in _columns(db, namespace, UNITS, lo, hi)]
     folder = sidecar.folder_of(db)
     query = "SELECT seq, name, bytes, token FROM segment_files WHERE namespace = ? AND seq BETWEEN ? AND ? ORDER BY seq"
     files = db.execute(query, (namespace, lo, hi)).fetchall()
     if len(files) != len(tables):
         raise sqlite3.DatabaseError(f"namespace {namespace}: {len(tables)} unit segments but {len(files)} vector sidecars")
+    out = []
     for table, (seq, name, size, token) in zip(tables, files):
-        vectors = sidecar.read(folder, name, size, token, f"namespace {namespace}, segment {seq}")
+        what = f"namespace {namespace}, segment {seq}"
+        vectors = sidecar.read(folder, name, size, token, what)
         counts = table.row_counts()
         for part in parts:
             if vectors[part].shape != (counts[part], dim):
                 raise InputError(str(folder / name), f"{part} vectors of shape {vectors[part].shape}, segment {seq} needs ({counts[part]}, {dim})")
         table.vectors = {part: vectors[part] for part in parts}
+        out.append((table, (folder, name, vectors, what)))
+    return out
+
+
+def _concat(tables: list[UnitTable], dim: int) -> UnitTable:
+    """The segments' tables as one (the one table itself when there is one)."""
     if len(tables) == 1:
         return tables[0]
     return UnitTable.concat(tables) if tables else UnitTable.from_embedded([], [], dim)

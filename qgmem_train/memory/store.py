@@ -35,7 +35,9 @@ from qgmem_train.memory.sidecar import SidecarMissing
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, StoreFile
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap, TurnTable, TurnTimeMap
 from qgmem_train.memory.types import Conversation, MemoryUnit, Trace, Turn
+from qgmem_train.memory.columns import take_children
 from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex, EmbeddedUnit, UnitTable, UnitView
+from qgmem_train.vector_codes import CodeBlock
 
 __all__ = [
     "ENTITY", "LOCATION", "STORE_FILE", "SUBJECT", "AttributeIndex", "EmbeddedUnit", "MemoryStore", "NamespaceMemory",
@@ -81,6 +83,9 @@ class NamespaceMemory:
     """Its count of unit writes then: traces computed from these units are stored only while it holds."""
     relation_embeddings: np.ndarray | None = None
     """(N, d) relation embeddings in unit order, when asked for (trace consolidation reads them; retrieval does not)."""
+    code_blocks: list[CodeBlock] | None = None
+    """The int8 codes of the facts and sentence vectors, mapped from each segment's codes file, when loaded with the
+    sentences from segments that all have one (the dense channel's int8 scan searches them rather than encoding)."""
 
 
 @dataclass
@@ -386,7 +391,13 @@ class MemoryStore:
             raise InputError(f"{self.path}: namespace {namespace}", f"built with embedder {self.embedder_id!r}, configured {embedder_id!r}")
         dim = self.dim or 0
         parts = ("fact", "text", *(("sentence",) if sentences else ()), *(("relation",) if relations else ()))
-        table = segments.read_units(self._db, namespace, dim, parts).in_unit_order()
+        if sentences:
+            table, codes = segments.read_units_and_codes(self._db, namespace, dim, parts)
+        else:
+            table, codes = segments.read_units(self._db, namespace, dim, parts), None
+        order = table.unit_order()
+        code_blocks = None if codes is None else _code_blocks(table, order, codes)
+        table = table if np.array_equal(order, np.arange(len(order))) else table.take(order)
         turns = segments.read_turns(self._db, namespace)
         traces = self.load_traces(namespace)
         return NamespaceMemory(
@@ -405,4 +416,22 @@ class MemoryStore:
             generation=generations[0],
             units_generation=generations[1],
             relation_embeddings=table.vectors["relation"] if relations else None,
+            code_blocks=code_blocks,
         )
+
+
+def _code_blocks(table: UnitTable, order: np.ndarray, codes: list[tuple[object, float, int]]) -> list[CodeBlock]:
+    """Each segment's codes (``table`` holds the segments one after the other; ``codes``: index, scale, units) as a
+    block naming the unit rows and sentence rows it codes once the rows are put in unit ``order``."""
+    unit_row = np.empty(len(order), np.int64)
+    unit_row[order] = np.arange(len(order))
+    moved, _ = take_children(table.sentence_owner, len(table), order)
+    sentence_row = np.empty(len(moved), np.int64)
+    sentence_row[moved] = np.arange(len(moved))
+    blocks, units, sentences = [], 0, 0
+    for index, scale, count in codes:
+        own_sentences = index.ntotal - count
+        fact_rows, sentence_rows = unit_row[units : units + count], sentence_row[sentences : sentences + own_sentences]
+        blocks.append(CodeBlock(index, scale, fact_rows, sentence_rows))
+        units, sentences = units + count, sentences + own_sentences
+    return blocks

@@ -95,6 +95,7 @@ class ActivationIndex:
         self.dense = DenseIndex(
             memory.fact_embeddings, *sentences,
             approximate=cfg.approximate and dense_channel, scan="auto" if dense_channel else "float32",
+            code_blocks=memory.code_blocks if cfg.sentence_vectors else None,
         )  # fmt: skip
         self.attributes = None
         if "attr" in self.channels:

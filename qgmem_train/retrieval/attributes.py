@@ -29,7 +29,7 @@ from qgmem_train.memory.columns import group_bounds, ranges
 from qgmem_train.memory.timeparse import calendar_bounds
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex
-from qgmem_train.retrieval.dense import build_int8_codes, has_faiss
+from qgmem_train.vector_codes import build_int8_codes, has_faiss
 from qgmem_train.retrieval.intent import QueryIntent
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ class TextMatcher:
     """The attribute texts whose similarity with a query item reaches the threshold, with their exact float32 similarities.
 
     Few texts: one product with all of them. From ``codes_from`` texts on (faiss installed), the int8
-    codes the dense channel scans (:func:`~qgmem_train.retrieval.dense.build_int8_codes`) give each
+    codes the dense channel scans (:func:`~qgmem_train.vector_codes.build_int8_codes`) give each
     item's nearest texts, widened until every text left out provably falls below the threshold (a
     decoded component is off by at most ``0.5 / scale``), and only those are compared exactly.
     """

@@ -5,7 +5,8 @@ cosine over all its vectors. Three ways to search, all returning exact float32 c
 
 - **float32 scan**: one matrix-vector product over every vector and a partial sort (small namespaces);
 - **int8 scan** (from :data:`SCAN_INT8_MIN_VECTORS` vectors on, or ``scan="int8"``): the vectors are
-  also kept as 8-bit codes, a quarter of the bytes, and a faiss scan over those codes picks the best
+  also kept as 8-bit codes, a quarter of the bytes (a loaded namespace's are mapped from its segments'
+  codes files, :mod:`qgmem_train.vector_codes`), and a faiss scan over those codes picks the best
   :func:`rescore_count` vectors; those vectors are rescored exactly in float32 and each unit takes the
   best of its own. The scan reads memory at a quarter of the float32 cost; a unit whose best vector
   falls outside the candidates is missed, or scored by its best vector among them;
@@ -18,13 +19,12 @@ keeps the float32 scan.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Literal
 
 import numpy as np
 
-from qgmem_train.errors import ModelUnavailableError
 from qgmem_train.retrieval.ranking import top_n
+from qgmem_train.vector_codes import CodeBlock, build_int8_codes, faiss_module, has_faiss
 
 HNSW_NEIGHBOURS = 32
 """Graph degree M of the HNSW index (faiss default range 16-64)."""
@@ -39,8 +39,6 @@ RESCORE_PER_RESULT = 8
 """Vectors rescored per unit asked for: a unit may hold several of the best vectors (its sentences)."""
 WIDEN_FACTOR = 4
 """How much a search widens its candidate vectors when they belong to fewer than the units asked for."""
-_ADD_CHUNK = 65_536
-"""Vectors encoded into int8 codes at a time (bounds the temporary float32 copy)."""
 
 Scan = Literal["auto", "float32", "int8"]
 
@@ -56,7 +54,9 @@ class DenseIndex:
     ``sentence_embeddings`` are extra vectors of some units, grouped by unit; ``sentence_unit`` gives
     the unit row of each (non-decreasing). ``scan`` picks the exhaustive search: ``float32``, ``int8``
     codes with exact rescoring, or ``auto`` (int8 from :data:`SCAN_INT8_MIN_VECTORS` vectors when faiss
-    is installed). ``approximate`` searches a faiss HNSW graph instead.
+    is installed). ``approximate`` searches a faiss HNSW graph instead. ``code_blocks`` are int8 codes
+    already made (a loaded namespace's, mapped from its segments' codes files); without them the int8
+    scan encodes the vectors as one block.
     """
 
     def __init__(
@@ -67,6 +67,7 @@ class DenseIndex:
         *,
         approximate: bool = False,
         scan: Scan = "auto",
+        code_blocks: list[CodeBlock] | None = None,
     ):
         if scan not in ("auto", "float32", "int8"):
             raise ValueError(f"unknown dense scan {scan!r} (auto, float32, int8)")
@@ -80,12 +81,21 @@ class DenseIndex:
         # Unit row of each vector of a faiss index: the facts, then the sentences.
         self._vector_unit = np.concatenate([np.arange(len(self.embeddings), dtype=np.int64), owners])
         self._hnsw = self._hnsw_sentences = self._codes = None
-        self._code_scale = 1.0
         if approximate and len(self.embeddings):
             self._hnsw = _build_hnsw(self.embeddings)
             self._hnsw_sentences = _build_hnsw(self.sentences) if self.sentences is not None else None
         elif _wants_int8(scan, len(self._vector_unit)):
-            self._codes, self._code_scale = build_int8_codes([self.embeddings] if self.sentences is None else [self.embeddings, self.sentences])
+            self._codes = self._int8_blocks(code_blocks)
+
+    def _int8_blocks(self, blocks: list[CodeBlock] | None) -> list[tuple[CodeBlock, np.ndarray]]:
+        """Each code block with the vector (fact row, or fact count + sentence row) of each code; one block encoded now when none are given."""
+        if blocks is None:
+            index, scale = build_int8_codes([self.embeddings] if self.sentences is None else [self.embeddings, self.sentences])
+            blocks = [CodeBlock(index, scale, np.arange(len(self.embeddings)), np.arange(len(self._owners)))]
+        facts = len(self.embeddings)
+        if sum(len(b.fact_rows) for b in blocks) != facts or sum(len(b.sentence_rows) for b in blocks) != len(self._owners):
+            raise ValueError("the code blocks do not cover the index's facts and sentences once each")
+        return [(b, np.concatenate([b.fact_rows, facts + b.sentence_rows]).astype(np.int64)) for b in blocks]
 
     @property
     def approximate(self) -> bool:
@@ -147,23 +157,35 @@ class DenseIndex:
         When they belong to fewer than ``n`` units (units with many close sentences), the scan widens.
         """
         n = min(n, len(self.embeddings))
-        wanted = min(self._codes.ntotal, rescore_count(n))
-        # Codes hold round(scale * x) + 128; for unit vectors the L2 order to the scaled query is the cosine order.
-        scaled = (query * self._code_scale + 128.0)[None, :]
+        total = len(self._vector_unit)
+        wanted = min(total, rescore_count(n))
         while True:
-            _, hits = self._codes.search(scaled, wanted)
-            vectors = hits[0][hits[0] >= 0]
+            vectors = self._nearest_codes(query, wanted)
             candidates, unit_of_vector = np.unique(self._vector_unit[vectors], return_inverse=True)
-            if len(candidates) >= n or wanted >= self._codes.ntotal:
+            if len(candidates) >= n or wanted >= total:
                 break
-            wanted = min(self._codes.ntotal, WIDEN_FACTOR * wanted)
+            wanted = min(total, WIDEN_FACTOR * wanted)
         best = np.full(len(candidates), -np.inf, np.float32)
         np.maximum.at(best, unit_of_vector, self._vector_cosines(query, vectors))
         rows, scores = top_n(best, n)
         return candidates[rows], scores
 
+    def _nearest_codes(self, query: np.ndarray, wanted: int) -> np.ndarray:
+        """The ``wanted`` vectors nearest ``query`` by their decoded codes, over every block (best first within none)."""
+        distances, vectors = [], []
+        for block, vector_of_code in self._codes:
+            # Codes hold round(scale * x) + 128; for unit vectors the L2 order to the scaled query is the cosine order.
+            found, hits = block.index.search((query * block.scale + 128.0)[None, :], min(wanted, block.index.ntotal))
+            kept = hits[0] >= 0
+            distances.append(found[0][kept] / block.scale**2)
+            vectors.append(vector_of_code[hits[0][kept]])
+        if len(vectors) == 1:
+            return vectors[0]
+        distances, vectors = np.concatenate(distances), np.concatenate(vectors)
+        return vectors if len(vectors) <= wanted else vectors[np.argpartition(distances, wanted - 1)[:wanted]]
+
     def _vector_cosines(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-        """Exact cosines of the query with the vectors at int8-index positions ``vectors`` (the facts, then the sentences)."""
+        """Exact cosines of the query with ``vectors`` (fact rows, then the fact count plus sentence rows)."""
         facts = len(self.embeddings)
         is_fact = vectors < facts
         cosines = np.empty(len(vectors), np.float32)
@@ -173,46 +195,16 @@ class DenseIndex:
         return cosines
 
 
-def _faiss(setting: str):
-    """The faiss module, or one clear error naming the ``setting`` that needs it and the extra that provides it."""
-    try:
-        import faiss
-    except ImportError:
-        raise ModelUnavailableError(f"{setting} needs faiss-cpu (pip install 'qgmem[ann]')") from None
-    return faiss
-
-
 def _wants_int8(scan: Scan, vectors: int) -> bool:
-    """Whether to build int8 codes: asked for, or ``auto`` at :data:`SCAN_INT8_MIN_VECTORS` vectors with faiss installed."""
+    """Whether to search int8 codes: asked for, or ``auto`` at :data:`SCAN_INT8_MIN_VECTORS` vectors with faiss installed."""
     if scan == "int8":
         return vectors > 0
     return scan == "auto" and vectors >= SCAN_INT8_MIN_VECTORS and has_faiss()
 
 
-def has_faiss() -> bool:
-    """Whether faiss-cpu (the optional ``ann`` extra) is installed."""
-    return importlib.util.find_spec("faiss") is not None
-
-
-def build_int8_codes(parts: list[np.ndarray]) -> tuple[object, float]:
-    """A faiss index of 8-bit codes ``round(scale * x) + 128`` of the rows of ``parts`` one after the other, and ``scale``.
-
-    ``scale`` maps the largest absolute component to 127, so no component is clipped. Searched with a
-    query ``scale * q + 128``, it returns ``scale² · |x' - q|²`` for each decoded vector ``x'``.
-    """
-    faiss = _faiss("the int8 scan")
-    largest = max(float(np.abs(p).max()) for p in parts if len(p))
-    scale = 127.0 / largest if largest > 0 else 1.0
-    index = faiss.IndexScalarQuantizer(parts[0].shape[1], faiss.ScalarQuantizer.QT_8bit_direct, faiss.METRIC_L2)
-    for part in parts:
-        for start in range(0, len(part), _ADD_CHUNK):
-            index.add(np.rint(part[start : start + _ADD_CHUNK] * scale) + 128.0)
-    return index, scale
-
-
 def _build_hnsw(embeddings: np.ndarray):
     """A faiss HNSW index over inner products of ``embeddings``."""
-    faiss = _faiss("retrieval.approximate")
+    faiss = faiss_module("retrieval.approximate")
     index = faiss.IndexHNSWFlat(embeddings.shape[1], HNSW_NEIGHBOURS, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efSearch = HNSW_EF_SEARCH
     index.add(embeddings)
