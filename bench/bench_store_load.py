@@ -14,6 +14,10 @@ machine, the wall time also counts the time other processes held the cores). The
 it lives only here. Version 4 is also loaded without its sentence vectors (``v4-lean``), as trace consolidation and
 retrieval with ``retrieval.sentence_vectors`` off read it; ``--new-only`` sizes are not written in version 2. The columnar load decodes units when they are read, so its side also reports the
 time to decode them all (``list(memory.units)``), which the version-2 loader does while loading.
+With ``--before-code DIR`` (a folder holding an earlier ``qgmem_train`` package) the same version-4 store is also
+loaded with that code (``v4-before``), and with ``--dense-index`` every load also makes the dense channel's int8 scan
+(``DenseIndex(..., scan="int8")``: the code before encodes every fact and sentence vector, this code maps each
+segment's codes file), timed apart and counted in the peak memory.
 Results: bench/results/<--name>.{json,md}; the stores are written to a temporary folder (``--workdir``).
 """
 
@@ -47,7 +51,7 @@ from tests import store_v2  # noqa: E402
 NAMESPACE = "synthetic"
 LOADERS = {
     "v2": "v2 per-row JSON", "v3": "v3 columnar, vectors in the database (code before)", "v4": "v4 columnar, mapped vector sidecars",
-    "v4-lean": "v4, no sentence vectors",
+    "v4-lean": "v4, no sentence vectors", "v4-before": "v4 store, code before the codes files (--before-code)",
 }  # fmt: skip
 """Each loader measured: ``v4-lean`` is ``load_namespace(sentences=False)``, as trace consolidation and retrieval
 with ``retrieval.sentence_vectors`` off read a namespace."""
@@ -219,8 +223,19 @@ def _status_mb(field: str) -> float:
     return int(line.split()[1]) / 1024
 
 
-def child(kind: str, path: Path) -> dict[str, object]:
-    """One load in this process: seconds, memory before and at peak, and what was loaded (a checksum of the fact vectors)."""
+def dense_index_seconds(memory: NamespaceMemory) -> float:
+    """Seconds to make the dense channel's int8 scan of a loaded namespace (from its mapped codes where it has them)."""
+    from qgmem_train.retrieval.dense import DenseIndex
+
+    mapped = {"code_blocks": memory.code_blocks} if getattr(memory, "code_blocks", None) is not None else {}
+    started = time.perf_counter()
+    DenseIndex(memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit, scan="int8", **mapped)
+    return time.perf_counter() - started
+
+
+def child(kind: str, path: Path, dense: bool = False) -> dict[str, object]:
+    """One load in this process: seconds, memory before and at peak, and what was loaded (a checksum of the fact vectors);
+    with ``dense``, also the seconds to make the dense int8 scan, and the peak memory after it."""
     before = _status_mb("VmRSS")
     started, cpu_started = time.perf_counter(), time.process_time()
     if kind == "v2":
@@ -239,6 +254,9 @@ def child(kind: str, path: Path) -> dict[str, object]:
     units = list(memory.units)
     result["decode_all_seconds"] = time.perf_counter() - started if kind != "v2" else 0.0
     result["last_unit"] = units[-1].id
+    if dense:
+        result["dense_index_seconds"] = dense_index_seconds(memory)
+        result["peak_rss_dense_mb"] = _status_mb("VmHWM")
     return result
 
 
@@ -249,11 +267,11 @@ def fresh_memory_mb_per_s(mb: int = 256) -> float:
     return round(mb / (time.perf_counter() - started))
 
 
-def measure(kind: str, path: str, repeats: int, code: str | None = None) -> dict[str, object]:
+def measure(kind: str, path: str, repeats: int, code: str | None = None, dense: bool = False) -> dict[str, object]:
     """``repeats`` loads, each in a fresh subprocess (importing the package from ``code`` when given); medians and every run."""
     runs = []
     for _ in range(repeats):
-        command = [sys.executable, __file__, "--child", kind, path, *(["--code", code] if code else [])]
+        command = [sys.executable, __file__, "--child", kind, path, *(["--code", code] if code else []), *(["--dense-index"] if dense else [])]
         out = subprocess.run(command, capture_output=True, text=True, check=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     median = lambda key: round(statistics.median(float(r[key]) for r in runs), 3)  # noqa: E731
@@ -264,6 +282,8 @@ def measure(kind: str, path: str, repeats: int, code: str | None = None) -> dict
         "load_mb": round(median("peak_rss_mb") - median("rss_before_mb")), "units": runs[0]["units"], "sentences": runs[0]["sentences"],
         "vector_mb": round(runs[0]["vector_mb"]),
         "checksum": runs[0]["checksum"], "last_unit": runs[0]["last_unit"],
+        **({"dense_index_seconds": median("dense_index_seconds"), "peak_rss_dense_mb": median("peak_rss_dense_mb"),
+            "load_and_dense_seconds": round(statistics.median(r["seconds"] + r["dense_index_seconds"] for r in runs), 3)} if dense else {}),
     }  # fmt: skip
 
 
@@ -279,8 +299,8 @@ def markdown(results: dict[str, object]) -> str:
         f"(see the script's docstring); each load in a fresh process, median of {results['repeats']}; stores in the page cache (just written).",
         "",
         "| units | sentences | loader | load wall s (runs) | load CPU s | decode all units s | vectors MB (fill floor s) | peak RSS MiB (load's own) "
-        "| store MiB | segments | write s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| store MiB | segments | write s |" + (" dense int8 scan made s | load + dense s | peak RSS with dense MiB |" if results.get("dense_index") else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if results.get("dense_index") else ""),
     ]
     for size in results["sizes"]:
         for kind, label in LOADERS.items():
@@ -293,9 +313,11 @@ def markdown(results: dict[str, object]) -> str:
                 f"| {r['units']:,} | {r['sentences']:,} | {label} | **{r['seconds']}** ({', '.join(map(str, r['seconds_all']))}) | {r['cpu_seconds']} | {decode} | {r['vector_mb']} ({floor}) | "
                 f"{r['peak_rss_mb']:.0f} ({r['load_mb']}) | {size['bytes'][kind[:2]] / 2**20:.0f} | {size['segments'] if kind != 'v2' else '-'} | "
                 f"{size['write_seconds'].get(kind[:2], '(a copy of v4)')} |"
+                + (f" {r['dense_index_seconds']} | **{r['load_and_dense_seconds']}** | {r['peak_rss_dense_mb']:.0f} |" if "dense_index_seconds" in r else "")
             )
         for before, speedup in size.get("speedups", {}).items():
-            lines.append(f"| | | **{before} / v4** | **{speedup['wall']}x** | {speedup['cpu']}x | | | | | | |")
+            dense = f" | | **{speedup['load_and_dense']}x** | |" if "load_and_dense" in speedup else ""
+            lines.append(f"| | | **{before} / v4** | **{speedup['wall']}x** | {speedup['cpu']}x | | | | | | |{dense}")
     lines += ["", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -306,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000], help="units per namespace (default: %(default)s)")
     p.add_argument("--new-only", type=int, nargs="*", default=[], help="sizes not written in version 2 (version 2 needs about 25 MiB a 1,000 units)")
     p.add_argument("--baseline-code", help="folder with the qgmem_train package of before the sidecars: also load version 3 with it")
+    p.add_argument("--before-code", help="folder with an earlier qgmem_train package: also load the version-4 store with it (v4-before)")
+    p.add_argument("--dense-index", action="store_true", help="every load also makes the dense channel's int8 scan, timed apart")
     p.add_argument("--name", default="store_load", help="report name: <out>/<name>.{json,md}")
     p.add_argument("--repeats", type=int, default=3, help="loads per loader and size (each in a fresh process)")
     p.add_argument("--write-units", type=int, default=1000, help="units per add_windows call")
@@ -318,29 +342,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_units % TURNS_PER_SESSION:
         p.error(f"--write-units must be a multiple of {TURNS_PER_SESSION} (whole sessions a write)")
     if args.child:
-        print(json.dumps(child(args.child[0], Path(args.child[1]))))
+        print(json.dumps(child(args.child[0], Path(args.child[1]), args.dense_index)))
         return 0
     command = f"python bench/bench_store_load.py --sizes {' '.join(map(str, args.sizes))} --repeats {args.repeats} --write-units {args.write_units}"
     command += f" --new-only {' '.join(map(str, args.new_only))}" if args.new_only else ""
     command += f" --baseline-code {args.baseline_code}" if args.baseline_code else ""
+    command += f" --before-code {args.before_code}" if args.before_code else ""
+    command += " --dense-index" if args.dense_index else ""
     results: dict[str, object] = {"machine": machine_info(), "command": command,
-                                  "repeats": args.repeats, "sizes": [], "notes": args.note, "fresh_memory_mb_per_s": fresh_memory_mb_per_s()}  # fmt: skip
+                                  "repeats": args.repeats, "sizes": [], "notes": args.note, "dense_index": args.dense_index, "fresh_memory_mb_per_s": fresh_memory_mb_per_s()}  # fmt: skip
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="store-load-"))
     try:
         for units in [*args.sizes, *args.new_only]:
             written = write_stores(units, workdir, args.write_units, with_v2=units in args.sizes, with_v3=bool(args.baseline_code))
             size: dict[str, object] = {**written, "speedups": {}}
+            code = {"v3": args.baseline_code, "v4-before": args.before_code}
             for kind in LOADERS:
-                if kind[:2] in written["dirs"]:
-                    size[kind] = measure(kind, written["dirs"][kind[:2]], args.repeats, args.baseline_code if kind == "v3" else None)
+                if kind[:2] in written["dirs"] and (kind != "v4-before" or args.before_code):
+                    size[kind] = measure(kind, written["dirs"][kind[:2]], args.repeats, code.get(kind), args.dense_index)
                     print(kind, units, size[kind], flush=True)
-            for before in ("v2", "v3", "v4-lean"):
+            for before in ("v2", "v3", "v4-lean", "v4-before"):
                 if before in size:
                     assert size[before]["checksum"] == size["v4"]["checksum"] and size[before]["last_unit"] == size["v4"]["last_unit"]
-            for before in ("v2", "v3"):
+            for before in ("v2", "v3", "v4-before"):
                 if before in size:
                     size["speedups"][before] = {"wall": round(size[before]["seconds"] / size["v4"]["seconds"], 1),
                                                 "cpu": round(size[before]["cpu_seconds"] / size["v4"]["cpu_seconds"], 1)}  # fmt: skip
+                    if args.dense_index:
+                        size["speedups"][before]["load_and_dense"] = round(size[before]["load_and_dense_seconds"] / size["v4"]["load_and_dense_seconds"], 1)
             results["sizes"].append(size)
             for path in written["dirs"].values():
                 shutil.rmtree(path)

@@ -20,6 +20,7 @@ from qgmem_train.memory import sidecar
 from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
 from qgmem_train.retrieval.dense import DenseIndex
 from tests.test_store_columns import _unit
+from tests.test_store_sidecars import _CRASH
 
 pytest.importorskip("faiss")
 
@@ -110,21 +111,6 @@ def test_a_store_whose_sidecars_hold_no_codes_opens_and_searches_as_one_that_doe
             assert old.search(query, 10)[0].tolist() == new.search(query, 10)[0].tolist()
         store.add_windows("n", [WindowResult("s", 999, [_item(i, rng) for i in range(300, 310)])])  # a later write has codes
         assert len(_code_files(tmp_path / "old")) == 1 and store.load_namespace("n").code_blocks is None
-
-
-_CRASH = """
-import os, pickle, sys
-from qgmem_train.memory import sidecar
-from qgmem_train.memory.store import MemoryStore, WindowResult
-written = sidecar.write
-def write_then_die(*args, **kwargs):
-    out = written(*args, **kwargs)
-    os._exit(3)
-sidecar.write = write_then_die
-items = pickle.load(open(sys.argv[2], "rb"))
-with MemoryStore.open(sys.argv[1]) as store:
-    store.add_windows("n", [WindowResult("s", 7000, items)])
-"""
 
 
 def test_a_write_killed_after_its_codes_and_sidecar_leaves_the_store_as_before(tmp_path: Path) -> None:
