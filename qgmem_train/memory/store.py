@@ -31,11 +31,11 @@ import numpy as np
 
 from qgmem_train.errors import InputError
 from qgmem_train.memory import segments
+from qgmem_train.memory.columns import take_children
 from qgmem_train.memory.sidecar import SidecarMissing
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, StoreFile
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap, TurnTable, TurnTimeMap
 from qgmem_train.memory.types import Conversation, MemoryUnit, Trace, Turn
-from qgmem_train.memory.columns import take_children
 from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex, EmbeddedUnit, UnitTable, UnitView
 from qgmem_train.vector_codes import CodeBlock
 

@@ -29,8 +29,8 @@ from qgmem_train.memory.columns import group_bounds, ranges
 from qgmem_train.memory.timeparse import calendar_bounds
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex
-from qgmem_train.vector_codes import build_int8_codes, has_faiss
 from qgmem_train.retrieval.intent import QueryIntent
+from qgmem_train.vector_codes import build_int8_codes, has_faiss
 
 if TYPE_CHECKING:
     from qgmem_train.llm.embedder import Embedder
