@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qgmem_train import vector_codes
 from qgmem_train.retrieval import dense
 from qgmem_train.retrieval.dense import DenseIndex
 
@@ -108,3 +109,20 @@ def test_no_hnsw_graph_or_int8_codes_are_built_when_the_dense_channel_is_off(min
     with_dense = ActivationIndex(memory, RetrievalConfig(approximate=True), minilm)
     without = ActivationIndex(memory, RetrievalConfig(approximate=True, channels=["bm25", "attr"]), minilm)
     assert with_dense.dense.scan == "hnsw" and without.dense.scan == "float32"
+
+
+def test_int8_codes_in_blocks_give_the_nearest_codes_of_them_all() -> None:
+    """Blocks of uneven sizes (a loaded store's segments, each with its own scale) are asked for short shares first;
+    the codes kept are still the nearest of all the blocks' codes."""
+    facts, sentences, owners, queries = _synthetic(units=4_000)
+    cuts = [0, 37, 900, 1_000, 2_700, 4_000]
+    sentence_cuts = np.searchsorted(owners, cuts)
+    layout = [(np.arange(a, b), np.arange(c, d)) for a, b, c, d in zip(cuts[:-1], cuts[1:], sentence_cuts[:-1], sentence_cuts[1:])]
+    index = DenseIndex(facts, sentences, owners, scan="int8", code_blocks=vector_codes.encode_blocks(facts, sentences, layout))
+    for query in queries[:10]:
+        every = [index._search_block(query, block, vectors, block.index.ntotal) for block, vectors in index._codes]
+        distances, vectors = np.concatenate([d for d, _ in every]), np.concatenate([v for _, v in every])
+        for wanted in (1, 50, 512, 3_000):
+            nearest = index._nearest_codes(query, wanted)
+            assert len(nearest) == wanted and len(set(nearest.tolist())) == wanted
+            assert np.max(distances[np.isin(vectors, nearest)]) <= np.partition(distances, wanted - 1)[wanted - 1]

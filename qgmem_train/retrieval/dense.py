@@ -37,6 +37,8 @@ RESCORE_MIN = 512
 """Fewest vectors the int8 scan hands to the exact float32 rescoring."""
 RESCORE_PER_RESULT = 8
 """Vectors rescored per unit asked for: a unit may hold several of the best vectors (its sentences)."""
+BLOCK_SLACK = 16
+"""Codes asked of each block beyond its share of the candidates (see :meth:`DenseIndex._nearest_codes`)."""
 WIDEN_FACTOR = 4
 """How much a search widens its candidate vectors when they belong to fewer than the units asked for."""
 
@@ -171,18 +173,37 @@ class DenseIndex:
         return candidates[rows], scores
 
     def _nearest_codes(self, query: np.ndarray, wanted: int) -> np.ndarray:
-        """The ``wanted`` vectors nearest ``query`` by their decoded codes, over every block (best first within none)."""
-        distances, vectors = [], []
-        for block, vector_of_code in self._codes:
-            # Codes hold round(scale * x) + 128; for unit vectors the L2 order to the scaled query is the cosine order.
-            found, hits = block.index.search((query * block.scale + 128.0)[None, :], min(wanted, block.index.ntotal))
-            kept = hits[0] >= 0
-            distances.append(found[0][kept] / block.scale**2)
-            vectors.append(vector_of_code[hits[0][kept]])
-        if len(vectors) == 1:
-            return vectors[0]
-        distances, vectors = np.concatenate(distances), np.concatenate(vectors)
+        """The ``wanted`` vectors nearest ``query`` by their decoded codes, over every block.
+
+        Each block is first asked for its share of ``wanted`` (twice its share of the vectors, and
+        :data:`BLOCK_SLACK` more): a short heap per block, not ``wanted`` each. A block whose last one found
+        is still nearer than the ``wanted``-th overall may hold more of them, and is asked again for
+        ``wanted``; the result is the ``wanted`` nearest of all codes, as one index over them all gives.
+        """
+        total = len(self._vector_unit)
+        found = [self._search_block(query, block, vector_of_code, self._block_share(block, wanted, total)) for block, vector_of_code in self._codes]
+        if len(found) == 1:
+            return found[0][1]
+        cutoff = _kth_smallest(np.concatenate([d for d, _ in found]), wanted)
+        for k, (block, vector_of_code) in enumerate(self._codes):
+            distances = found[k][0]
+            if len(distances) < min(wanted, block.index.ntotal) and len(distances) and distances[-1] <= cutoff:
+                found[k] = self._search_block(query, block, vector_of_code, wanted)
+        distances, vectors = np.concatenate([d for d, _ in found]), np.concatenate([v for _, v in found])
         return vectors if len(vectors) <= wanted else vectors[np.argpartition(distances, wanted - 1)[:wanted]]
+
+    @staticmethod
+    def _block_share(block: CodeBlock, wanted: int, total: int) -> int:
+        """How many of a block's nearest codes to ask for first (see :meth:`_nearest_codes`)."""
+        return min(block.index.ntotal, wanted, -(-2 * wanted * block.index.ntotal // total) + BLOCK_SLACK)
+
+    @staticmethod
+    def _search_block(query: np.ndarray, block: CodeBlock, vector_of_code: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Squared distances to the decoded codes (ascending) and vectors of the block's ``k`` nearest codes."""
+        # Codes hold round(scale * x) + 128; for unit vectors the L2 order to the scaled query is the cosine order.
+        found, hits = block.index.search((query * block.scale + 128.0)[None, :], min(k, block.index.ntotal))
+        kept = hits[0] >= 0
+        return found[0][kept] / block.scale**2, vector_of_code[hits[0][kept]]
 
     def _vector_cosines(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
         """Exact cosines of the query with ``vectors`` (fact rows, then the fact count plus sentence rows)."""
@@ -193,6 +214,13 @@ class DenseIndex:
         if self.sentences is not None:
             cosines[~is_fact] = self.sentences[vectors[~is_fact] - facts] @ query
         return cosines
+
+
+def _kth_smallest(values: np.ndarray, k: int) -> float:
+    """The ``k``-th smallest of ``values`` (the largest when there are fewer)."""
+    if len(values) <= k:
+        return float(values.max(initial=-np.inf))
+    return float(np.partition(values, k - 1)[k - 1])
 
 
 def _wants_int8(scan: Scan, vectors: int) -> bool:
