@@ -267,13 +267,15 @@ def fresh_memory_mb_per_s(mb: int = 256) -> float:
     return round(mb / (time.perf_counter() - started))
 
 
-def measure(kind: str, path: str, repeats: int, code: str | None = None, dense: bool = False) -> dict[str, object]:
-    """``repeats`` loads, each in a fresh subprocess (importing the package from ``code`` when given); medians and every run."""
-    runs = []
-    for _ in range(repeats):
-        command = [sys.executable, __file__, "--child", kind, path, *(["--code", code] if code else []), *(["--dense-index"] if dense else [])]
-        out = subprocess.run(command, capture_output=True, text=True, check=True)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+def load_once(kind: str, path: str, code: str | None = None, dense: bool = False) -> dict[str, object]:
+    """One load in a fresh subprocess (importing the package from ``code`` when given)."""
+    command = [sys.executable, __file__, "--child", kind, path, *(["--code", code] if code else []), *(["--dense-index"] if dense else [])]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def summarise(runs: list[dict[str, object]], dense: bool = False) -> dict[str, object]:
+    """Medians and every run of one loader's loads."""
     median = lambda key: round(statistics.median(float(r[key]) for r in runs), 3)  # noqa: E731
     return {
         "seconds": median("seconds"), "seconds_all": [round(r["seconds"], 3) for r in runs], "cpu_seconds": median("cpu_seconds"),
@@ -296,7 +298,7 @@ def markdown(results: dict[str, object]) -> str:
         f"Machine: {m['cores']} cores (`nproc`), {m['cpu']}; Python {m['python']}; load average {m.get('load_average_1m', 'n/a')} at start; "
         f"fresh memory filled at {results['fresh_memory_mb_per_s']} MB/s (a 256 MB `np.ones`; the fill floor of a load is its vectors' MB at that rate).",
         f"Command: `{results['command']}`. Synthetic turns-like units, {DIM}-d vectors, 2-4 sentence vectors a unit "
-        f"(see the script's docstring); each load in a fresh process, median of {results['repeats']}; stores in the page cache (just written).",
+        f"(see the script's docstring); each load in a fresh process, the loaders taking turns, median of {results['repeats']}; stores in the page cache (just written).",
         "",
         "| units | sentences | loader | load wall s (runs) | load CPU s | decode all units s | vectors MB (fill floor s) | peak RSS MiB (load's own) "
         "| store MiB | segments | write s |" + (" dense int8 scan made s | load + dense s | peak RSS with dense MiB |" if results.get("dense_index") else ""),
@@ -357,10 +359,14 @@ def main(argv: list[str] | None = None) -> int:
             written = write_stores(units, workdir, args.write_units, with_v2=units in args.sizes, with_v3=bool(args.baseline_code))
             size: dict[str, object] = {**written, "speedups": {}}
             code = {"v3": args.baseline_code, "v4-before": args.before_code}
-            for kind in LOADERS:
-                if kind[:2] in written["dirs"] and (kind != "v4-before" or args.before_code):
-                    size[kind] = measure(kind, written["dirs"][kind[:2]], args.repeats, code.get(kind), args.dense_index)
-                    print(kind, units, size[kind], flush=True)
+            kinds = [kind for kind in LOADERS if kind[:2] in written["dirs"] and (kind != "v4-before" or args.before_code)]
+            runs: dict[str, list[dict[str, object]]] = {kind: [] for kind in kinds}
+            for _ in range(args.repeats):  # the loaders take turns, so that a slow spell of a shared machine falls on each
+                for kind in kinds:
+                    runs[kind].append(load_once(kind, written["dirs"][kind[:2]], code.get(kind), args.dense_index))
+            for kind in kinds:
+                size[kind] = summarise(runs[kind], args.dense_index)
+                print(kind, units, size[kind], flush=True)
             for before in ("v2", "v3", "v4-lean", "v4-before"):
                 if before in size:
                     assert size[before]["checksum"] == size["v4"]["checksum"] and size[before]["last_unit"] == size["v4"]["last_unit"]

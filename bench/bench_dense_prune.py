@@ -1,0 +1,131 @@
+"""First passes that could prune the dense channel's int8 scan, measured side by side on the same vectors and queries.
+
+Each design scans every vector with a cheaper code, keeps the best ``K`` and rescores them exactly in float32;
+the baseline is today's int8 scan (8-bit codes, ``max(512, 8n)`` rescored). Random unit vectors (dim 384, as the
+synthetic namespaces of ``bench_activation.py``), queries near random vectors (``0.5`` noise a component, as there),
+one thread. Reported per design: p50/p95 milliseconds a query, and the share of the exact top 10 and top 100 found.
+Also the int8 scan of ``DenseIndex`` with its codes in one block (encoded in memory) and in blocks of
+``--block-vectors`` (a loaded store's segments, each with its own codes file), same queries.
+
+    python bench/bench_dense_prune.py --vectors 400000 --queries 100 --name dense_prune_400k
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from machine import machine_info  # noqa: E402
+
+from qgmem_train.fileio import write_report_atomic  # noqa: E402
+from qgmem_train.retrieval.dense import DenseIndex, rescore_count  # noqa: E402
+from qgmem_train.vector_codes import build_int8_codes, encode_blocks, faiss_module  # noqa: E402
+
+DIM = 384
+TRAIN = 50_000
+"""Vectors the trained codes (4-bit scalar, product quantisation) learn from."""
+
+
+def unit_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` random unit rows, made in chunks."""
+    out = np.empty((n, DIM), np.float32)
+    for lo in range(0, n, 100_000):
+        block = rng.standard_normal((min(100_000, n - lo), DIM), dtype=np.float32)
+        out[lo : lo + len(block)] = block / np.linalg.norm(block, axis=1, keepdims=True)
+    return out
+
+
+def designs(x: np.ndarray) -> dict[str, tuple[object, Callable[[np.ndarray], np.ndarray], list[int]]]:
+    """Each design: its faiss index over ``x``, how a query is put to it, and the candidate counts ``K`` tried."""
+    faiss = faiss_module("this benchmark")
+    int8, scale = build_int8_codes([x])
+    out = {"int8 (today)": (int8, lambda q: q * scale + 128.0, [rescore_count(100)])}
+    sq4 = faiss.IndexScalarQuantizer(DIM, faiss.ScalarQuantizer.QT_4bit, faiss.METRIC_INNER_PRODUCT)
+    sq4.train(x[:TRAIN])
+    sq4.add(x)
+    out["4-bit scalar"] = (sq4, lambda q: q, [2000])
+    for m in (96, 192):
+        pq = faiss.IndexPQFastScan(DIM, m, 4, faiss.METRIC_INNER_PRODUCT)
+        pq.train(x[:TRAIN])
+        pq.add(x)
+        out[f"PQ fast-scan {m}x4 bit ({m // 2} B)"] = (pq, lambda q: q, [2000, 8000])
+    return out
+
+
+def main() -> None:
+    """Measure every design, print and write bench/results/<name>.{json,md}."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vectors", type=int, default=400_000)
+    p.add_argument("--queries", type=int, default=100)
+    p.add_argument("--block-vectors", type=int, default=32_000, help="vectors a block (a merged segment of 8,000 units with 3 sentences each)")
+    p.add_argument("--name", default="dense_prune")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = p.parse_args()
+    faiss_module("this benchmark").omp_set_num_threads(1)
+    load_start = os.getloadavg()
+    rng = np.random.default_rng(0)
+    x = unit_rows(rng, args.vectors)
+    targets = x[rng.integers(len(x), size=args.queries)]
+    queries = targets + 0.5 * rng.standard_normal(targets.shape, dtype=np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    exact = [np.argsort(-(x @ q))[:100] for q in queries]
+    rows = []
+    for name, (index, put, ks) in designs(x).items():
+        for k in ks:
+            times, top10, top100 = [], [], []
+            for q, best in zip(queries, exact):
+                started = time.perf_counter()
+                _, hits = index.search(put(q)[None, :], k)
+                candidates = hits[0][hits[0] >= 0]
+                found = candidates[np.argsort(-(x[candidates] @ q))[:100]]
+                times.append(time.perf_counter() - started)
+                top10.append(len(set(found[:10].tolist()) & set(best[:10].tolist())) / 10)
+                top100.append(len(set(found.tolist()) & set(best.tolist())) / 100)
+            ms = np.asarray(times) * 1000
+            rows.append({"design": name, "K": k, "p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2),
+                         "top10_found": round(float(np.mean(top10)), 4), "top100_found": round(float(np.mean(top100)), 4)})  # fmt: skip
+            print(rows[-1], flush=True)
+    layout = [(np.arange(lo, min(lo + args.block_vectors, len(x))), np.zeros(0, np.int64)) for lo in range(0, len(x), args.block_vectors)]
+    blocks = {"one block": DenseIndex(x, scan="int8"), f"{len(layout)} blocks": DenseIndex(x, scan="int8", code_blocks=encode_blocks(x, None, layout))}
+    block_rows = []
+    for name, index in blocks.items():
+        times, same = [], []
+        for q, best in zip(queries, exact):
+            started = time.perf_counter()
+            found = index.search(q, 100)[0]
+            times.append(time.perf_counter() - started)
+            same.append(len(set(found[:10].tolist()) & set(best[:10].tolist())) / 10)
+        ms = np.asarray(times) * 1000
+        block_rows.append({"codes": name, "p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2),
+                           "top10_found": round(float(np.mean(same)), 4)})  # fmt: skip
+        print(block_rows[-1], flush=True)
+    report = {"machine": machine_info(), "load_average": [round(v, 2) for v in (*load_start, *os.getloadavg())],
+              "vectors": args.vectors, "queries": args.queries, "rows": rows, "blocks": block_rows}  # fmt: skip
+    base = rows[0]["p50_ms"]
+    lines = [f"# Dense first passes: {args.vectors:,} random unit vectors (dim {DIM}), {args.queries} queries, one thread",
+             "", f"Load average at start {report['load_average'][0]}, at end {report['load_average'][3]} (2 shared cores): ratios, not absolute times.", "",
+             "| design | candidates K rescored in float32 | p50 / p95 ms | p50 vs int8 | exact top 10 found | exact top 100 found |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['design']} | {r['K']:,} | {r['p50_ms']} / {r['p95_ms']} | {base / r['p50_ms']:.2f}x faster | {r['top10_found']:.4f} | {r['top100_found']:.4f} |")
+    lines += ["", f"DenseIndex int8 scan (top 100, {rescore_count(100)} rescored), codes in one block or in blocks of {args.block_vectors:,} vectors:", "",
+              "| codes | p50 / p95 ms | exact top 10 found |", "|---|---|---|"]
+    lines += [f"| {r['codes']} | {r['p50_ms']} / {r['p95_ms']} | {r['top10_found']:.4f} |" for r in block_rows]
+    write_report_atomic(args.out / f"{args.name}.json", report, "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
