@@ -90,6 +90,9 @@ def test_codes_that_do_not_match_their_segment_are_refused_in_one_line(tmp_path:
             assert "codes" in str(refused.value) and "\n" not in str(refused.value)
         first.write_bytes(good)
         assert store.load_namespace("n").code_blocks is not None
+        first.unlink()  # as a writer that keeps no codes removes them: encoded at load instead
+        memory = store.load_namespace("n")
+        assert memory.code_blocks is None and len(memory.units) == 60
 
 
 def test_a_store_whose_sidecars_hold_no_codes_opens_and_searches_as_one_that_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -115,14 +115,16 @@ def read_units(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence
 
 def read_units_and_codes(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence[str] = VECTOR_PARTS) -> tuple[UnitTable, list[tuple[object, float, int]] | None]:
     """All units (as :func:`read_units`) and each segment's int8 codes, mapped (a faiss index of its facts, then its
-    sentences, its scale and its unit count); None when a segment has none (written without faiss or before codes were kept)."""
+    sentences, its scale and its unit count); None when a segment has none (written without faiss or before codes were
+    kept, or its codes file removed by a writer that keeps none: the codes are then encoded at load)."""
     segments = _read_segments(db, namespace, dim, parts, 0, LAST_SEQ)
     codes = []
     for table, (folder, name, arrays, what) in segments:
-        if sidecar.CODE_BYTES not in arrays:
+        path = sidecar.codes_path(folder, name)
+        if sidecar.CODE_BYTES not in arrays or not path.exists():  # gone: removed by a writer that keeps no codes
             return _concat([t for t, _ in segments], dim), None
         vectors = len(table) + len(table.sentence_owner)
-        index = vector_codes.read(sidecar.codes_path(folder, name), int(arrays[sidecar.CODE_BYTES][0]), vectors, dim, what)
+        index = vector_codes.read(path, int(arrays[sidecar.CODE_BYTES][0]), vectors, dim, what)
         codes.append((index, float(arrays[sidecar.CODE_SCALE][0]), len(table)))
     return _concat([t for t, _ in segments], dim), codes
 

@@ -10,7 +10,8 @@ such files, and the files of segments that earlier writes replaced.
 With faiss installed, a sidecar also has a codes file (:mod:`qgmem_train.vector_codes`: the int8 codes of the
 segment's facts and sentences, a faiss index mapped at load), written before it under the same token; the
 sidecar records the codes file's size and scale (``code_bytes``, ``code_scale``). A sidecar without them (one
-written without faiss, or before codes were kept) has its codes encoded at load.
+written without faiss, or before codes were kept), or whose codes file is gone (removed by a writer that keeps
+none), has its codes encoded at load; a codes file of another size is refused.
 """
 
 from __future__ import annotations
