@@ -41,17 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     """Run or merge; bad input and unavailable models are one line and exit 2."""
     args = parser().parse_args(setup_output(argv))
     from data_prep.config import load_data_prep_config
-    from data_prep.merge import merge
-    from data_prep.run import run_shard
 
     try:
         cfg, pipeline = load_data_prep_config(args.config)
         if args.command == "run":
+            from data_prep.run import run_shard
+
             shard, total = args.shard or (0, 1)
             folder = run_shard(cfg, pipeline, shard, total)
             print(f"shard {shard}/{total} done: {folder}")
             if args.shard is not None:
                 return 0
+        from data_prep.merge import merge  # the training libraries it needs load only once the input is known good
+
         manifest = merge(cfg, pipeline)
         print(json.dumps({"dataset": manifest["dataset"], "per_split": manifest["counts"]["per_split"], "target": manifest["target"]}))
         if args.push_to_hub:

@@ -8,6 +8,7 @@ A category is any folder below the root with that name. Items are read under ``e
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +39,11 @@ class ConvoMemCase:
     ref: CaseRef
     conversation: Conversation
     questions: list[CaseQuestion]
+
+
+def case_namespace(case_id: str) -> str:
+    """Store namespace of a case: short, stable, filesystem- and SQL-safe."""
+    return "case-" + hashlib.sha1(case_id.encode()).hexdigest()[:16]
 
 
 def resolve_source(source: str, revision: str | None, categories: list[str]) -> Path:

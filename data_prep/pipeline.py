@@ -13,13 +13,12 @@ lists the stages run, ``seconds`` has no answer/judge entry, and every question 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from data_prep.config import DataPrepConfig
-from data_prep.convomem import ConvoMemCase
+from data_prep.convomem import ConvoMemCase, case_namespace
 from data_prep.targets import cites, gold_reasoning_path
 from qgmem_train.answer.evidence import answer_evidence
 from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
@@ -50,11 +49,6 @@ class PipelineModels:
     llm: ChatLLM
     embedder: Embedder
     reranker: Reranker | None
-
-
-def case_namespace(case_id: str) -> str:
-    """Store namespace of a case: short, stable, filesystem- and SQL-safe."""
-    return "case-" + hashlib.sha1(case_id.encode()).hexdigest()[:16]
 
 
 def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:

@@ -17,8 +17,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from data_prep.config import DataPrepConfig
-from data_prep.convomem import discover_cases, load_case, resolve_source
-from data_prep.pipeline import PipelineModels, case_namespace, run_case
+from data_prep.convomem import case_namespace, discover_cases, load_case, resolve_source
 from data_prep.sampling import CaseRef, sample_cases, shard_of
 from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError
@@ -105,6 +104,9 @@ def run_shard(cfg: DataPrepConfig, pipeline: PipelineConfig, shard: int = 0, num
             log.warning("%s: empty or partial case record; computing case %s again", case_file(folder, ref.case_id), ref.case_id)
     log.info("shard %d/%d: %d cases, %d already done", shard, num_shards, len(mine), len(mine) - len(pending))
     if pending:
+        # Imported here: the pipeline brings in PyG and the model libraries, which bad input should not wait for.
+        from data_prep.pipeline import PipelineModels, run_case
+
         llm = build_llm(pipeline)
         models = PipelineModels(llm, build_embedder(pipeline), build_reranker(pipeline, llm=llm))
         with MemoryStore.open(folder / "store", create=True) as store:

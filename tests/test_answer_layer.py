@@ -124,8 +124,8 @@ def _reply(chat: Chat) -> str:
 def test_the_four_frozen_entry_points_render_the_same_chat(minilm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Data prep, ask, the predictor's text path and eval answers, over one stored working memory."""
     from data_prep.config import DataPrepConfig
-    from data_prep.convomem import CaseQuestion, ConvoMemCase
-    from data_prep.pipeline import PipelineModels, case_namespace, run_case
+    from data_prep.convomem import CaseQuestion, ConvoMemCase, case_namespace
+    from data_prep.pipeline import PipelineModels, run_case
     from data_prep.sampling import CaseRef
     from qgmem_train.__main__ import main
     from qgmem_train.config import load_pipeline_config

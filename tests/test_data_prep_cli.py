@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "data_prep", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+MODEL_LIBRARIES = re.compile(r"\|\s+(torch|lightning|torch_geometric|transformers)$")
+"""An ``-X importtime`` line of a library that only the pipeline's models need."""
+
+
+def run(*args: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *flags, "-m", "data_prep", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 def test_unknown_setting_is_one_line(tmp_path: Path) -> None:
@@ -41,6 +46,19 @@ def test_hub_source_offline_fails_at_once(tmp_path: Path) -> None:
     result = run("--config", str(config))
     assert result.returncode == 2
     assert "the Hub is offline" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [("sauce: x", "data_prep.sauce: unknown setting"), (f"source: {ROOT / 'samples' / 'convomem_cases'}\n  categories: {{user_evidence: 1}}", "no cases for categories")],
+)
+def test_config_and_source_errors_come_before_the_model_libraries_load(tmp_path: Path, section: str, message: str) -> None:
+    """A typo in a config is reported in a moment, not after torch, Lightning and PyG have loaded (about 10 s)."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data_prep:\n  {section}\n  out: {tmp_path / 'out'}\n")
+    result = run("--config", str(config), flags=("-X", "importtime"))
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    assert not [line for line in result.stderr.splitlines() if MODEL_LIBRARIES.search(line)]
 
 
 def test_bad_shard_argument() -> None:
