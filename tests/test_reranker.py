@@ -157,7 +157,7 @@ def trained_run(sample_data, tmp_path_factory: pytest.TempPathFactory) -> tuple[
         "fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu.yaml"), "--out", str(out),
         "--data.input", str(source), "--data.store", str(store), "--data.cache", str(folder / "pools.json"),
         "--data.val_conversations", f"[{VAL}]", "--data.negatives", "7", "--data.batch_size", "4", "--model.max_length", "64",
-        "--model.learning_rate", "0.0001", "--model.head_learning_rate", "0.0003", "--model.warmup_fraction", "0.0", "--trainer.max_epochs", "6",
+        "--model.learning_rate", "0.0001", "--model.head_learning_rate", "0.0003", "--model.warmup_fraction", "0.0", "--trainer.max_epochs", "3",
         "--trainer.default_root_dir", str(folder), "--trainer.enable_progress_bar", "false",
         "--trainer.logger", json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(folder), "name": "logs"}}),
     )
@@ -190,10 +190,10 @@ def test_tiny_training_lowers_validation_loss_and_records_its_split(trained: Pat
 
 @pytest.mark.slow
 def test_weights_are_validated_before_training_and_once_after_each_epoch(trained: Path) -> None:
-    """Six epochs log seven validation passes: the final weights are not validated a second time after ``fit``."""
+    """Three epochs log four validation passes: the final weights are not validated a second time after ``fit``."""
     (metrics,) = (trained.parent / "logs").glob("version_*/metrics.csv")
     passes = [row for row in csv.DictReader(metrics.open()) if row["val/loss"]]
-    assert len(passes) == 1 + 6
+    assert len(passes) == 1 + 3
     record = json.loads((trained / "training.json").read_text())
     assert record["validation_after"]["val/loss"] == round(float(passes[-1]["val/loss"]), 4)
 
@@ -471,20 +471,23 @@ def test_a_missing_teacher_or_base_folder_is_refused_by_setting_with_its_build(s
 
 @pytest.mark.slow
 def test_a_distilled_student_moves_toward_its_frozen_teacher(sample_data, trained: Path) -> None:
-    """A two-layer student of the tiny trained model: the teacher stays frozen and in eval mode, the student's KL to it drops."""
+    """A two-layer student of the tiny trained model: the teacher stays frozen and in eval mode, the student's KL to it drops.
+
+    The loss is mostly the KL (weight 0.9): with an even share, the label loss of a teacher trained for three tiny
+    epochs can pull the student away from it faster than the KL pulls it closer."""
     import torch
 
     from qgmem_train.reranker.module import CrossEncoderModule
 
     torch.manual_seed(0)
-    module = CrossEncoderModule(num_layers=2, max_length=64, teacher=str(trained), distill_weight=0.5, distill_temperature=2.0)
+    module = CrossEncoderModule(num_layers=2, max_length=64, teacher=str(trained), distill_weight=0.9, distill_temperature=2.0)
     module.train()
     assert module.cross_encoder.training and not module.teacher.training
     assert not any(p.requires_grad for p in module.teacher.parameters())
     frozen = {name: value.clone() for name, value in module.teacher.state_dict().items()}
     groups = rerank_groups(sample_data[2], 7, seed=0)[:4]
     first = module.losses(groups)
-    assert first["loss"].item() == pytest.approx(0.5 * first["label"].item() + 0.5 * first["distill"].item(), rel=1e-5)
+    assert first["loss"].item() == pytest.approx(0.1 * first["label"].item() + 0.9 * first["distill"].item(), rel=1e-5)
     optimizer = torch.optim.AdamW(module.cross_encoder.parameters(), lr=3e-4)
     for _ in range(8):
         optimizer.zero_grad()
