@@ -43,6 +43,9 @@ class ModelsConfig:
     """What runs the ``cross`` reranker on the CPU: torch, or ONNX Runtime over a graph exported once from its weights
     into ``<cache>/onnx`` (fp32 at torch's scores in about half the time; with ``int8``, ONNX Runtime's dynamic int8).
     On a GPU it is torch."""
+    reranker_max_length: int | None = None
+    """Tokens of a (question, document) pair the ``cross`` reranker reads at inference; longer pairs lose the end of the
+    document (its source dialogue: times, entities and the fact come first). ``None``: the length the model was saved with."""
     backend: Literal["transformers", "openai"] = "transformers"
     """Local transformers model, or an OpenAI-compatible HTTP server (vLLM, API models)."""
     base_url: str | None = None
@@ -121,6 +124,9 @@ class RetrievalConfig:
     rerank_mode: Literal["replace", "rrf", "blend"] = "replace"
     """``replace``: the reranker's order is the working memory (paper); ``rrf``: RRF of the fused and reranked ranks;
     ``blend``: the reranker's standardized scores with the fused rank as a prior (``rerank_prior``); both for rerankers weaker than the paper's."""
+    rerank_top: int | None = None
+    """Score only the first ``rerank_top`` units of the fused pool with the reranker and order them by ``rerank_mode``;
+    the units below keep the fused order (and their RRF scores) after them. ``None``: the whole pool (not in the paper)."""
     rerank_prior: float = 0.75
     """``blend`` mode's β: a unit's score is its standardized reranker score minus β·ln(1 + its rank in the fused pool, from 0).
     0.75: best recall@10 for the trained CPU reranker on LoCoMo conversations it never saw (bench/results/rerank_prior_two_epochs.md)."""
@@ -179,7 +185,7 @@ class PipelineConfig:
 _AT_LEAST: dict[str, int] = {
     "max_concurrency": 1, "max_retries": 0, "window": 1, "overlap": 0, "neighbours": 1, "min_cluster_size": 1, "max_trace_size": 2,
     "window_batch_size": 1, "index_batch_size": 1, "embed_batch_size": 1, "n": 1, "kappa": 0, "k": 1,
-    "rerank_batch_size": 1, "rerank_prior": 0, "lexical_context_turns": 0, "max_new_tokens": 1, "batch_size": 1,
+    "rerank_batch_size": 1, "rerank_top": 1, "reranker_max_length": 16, "rerank_prior": 0, "lexical_context_turns": 0, "max_new_tokens": 1, "batch_size": 1,
 }  # fmt: skip
 """Smallest allowed value of each count setting (any group)."""
 _UNIT_INTERVAL = frozenset({"relation_threshold", "sem_threshold"})

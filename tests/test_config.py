@@ -60,6 +60,8 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         ({"retrieval": {"rerank_prior": -0.5}}, "retrieval.rerank_prior: must be at least 0, got -0.5"),
         ({"models": {"reranker_quantization": "int4"}}, "models.reranker_quantization: expected one of none, int8, got 'int4'"),
         ({"models": {"reranker_runtime": "tensorrt"}}, "models.reranker_runtime: expected one of torch, onnxruntime, got 'tensorrt'"),
+        ({"retrieval": {"rerank_top": 0}}, "retrieval.rerank_top: must be at least 1, got 0"),
+        ({"models": {"reranker_max_length": 4}}, "models.reranker_max_length: must be at least 16, got 4"),
         ({"construction": {"window": 4, "overlap": 4}}, r"construction.overlap: must be less than construction.window \(4\), got 4"),
         ({"construction": {"overlap": 7}}, r"construction.overlap: must be less than construction.window \(6\), got 7"),
     ],

@@ -123,6 +123,39 @@ def test_rerank_mode_blend_adds_the_fused_rank_prior_to_standardized_scores(memo
     assert alone.reranked == alone.fused[::-1]
 
 
+class _RecordingReverse(_ReverseReranker):
+    """The reverse reranker, recording how many documents each call scored."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def score(self, query: str, documents: list[str]) -> np.ndarray:
+        self.sizes.append(len(documents))
+        return super().score(query, documents)
+
+
+@pytest.mark.parametrize("mode", ["replace", "rrf", "blend"])
+def test_rerank_top_scores_only_the_first_m_of_the_pool_and_leaves_the_rest_in_fused_order(memory, minilm, mode: str) -> None:
+    def run(top: int | None):
+        reranker = _RecordingReverse()
+        cfg = RetrievalConfig(n=6, k=6, rerank_mode=mode, rerank_top=top, drop_superseded=False)
+        return activate("What did Melanie paint?", None, memory, cfg=cfg, llm=None, embedder=minilm, reranker=reranker), reranker.sizes
+
+    (head, head_sizes), (whole, whole_sizes) = run(3), run(None)
+    assert head_sizes == [3] and whole_sizes == [6] and head.fused == whole.fused
+    assert head.reranked[3:] == head.fused[3:] and sorted(head.reranked[:3]) == sorted(head.fused[:3])
+    assert len(head.scores) == 6 and head.scores[3:] == pytest.approx(whole_scores_of_fused(memory, minilm)[3:])
+    if mode == "replace":
+        assert head.reranked[:3] == head.fused[2::-1]
+    assert run(6)[0].reranked == whole.reranked and run(8)[1] == [6]
+
+
+def whole_scores_of_fused(memory, minilm) -> list[float]:
+    """The RRF scores of the fused pool, no reranker."""
+    cfg = RetrievalConfig(n=6, k=6, drop_superseded=False)
+    return activate("What did Melanie paint?", None, memory, cfg=cfg, llm=None, embedder=minilm, reranker=None).scores
+
+
 def test_rerank_document_holds_every_field(memory, minilm) -> None:
     index = ActivationIndex(memory, RetrievalConfig(), minilm)
     doc = rerank_document(memory.units[4], index.trajectory_of(memory.units[4]))
@@ -186,6 +219,27 @@ def test_onnxruntime_reranker_threads_sleep_between_operators_instead_of_spinnin
     documents = ["melanie paint sunrise", "caroline group", "what did caroline paint"]
     np.testing.assert_allclose(reranker.score("what did melanie paint?", documents),
                                CrossEncoderReranker(str(folder), device="cpu").score("what did melanie paint?", documents), atol=1e-5)
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+def test_reranker_max_length_cuts_every_pair_at_inference(tmp_path, runtime: str) -> None:
+    """``models.reranker_max_length`` sets the token budget of a pair in either runtime, below the one the model was saved with."""
+    from qgmem_train.config import PipelineConfig
+    from qgmem_train.retrieval.rerank import build_reranker
+
+    (tmp_path / "model").mkdir()
+    cfg = PipelineConfig()
+    cfg.models.reranker, cfg.models.reranker_model, cfg.models.device = "cross", str(tiny_cross_encoder(tmp_path / "model")), "cpu"
+    cfg.models.reranker_runtime, cfg.models.cache_dir, cfg.models.reranker_max_length = runtime, str(tmp_path / "cache"), 16
+    documents = [" ".join(["melanie paint sunrise"] * 12), "caroline group"]
+    cut = build_reranker(cfg)
+    assert cut.cross_encoder.max_seq_length == 16
+    assert int(cut.cross_encoder.preprocess([("what did melanie paint?", documents[0])])["attention_mask"].sum()) == 16
+    cfg.models.reranker_max_length = None
+    whole = build_reranker(cfg)
+    assert whole.cross_encoder.max_seq_length > 16
+    scores = cut.score("what did melanie paint?", documents)
+    assert scores.shape == (2,) and scores[1] == pytest.approx(whole.score("what did melanie paint?", documents)[1], abs=1e-5)
 
 
 def test_serialization_clusters_then_facts_with_labels(memory) -> None:

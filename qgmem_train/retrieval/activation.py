@@ -213,14 +213,9 @@ def activate(
     if reranker is None or len(pool) == 0:
         order, scores = pool, fused_scores
     else:
-        documents = [index.document(units[row]) for row in pool]
-        rerank_scores = reranker.score(question, documents)
-        if cfg.rerank_mode == "blend":
-            rerank_scores = blend_with_fused_rank(rerank_scores, cfg.rerank_prior)
-        order_in_pool = np.argsort(-rerank_scores, kind="stable")
-        order, scores = pool[order_in_pool], rerank_scores[order_in_pool]
-        if cfg.rerank_mode == "rrf":
-            order, scores = reciprocal_rank_fusion({"fused": pool, "reranked": order}, kappa=cfg.kappa, n=cfg.n)
+        scored = len(pool) if cfg.rerank_top is None else min(cfg.rerank_top, len(pool))
+        order, scores = rerank_head(pool[:scored], question, [index.document(units[row]) for row in pool[:scored]], reranker, cfg)
+        order, scores = np.concatenate([order, pool[scored:]]), np.concatenate([scores, fused_scores[scored:]])
     timings["rerank"] = time.perf_counter() - start
 
     ids = lambda rows: [units[r].id for r in rows]  # noqa: E731
@@ -237,6 +232,18 @@ def activate(
         reranker=reranker.name if reranker is not None else "none",
         timings=timings,
     )
+
+
+def rerank_head(head: np.ndarray, question: str, documents: list[str], reranker: Reranker, cfg: RetrievalConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``head`` (the fused pool's first units, in fused order) and their scores, in the order ``cfg.rerank_mode`` gives them."""
+    rerank_scores = reranker.score(question, documents)
+    if cfg.rerank_mode == "blend":
+        rerank_scores = blend_with_fused_rank(rerank_scores, cfg.rerank_prior)
+    order_in_head = np.argsort(-rerank_scores, kind="stable")
+    order, scores = head[order_in_head], np.asarray(rerank_scores, dtype=np.float64)[order_in_head]
+    if cfg.rerank_mode == "rrf":
+        order, scores = reciprocal_rank_fusion({"fused": head, "reranked": order}, kappa=cfg.kappa, n=len(head))
+    return order, scores
 
 
 def blend_with_fused_rank(scores: np.ndarray, prior: float) -> np.ndarray:

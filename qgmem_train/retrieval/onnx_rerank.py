@@ -140,7 +140,7 @@ class OnnxCrossEncoderReranker:
 
     name = "cross"
 
-    def __init__(self, ref: str, *, batch_size: int = 8, cache_dir: str | None = None, quantization: str = "none"):
+    def __init__(self, ref: str, *, batch_size: int = 8, cache_dir: str | None = None, quantization: str = "none", max_length: int | None = None):
         try:
             import onnxruntime
         except ImportError:
@@ -155,6 +155,8 @@ class OnnxCrossEncoderReranker:
         self.model_id = ref
         self.batch_size = batch_size
         self.cross_encoder = CrossEncoder(str(folder), device="cpu")
+        if max_length is not None:
+            self.cross_encoder.max_seq_length = max_length
         self.input_names = list(self.cross_encoder.tokenizer.model_input_names)
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()

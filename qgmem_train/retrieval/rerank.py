@@ -110,7 +110,8 @@ class CrossEncoderReranker:
 
     name = "cross"
 
-    def __init__(self, ref: str, *, batch_size: int = 8, device: str = "auto", cache_dir: str | None = None, quantization: str = "none"):
+    def __init__(self, ref: str, *, batch_size: int = 8, device: str = "auto", cache_dir: str | None = None, quantization: str = "none",
+                 max_length: int | None = None):
         from sentence_transformers import CrossEncoder
 
         from qgmem_train.llm.resolver import pick_device, resolve_model_dir
@@ -119,6 +120,8 @@ class CrossEncoderReranker:
         self.model_id = ref
         self.batch_size = batch_size
         self.cross_encoder = CrossEncoder(str(resolve_model_dir(ref, cache_dir)), device=device)
+        if max_length is not None:
+            self.cross_encoder.max_seq_length = max_length
         if quantization == "int8" and device == "cpu":
             quantize_linear_int8(self.cross_encoder)
         elif quantization != "none":
@@ -211,9 +214,10 @@ def build_reranker(cfg: PipelineConfig, kind: str | None = None, *, llm: ChatLLM
         if cfg.models.reranker_runtime == "onnxruntime" and device == "cpu":
             from qgmem_train.retrieval.onnx_rerank import OnnxCrossEncoderReranker
 
-            return OnnxCrossEncoderReranker(ref, batch_size=batch_size, cache_dir=cfg.models.cache_dir, quantization=cfg.models.reranker_quantization)
+            return OnnxCrossEncoderReranker(ref, batch_size=batch_size, cache_dir=cfg.models.cache_dir, quantization=cfg.models.reranker_quantization,
+                                            max_length=cfg.models.reranker_max_length)
         if cfg.models.reranker_runtime == "onnxruntime":
             log.info("reranker runtime onnxruntime is for the CPU; on %s the cross-encoder runs in torch", device)
         return CrossEncoderReranker(ref, batch_size=batch_size, device=device, cache_dir=cfg.models.cache_dir,
-                                    quantization=cfg.models.reranker_quantization)
+                                    quantization=cfg.models.reranker_quantization, max_length=cfg.models.reranker_max_length)
     raise InputError("--reranker", f"unknown reranker {kind!r} (known: {', '.join(RERANKER_KINDS)})")
