@@ -9,12 +9,16 @@ as a prior, ``retrieval.rerank_prior``), side by side in one run. Each model sco
 every mode reuses the scores. Reported: recall/precision/sufficiency/nDCG@10 overall and per category,
 each ranking's recall@10 gain over the fused order with a paired bootstrap 95% interval over questions,
 the fused pool's recall@100 (the ceiling of any reordering), and each model's latency of scoring a
-pool of 100 candidates (p50/p95, on the threads torch uses).
+pool of 100 candidates (p50/p95, on the threads torch uses). ``--rerank-top`` scores only the pool's
+first m units (``retrieval.rerank_top``; the rest keep the fused order) and ``--max-length`` cuts each
+pair at inference (``models.reranker_max_length``): every combination is its own row, timed on the
+questions whose fused pool holds 100 units.
 
     python bench/bench_reranker.py                        # checkpoints/reranker-cpu/model (make reranker)
     python bench/bench_reranker.py --model DIR [DIR ...] --conversation conv-30 conv-47
     python bench/bench_reranker.py --embedder checkpoints/embedder-cpu/model --store out/reranker/locomo_turns_tuned
     python bench/bench_reranker.py --quantization none int8 --runtime torch onnxruntime   # each model in both runtimes, fp32 and int8
+    python bench/bench_reranker.py --runtime onnxruntime --quantization none int8 --rerank-top 30 50 all --max-length model 128
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class ScoreOnce:
     def __init__(self, reranker: Reranker):
         self.reranker = reranker
         self.model_id = reranker.model_id
+        self.pool_size = 0
+        """Units in the fused pool of the question being scored (set by the caller): calls are timed per pool of that size."""
         self.calls: list[tuple[int, float]] = []
         self._scores: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
 
@@ -69,7 +75,7 @@ class ScoreOnce:
         if key not in self._scores:
             start = time.perf_counter()
             self._scores[key] = self.reranker.score(query, documents)
-            self.calls.append((len(documents), time.perf_counter() - start))
+            self.calls.append((self.pool_size, time.perf_counter() - start))
         return self._scores[key]
 
 
@@ -78,9 +84,19 @@ def model_name(folder: Path) -> str:
     return folder.parent.name if folder.name == "model" else folder.name
 
 
-def variant_name(name: str, runtime: str, quantization: str) -> str:
-    """A model's name in the tables with how it runs: ``reranker-cpu``, ``reranker-cpu int8``, ``reranker-cpu onnxruntime int8``."""
-    return " ".join([name] + ([runtime] if runtime != "torch" else []) + ([quantization] if quantization != "none" else []))
+def variant_name(name: str, runtime: str, quantization: str, max_length: int | None = None, top: int | None = None) -> str:
+    """A model's name in the tables with how it runs: ``reranker-cpu``, ``reranker-cpu int8``, ``reranker-cpu onnxruntime int8 max 128 top 40``."""
+    return " ".join([name] + ([runtime] if runtime != "torch" else []) + ([quantization] if quantization != "none" else [])
+                    + ([f"max {max_length}"] if max_length else []) + ([f"top {top}"] if top else []))
+
+
+def top_or_all(text: str) -> int | None:
+    """``--rerank-top`` / ``--max-length`` value: a positive integer, or ``all`` / ``model`` (no limit)."""
+    if text in ("all", "model"):
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, all or model, got {text!r}")
+    return int(text)
 
 
 def rankings(names: Sequence[str]) -> list[str]:
@@ -88,18 +104,20 @@ def rankings(names: Sequence[str]) -> list[str]:
     return ["fused"] + [f"{name}, {mode}" for name in names for mode in MODES]
 
 
-def evaluate(input_path: Path, store: Path, embedder_ref: str, models: dict[str, tuple[Path, str, str]], conversations: list[str],
-             batch_size: int) -> tuple[list[dict], dict[str, ScoreOnce]]:
+def evaluate(input_path: Path, store: Path, embedder_ref: str, models: dict[str, tuple[Path, str, str, int | None, int | None]],
+             conversations: list[str], batch_size: int) -> tuple[list[dict], dict[str, ScoreOnce]]:
     """Per-question metrics of every ranking (and the pool's recall@100) over ``conversations`` of a store built with ``embedder_ref``.
 
-    ``models`` maps a name to (CrossEncoder folder, quantization, runtime).
+    ``models`` maps a name to (CrossEncoder folder, quantization, runtime, max length, top m); variants that
+    differ only in top m share one loaded reranker, each timed on its own calls.
     """
     cfg = PipelineConfig(models=ModelsConfig(embedder=embedder_ref, device="cpu"))
-    settings = {mode: PipelineConfig().retrieval for mode in MODES}
-    for mode, retrieval in settings.items():
-        retrieval.rerank_mode = mode
+    settings = {(mode, top): PipelineConfig().retrieval for mode in MODES for *_, top in models.values()}
+    for (mode, top), retrieval in settings.items():
+        retrieval.rerank_mode, retrieval.rerank_top = mode, top
     embedder = build_embedder(cfg)
-    rerankers = {name: ScoreOnce(cross_encoder(folder, quantization, runtime, batch_size)) for name, (folder, quantization, runtime) in models.items()}
+    loaded = {spec[:4]: cross_encoder(*spec[:3], batch_size, spec[3]) for spec in dict.fromkeys(spec[:4] for spec in models.values())}
+    rerankers = {name: ScoreOnce(loaded[spec[:4]]) for name, spec in models.items()}
     records = []
     with MemoryStore.open(store) as memory_store:
         for batch in locomo_question_batches(input_path, memory_store, embedder, cfg.retrieval, conversations):
@@ -108,9 +126,10 @@ def evaluate(input_path: Path, store: Path, embedder_ref: str, models: dict[str,
                 run = lambda settings, ranker: activate(q.question, batch.question_time, batch.memory, cfg=settings, llm=None,  # noqa: E731
                                                         embedder=embedder, reranker=ranker, index=batch.index, intent=intent,
                                                         query_vectors=vectors)
-                orders = {"fused": run(settings["replace"], None).reranked}
-                orders.update({f"{name}, {mode}": run(settings[mode], reranker).reranked
-                               for name, reranker in rerankers.items() for mode in MODES})
+                orders = {"fused": run(settings[next(iter(settings))], None).reranked}
+                for name, reranker in rerankers.items():
+                    reranker.pool_size = len(orders["fused"])
+                    orders.update({f"{name}, {mode}": run(settings[(mode, models[name][4])], reranker).reranked for mode in MODES})
                 gold = set(q.evidence)
                 records.append({"conversation": batch.conversation_id, "qa_index": q.index, "category": q.category,
                                 "pool_recall@100": recall_at_k([sources[u] for u in orders["fused"]], gold, 100),
@@ -118,16 +137,17 @@ def evaluate(input_path: Path, store: Path, embedder_ref: str, models: dict[str,
     return records, rerankers
 
 
-def cross_encoder(folder: Path, quantization: str, runtime: str, batch_size: int) -> Reranker:
-    """The pipeline's ``cross`` reranker of ``folder`` on the CPU, as ``models.reranker_quantization`` and ``reranker_runtime`` say."""
+def cross_encoder(folder: Path, quantization: str, runtime: str, batch_size: int, max_length: int | None = None) -> Reranker:
+    """The pipeline's ``cross`` reranker of ``folder`` on the CPU, as ``models.reranker_quantization``, ``reranker_runtime`` and
+    ``reranker_max_length`` say."""
     cfg = PipelineConfig(models=ModelsConfig(reranker="cross", reranker_model=str(folder), reranker_quantization=quantization,
-                                             reranker_runtime=runtime, device="cpu"))
+                                             reranker_runtime=runtime, reranker_max_length=max_length, device="cpu"))
     cfg.retrieval.rerank_batch_size = batch_size
     return build_reranker(cfg)
 
 
 def pool_latency(reranker: ScoreOnce) -> dict:
-    """p50/p95 milliseconds of the reranker's calls on full pools of 100 candidates."""
+    """p50/p95 milliseconds of the reranker's calls on full pools of 100 candidates (all of them scored, or the first m)."""
     full = [seconds * 1000 for size, seconds in reranker.calls if size == 100]
     return {"pools_of_100": len(full), "p50_ms": round(float(np.percentile(full, 50)), 1) if full else None,
             "p95_ms": round(float(np.percentile(full, 95)), 1) if full else None}
@@ -164,11 +184,12 @@ def markdown(report: dict) -> str:
     lines = [f"# Trained cross-encoder rerankers on held-out LoCoMo conversations ({', '.join(report['conversations'])})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m.get('torch_threads')}, load average at start "
              f"{m.get('load_average_1m')}. Turns-mode store embedded with `{report['embedder']}`, rule-based intents, fused pool of 100 "
-             f"(RRF of BM25, dense, attributes), every ranking side by side in one run.", "", "| model | folder | runtime | quantization | layers | max length | negatives | trained on | steps | training s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"(RRF of BM25, dense, attributes), every ranking side by side in one run.", "", "| model | folder | runtime | quantization | layers | max length | scored | negatives | trained on | steps | training s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, model in report["models"].items():
         training = model["training"]
-        lines.append(f"| {name} | `{model['folder']}` | {model['runtime']} | {model['quantization']} | {model['layers']} | {model['max_length']} | {training.get('negatives')} | "
+        lines.append(f"| {name} | `{model['folder']}` | {model['runtime']} | {model['quantization']} | {model['layers']} | {model['max_length']} | "
+                     f"{'top ' + str(model['rerank_top']) if model.get('rerank_top') else 'all'} | {training.get('negatives')} | "
                      f"{', '.join(training.get('train_conversations', []))} ({training.get('train_questions')} questions) | "
                      f"{training.get('steps')} | {training.get('seconds')} |")
     lines += ["", f"## All {s['n_questions']} questions (pool recall@100: {s['pool_recall@100']:.3f})", "",
@@ -228,6 +249,11 @@ def main() -> None:
                         help="precision of each model's linear layers (models.reranker_quantization); several are measured side by side (default: none)")
     parser.add_argument("--runtime", nargs="+", choices=("torch", "onnxruntime"), default=["torch"],
                         help="what runs each model (models.reranker_runtime); several are measured side by side (default: torch)")
+    parser.add_argument("--rerank-top", nargs="+", type=top_or_all, default=[None], metavar="M",
+                        help="units of the fused pool each model scores (retrieval.rerank_top), the rest in fused order; several are "
+                             "measured side by side; all: the whole pool (default)")
+    parser.add_argument("--max-length", nargs="+", type=top_or_all, default=[None], metavar="TOKENS",
+                        help="tokens a pair is cut to at inference (models.reranker_max_length); model: the saved length (default)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     parser.add_argument("--report", default="reranker", help="report name: writes <out>/<report>.json and .md")
     args = parser.parse_args()
@@ -247,19 +273,20 @@ def main() -> None:
     info = machine_info()
     ensure_turns_store(args.input, args.store, embedder=args.embedder, conversations=conversations)
     started = time.perf_counter()
-    variants = {variant_name(name, runtime, quantization): (folder, quantization, runtime)
-                for runtime in args.runtime for quantization in args.quantization for name, folder in models.items()}
+    variants = {variant_name(name, runtime, quantization, max_length, top): (folder, quantization, runtime, max_length, top)
+                for runtime in args.runtime for quantization in args.quantization for max_length in args.max_length
+                for top in args.rerank_top for name, folder in models.items()}
     records, rerankers = evaluate(args.input, args.store, args.embedder, variants, conversations, args.batch_size)
     summary = summarise(records, rerankers)
     report = {
         "machine": info, "input": str(args.input), "store": str(args.store), "embedder": args.embedder, "conversations": conversations,
-        "models": {name: {"folder": str(folder), "runtime": runtime, "quantization": quantization,
+        "models": {name: {"folder": str(folder), "runtime": runtime, "quantization": quantization, "rerank_top": top,
                           "layers": rerankers[name].reranker.cross_encoder.model.config.num_hidden_layers,
                           "max_length": rerankers[name].reranker.cross_encoder.max_seq_length,
                           "training": {k: trainings[model_name(folder)].get(k) for k in (
                               "train_conversations", "val_conversations", "train_questions", "negatives", "steps", "seconds",
                               "validation_before", "validation_after", "hyperparameters")}}
-                   for name, (folder, quantization, runtime) in variants.items()},
+                   for name, (folder, quantization, runtime, _, top) in variants.items()},
         "batch_size": args.batch_size, "summary": summary, "targets": TARGETS,
         "met": {name: targets_met(summary, name) for name in variants},
         "seconds": round(time.perf_counter() - started, 1),
