@@ -397,7 +397,7 @@ class MemoryStore:
             table, codes = segments.read_units(self._db, namespace, dim, parts), None
         order = table.unit_order()
         code_blocks = None if codes is None else _code_blocks(table, order, codes)
-        table = table if np.array_equal(order, np.arange(len(order))) else table.take(order)
+        table = table.in_unit_order(order)
         turns = segments.read_turns(self._db, namespace)
         traces = self.load_traces(namespace)
         return NamespaceMemory(

@@ -251,9 +251,9 @@ class UnitTable:
                     order[a:b] = sorted(order[a:b].tolist(), key=self.ids.__getitem__)
         return order
 
-    def in_unit_order(self) -> UnitTable:
-        """The table sorted into unit order (itself when it already is)."""
-        order = self.unit_order()
+    def in_unit_order(self, order: np.ndarray | None = None) -> UnitTable:
+        """The table sorted into unit order (itself when it already is); ``order``: its :meth:`unit_order`, when already computed."""
+        order = self.unit_order() if order is None else order
         return self if np.array_equal(order, np.arange(len(order))) else self.take(order)
 
     def attribute_index(self) -> AttributeIndex:
