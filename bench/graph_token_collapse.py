@@ -10,8 +10,9 @@ and every ``--every`` steps measures three stages on a fixed set of test questio
 of their variance (:mod:`qgmem_train.graph.diagnostics`, as training logs them), and the share of the single vectors'
 energy that is not the shared mean (``token_spread``: 0 when every vector of every question is the same); and the
 shuffle gap, the answer-span loss with another question's graph minus with the question's own. ``--contrast W`` trains
-with the module's ``graph_contrast`` term (needs ``--batch-size`` 2 or more). Writes
-``graph_token_collapse_<readout>[_contrastW].{json,md}`` to ``--out``.
+with the module's ``graph_contrast`` term (needs ``--batch-size`` 2 or more); ``--center reference`` with the reference-centered
+projector (``model.graph_center``; its ``mlp`` stage is the MLP output before centering). Writes
+``graph_token_collapse_<readout>[_contrastW][_centered].{json,md}`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from qgmem_train.model.datamodule import TrajectoryDataModule
+    from qgmem_train.model.module import reference_graphs
     from qgmem_train.model.schedule import warmup_cosine
 
     if not args.trajectories.is_dir():
@@ -113,10 +115,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     examples = data.splits["test"][: args.questions]
     if len(examples) < 2:
         raise InputError(str(args.trajectories), "fewer than two test questions to compare")
-    variant = Variant("collapse", args.readout, graph_tokens=args.tokens, graph_readout=args.readout)
+    variant = Variant("collapse", args.readout, graph_tokens=args.tokens, graph_readout=args.readout, graph_center=args.center)
     torch.manual_seed(args.seed)
     model = build_module(args, variant, data.feature_dim, graph_contrast=args.contrast, graph_contrast_margin=args.margin)
     model.load_backbone("cpu")
+    if args.center == "reference":
+        model.set_reference_graphs(reference_graphs(data, model.hparams.graph_reference_graphs))
+        model.train()
+        with torch.no_grad():
+            model.graph_embeddings(data.collate(examples[:1])["graph"])  # the statistics the first measurement evaluates with
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.steps, WARMUP_FRACTION, model.hparams.min_lr_ratio))
@@ -144,11 +151,12 @@ def markdown(result: dict[str, Any]) -> str:
     """The report: one row per measured step, one column group per stage."""
     s = result["settings"]
     lines = [
-        f"# Graph-token collapse: {s['readout']} readout, T={s['tokens']}, learning rate {s['lr']}, contrast {s['contrast']}",
+        f"# Graph-token collapse: {s['readout']} readout, T={s['tokens']}, learning rate {s['lr']}, contrast {s['contrast']},"
+        f" projector centering {s.get('center', 'none')}",
         "",
         f"`python bench/graph_token_collapse.py --trajectories {s['trajectories']} --readout {s['readout']} --tokens {s['tokens']} "
         f"--steps {s['steps']} --every {s['every']} --lr {s['lr']} --batch-size {s['batch_size']} --contrast {s['contrast']} "
-        f"--margin {s['margin']}` on {result['questions']} test questions; machine: "
+        f"--margin {s['margin']} --center {s.get('center', 'none')}` on {result['questions']} test questions; machine: "
         f"{result['machine'].get('cpu')}, {result['machine'].get('cores')} cores, load {result['machine'].get('load_average_1m')}.",
         "",
         "Per stage: mean pairwise cosine of the questions' mean vectors / between-question share of their variance / share of the"
@@ -176,6 +184,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1, help="training examples per step")
     p.add_argument("--contrast", type=float, default=0.0, help="weight of the own-against-another-graph hinge (model.graph_contrast)")
     p.add_argument("--margin", type=float, default=0.1, help="its margin in nats (model.graph_contrast_margin)")
+    p.add_argument("--center", choices=("none", "reference"), default="none", help="the projector's centering (model.graph_center)")
     p.add_argument("--questions", type=int, default=64, help="test questions measured")
     p.add_argument("--gnn-hidden", type=int, default=256)
     p.add_argument("--max-context-tokens", type=int, default=128)
@@ -197,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"graph_token_collapse_{args.readout}" + (f"_contrast{args.contrast:g}" if args.contrast else "")
+    stem = f"graph_token_collapse_{args.readout}" + (f"_contrast{args.contrast:g}" if args.contrast else "") + ("_centered" if args.center == "reference" else "")
     write_json_atomic(args.out / f"{stem}.json", result)
     with atomic_output(args.out / f"{stem}.md") as handle:
         handle.write(markdown(result))

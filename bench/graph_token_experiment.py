@@ -18,7 +18,9 @@ Stages (progress lines for each; rerunning the same command resumes):
    (``--query-tokens`` question-queried pools); for each, ``<design>-soft``, the same number of tokens trained on empty
    graphs (a learned soft prompt; for ``edges`` the mean readout with the cap's worth of tokens, since an empty graph has
    no edges), and ``<design>-shuffled``, the design's trained checkpoint tested with each test question given another
-   question's graph from the same conversation (no training); ``lora`` (LoRA r=8, no graph) and ``lora+<design>``
+   question's graph from the same conversation (no training); ``<design>-centered`` for ``mean1`` and ``edges``, the
+   design with the reference-centered projector (``model.graph_center: reference``), controlled by the design's soft
+   prompt and by its own ``-centered-shuffled`` test; ``lora`` (LoRA r=8, no graph) and ``lora+<design>``
    (``--lora-readout``); ``text`` (the graph's facts in the prompt, no training); ``none`` (no graph, no training).
    Local graphs carry attribute edges (``graph.attribute_edges``; ``--no-attribute-edges`` for the paper's). Trained arms
    run ``--steps`` optimizer steps (seeded, ``deterministic=True``), validate on the validation conversation every
@@ -28,7 +30,7 @@ Stages (progress lines for each; rerunning the same command resumes):
    valid-JSON rate, F1, BLEU-1 and exact match (mean ± std over seeds), F1 per category, the graph tokens' mean pairwise
    cosine and between-question variance ratio on the test questions; paired bootstrap 95% intervals over test
    questions (per-question values averaged over seeds) of each design against its soft prompt, its shuffled graphs and
-   no graph, of LoRA + design against LoRA, and of the text path against no graph, on answer-span loss and on F1.
+   no graph, of each centered design against the design's soft prompt, its own shuffled graphs and the plain design, of LoRA + design against LoRA, and of the text path against no graph, on answer-span loss and on F1.
    Written to ``results.json``, ``results.md`` and PNGs (``loss_curves.png``, ``f1.png``, ``f1_per_category.png``) in ``--out``.
 
 Staging (``--variants`` and the resume make rounds): the screening round is one seed of every arm (the default); then
@@ -106,6 +108,8 @@ class Variant:
     graph_readout: str = "mean"
     text_path: bool = False
     lora_r: int = 0
+    graph_center: str = "none"
+    """The projector's centering (``model.graph_center``)."""
     empty_graphs: bool = False
     """Train and evaluate on empty graphs (the learned soft-prompt control)."""
     shuffled_of: str | None = None
@@ -119,6 +123,8 @@ class Variant:
 
 GRAPH_ARMS = ("mean1", "mean4", "edges", "query")
 """The trained graph designs; each has a same-size soft prompt (``<arm>-soft``) and a shuffled-graph test (``<arm>-shuffled``)."""
+CENTERED_ARMS = ("mean1", "edges")
+"""The designs also run with the reference-centered projector (``<arm>-centered``, tested shuffled as ``<arm>-centered-shuffled``)."""
 
 
 def variants(edge_tokens: int = 10, query_tokens: int = 4, lora_readout: str = "edges") -> dict[str, Variant]:
@@ -140,6 +146,11 @@ def variants(edge_tokens: int = 10, query_tokens: int = 4, lora_readout: str = "
         arms[f"{key}-soft"] = Variant(f"{key}-soft", f"soft prompt T={design.graph_tokens} for {key} (empty graphs)",
                                       graph_tokens=design.graph_tokens, graph_readout=soft_readout, empty_graphs=True)  # fmt: skip
         arms[f"{key}-shuffled"] = replace(design, key=f"{key}-shuffled", name=f"{design.name}, shuffled test graphs", shuffled_of=key)
+        if key in CENTERED_ARMS:
+            centered = replace(design, key=f"{key}-centered", name=f"{design.name}, reference-centered", graph_center="reference")
+            arms[centered.key] = centered
+            arms[f"{centered.key}-shuffled"] = replace(centered, key=f"{centered.key}-shuffled", name=f"{centered.name}, shuffled test graphs",
+                                                       shuffled_of=centered.key)  # fmt: skip
     lora_design = designs[lora_readout]
     arms["lora"] = Variant("lora", "LoRA r=8, no graph", lora_r=8)
     arms[f"lora+{lora_readout}"] = replace(lora_design, key=f"lora+{lora_readout}", name=f"LoRA r=8 + {lora_design.name}", lora_r=8)
@@ -459,7 +470,7 @@ def build_module(args: argparse.Namespace, variant: Variant, feature_dim: int, *
         graph_readout=variant.graph_readout, text_path=variant.text_path,
         gnn_hidden=args.gnn_hidden, gnn_layers=2, gnn_heads=4, projector_hidden=2 * args.gnn_hidden, lora_r=variant.lora_r,
         learning_rate=args.lr, weight_decay=0.0, warmup_fraction=WARMUP_FRACTION, max_context_tokens=args.max_context_tokens,
-        max_new_tokens=args.max_new_tokens, val_generate=False, **overrides,
+        max_new_tokens=args.max_new_tokens, val_generate=False, graph_center=variant.graph_center, **overrides,
     )  # fmt: skip
 
 
@@ -583,6 +594,7 @@ def comparisons(arms: dict[str, Variant]) -> list[tuple[str, str]]:
     graph; LoRA + a design against LoRA alone; the text path against no graph."""
     pairs = [(key, f"{key}{suffix}") for key in GRAPH_ARMS for suffix in ("-soft", "-shuffled")]
     pairs += [(key, "none") for key in GRAPH_ARMS]
+    pairs += [(f"{key}-centered", control) for key in CENTERED_ARMS for control in (f"{key}-soft", f"{key}-centered-shuffled", key)]
     pairs += [(key, "lora") for key in arms if key.startswith("lora+")]
     return pairs + [("text", "none")]
 

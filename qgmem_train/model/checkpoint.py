@@ -31,9 +31,15 @@ def config_hash(settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def trainable_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters that require gradients, by their ``state_dict`` names, detached."""
-    return {name: param.detach() for name, param in module.named_parameters() if param.requires_grad}
+def trainable_state_dict(module: torch.nn.Module, frozen: str = "llm") -> dict[str, torch.Tensor]:
+    """Parameters that require gradients, and the persistent buffers outside the frozen child ``frozen`` (state the graph
+    path needs at inference, e.g. centering statistics), by their ``state_dict`` names, detached."""
+    state = {name: param.detach() for name, param in module.named_parameters() if param.requires_grad}
+    for child_name, child in module.named_children():
+        if child_name != frozen:
+            parameters = {name for name, _ in child.named_parameters()}
+            state |= {f"{child_name}.{name}": value.detach() for name, value in child.state_dict().items() if name not in parameters}
+    return state
 
 
 def check_compatible(found: Mapping[str, Any] | None, expected: Mapping[str, Any], keys: set[str], expected_keys: set[str], where: str) -> None:

@@ -1,17 +1,19 @@
 """The LightningModule of graph-augmented generation (paper III-C): a frozen LLM, a trainable graph path.
 
 Trainable: the relational graph encoder, the graph readout's own parameters (``query``) and the projector (plus
-LoRA adapters when ``lora_r > 0``).
+LoRA adapters when ``lora_r > 0``); with ``graph_center: reference`` the projector also keeps its centering statistics.
 The LLM's own weights never change and it stays in eval mode (no dropout) even while Lightning trains.
 Its weights load in ``configure_model``, on the device the strategy gives this process (every launch
 mode: Lightning's launcher, torchrun, srun); ``load_backbone`` does the same outside a Trainer.
-Checkpoints hold the trainable parameters only, with the base model's id, revision, a fingerprint of
-its config, tokenizer and chat template, and a hash of the settings that shape the parameters.
+Checkpoints hold the trainable parameters (and the graph path's buffers) only, with the base model's id,
+revision, a fingerprint of its config, tokenizer and chat template, and a hash of the settings that shape
+the parameters.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any, Literal
 
 import lightning as L
@@ -23,6 +25,7 @@ from qgmem_train.answer.parsing import parse_answer
 from qgmem_train.answer.prompt import final_answer_chat
 from qgmem_train.config import BUNDLED_LLM
 from qgmem_train.errors import InputError
+from qgmem_train.graph.centered_projector import ReferenceCenteredProjector
 from qgmem_train.graph.diagnostics import graph_token_diagnostics
 from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.projector import GraphTokenProjector
@@ -81,6 +84,9 @@ class GraphAugmentedLM(L.LightningModule):
         graph_readout: Literal["mean", "edges", "query"] = "mean",
         graph_contrast: float = 0.0,
         graph_contrast_margin: float = 0.1,
+        graph_center: Literal["none", "reference"] = "none",
+        graph_reference_graphs: int = 32,
+        graph_center_share: float = 1.0,
         text_path: bool = False,
         gnn_hidden: int = 1024,
         gnn_layers: int = 3,
@@ -120,6 +126,12 @@ class GraphAugmentedLM(L.LightningModule):
                 below its loss with the previous batch example's graph tokens (a hinge; 0: off, the paper's loss). The shared
                 part of the tokens cancels in that difference, so only what differs between graphs can lower it.
             graph_contrast_margin: the hinge's margin in nats.
+            graph_center: ``none`` (the paper's projector) or ``reference``: each graph token is a learned prompt plus the
+                graph's deviation from the mean of ``graph_reference_graphs`` training graphs re-encoded at every step,
+                scaled to ``graph_center_share`` of the prompt's RMS, so the tokens cannot collapse into a soft prompt
+                (:mod:`qgmem_train.graph.centered_projector`).
+            graph_reference_graphs: training graphs (with at least one edge, a seeded sample) the centering is computed over.
+            graph_center_share: RMS of the graph part relative to the learned prompt's.
             text_path: append the local graph to the prompt as labelled facts (API backbones; use with ``graph_tokens: 0``).
             gnn_hidden: hidden width of the graph encoder.
             gnn_layers: message-passing layers.
@@ -150,6 +162,10 @@ class GraphAugmentedLM(L.LightningModule):
         for name, value in (("graph_contrast", graph_contrast), ("graph_contrast_margin", graph_contrast_margin)):
             if value < 0:
                 raise InputError(f"model.{name}", f"must be 0 or more, not {value}")
+        if graph_center not in ("none", "reference"):
+            raise InputError("model.graph_center", f"{graph_center!r} is not one of none, reference")
+        if graph_reference_graphs < 2:
+            raise InputError("model.graph_reference_graphs", f"must be at least 2 to have a spread, not {graph_reference_graphs}")
         if max_new_tokens <= JSON_OVERHEAD_TOKENS:
             raise InputError("model.max_new_tokens", f"must be more than {JSON_OVERHEAD_TOKENS} to hold an answer JSON")
         self.save_hyperparameters()
@@ -163,14 +179,17 @@ class GraphAugmentedLM(L.LightningModule):
         self._prefix: PrefixKV | None = None
         self._eval_tokens: list[torch.Tensor] = []
         self.encoder: RelationalGraphEncoder | None = None
-        self.projector: GraphTokenProjector | None = None
+        self.projector: GraphTokenProjector | ReferenceCenteredProjector | None = None
         self.readout: torch.nn.Module | None = None
+        self._reference_graph: Batch | None = None
         if graph_tokens > 0:
             self.encoder = RelationalGraphEncoder(feature_dim, gnn_hidden, gnn_layers, gnn_heads, gnn_dropout, reverse_edges=reverse_edges)
             self.readout = build_readout(graph_readout, gnn_hidden, feature_dim, graph_tokens)
-            self.projector = GraphTokenProjector(
-                self.readout.out_dim, projector_hidden, backbone.hidden_size, self.readout.tokens_per_vector, normalize=projector_norm
-            )
+            tokens = self.readout.tokens_per_vector
+            if graph_center == "reference":
+                self.projector = ReferenceCenteredProjector(self.readout.out_dim, projector_hidden, backbone.hidden_size, tokens, graph_center_share)
+            else:
+                self.projector = GraphTokenProjector(self.readout.out_dim, projector_hidden, backbone.hidden_size, tokens, normalize=projector_norm)
 
     def configure_model(self) -> None:
         """Lightning hook: load the frozen LLM once, on the device the strategy gives this process."""
@@ -240,8 +259,24 @@ class GraphAugmentedLM(L.LightningModule):
         graph = graph.to(self.device)
         vectors, mask = self.readout(self.encoder.node_states(graph), graph)
         size, count = vectors.shape[0], vectors.shape[1] * self.readout.tokens_per_vector
-        tokens = self.projector(vectors.flatten(0, 1)).reshape(size, count, self.projector.llm_hidden_size)
-        return GraphTokens(tokens, mask)
+        if isinstance(self.projector, ReferenceCenteredProjector):
+            projected = self.projector(vectors.flatten(0, 1), self._reference_vectors() if self.training else None)
+        else:
+            projected = self.projector(vectors.flatten(0, 1))
+        return GraphTokens(projected.reshape(size, count, self.projector.llm_hidden_size), mask)
+
+    def set_reference_graphs(self, graph: Batch) -> None:
+        """The batch of training graphs that ``graph_center: reference`` centers on (:meth:`on_fit_start` picks them from the
+        data module's train split; callers training outside a Trainer set them here)."""
+        self._reference_graph = graph
+
+    def _reference_vectors(self) -> torch.Tensor:
+        """The reference graphs' real readout vectors ``(R, in_dim)`` under the current encoder."""
+        if self._reference_graph is None or self.encoder is None or self.readout is None:
+            raise RuntimeError("graph_center is reference but no reference graphs are set: fit with the trajectory data module or call set_reference_graphs()")
+        graph = self._reference_graph.to(self.device)
+        vectors, mask = self.readout(self.encoder.node_states(graph), graph)
+        return vectors.flatten(0, 1) if mask is None else vectors[mask.bool()]
 
     def prompt_ids(self, example: TrajectoryExample) -> PromptIds:
         """Chat-templated FINAL_ANSWER token ids of one example (context cut to ``max_context_tokens``) and its graph slot."""
@@ -279,6 +314,8 @@ class GraphAugmentedLM(L.LightningModule):
         enabled, why = self.prefix_cache_status()
         if self.trainer.is_global_zero:
             log.info("prefix cache: %s", why)
+        if isinstance(self.projector, ReferenceCenteredProjector) and self._reference_graph is None:
+            self.set_reference_graphs(reference_graphs(self.trainer.datamodule, self.hparams.graph_reference_graphs))
         if enabled:  # under the steps' autocast, so the first step finds the prefix it would compute
             with self.trainer.precision_plugin.forward_context():
                 self.cached_prefix([self.prompt_ids(_probe_example())])
@@ -493,7 +530,7 @@ class GraphAugmentedLM(L.LightningModule):
     def checkpoint_metadata(self) -> dict[str, Any]:
         """Base model id, revision and fingerprint, plus the hash of every setting that shapes or feeds the trainable parameters."""
         shape_keys = (
-            "llm", "llm_revision", "dtype", "quantization", "feature_dim", "graph_tokens", "graph_readout", "text_path", "gnn_hidden",
+            "llm", "llm_revision", "dtype", "quantization", "feature_dim", "graph_tokens", "graph_readout", "graph_center", "text_path", "gnn_hidden",
             "gnn_layers", "gnn_heads", "reverse_edges", "projector_hidden", "projector_norm", "lora_r", "lora_alpha",
             "lora_target_modules",
         )  # fmt: skip
@@ -520,6 +557,15 @@ class GraphAugmentedLM(L.LightningModule):
             set(trainable_state_dict(self)),
             "checkpoint",
         )
+
+
+def reference_graphs(datamodule: Any, count: int) -> Batch:
+    """A seeded sample of ``count`` training examples' local graphs that have an edge, collated (same on every rank)."""
+    examples = [ex for ex in getattr(datamodule, "splits", {}).get("train", []) if ex.graph.edge_labels]
+    if len(examples) < 2:
+        raise InputError("model.graph_center", "reference centering needs the trajectory data module and two training graphs with an edge")
+    picked = random.Random(0).sample(examples, min(count, len(examples)))
+    return datamodule.collate(picked)["graph"]
 
 
 def _refuse_sharding(strategy: Any) -> None:
