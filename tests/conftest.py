@@ -49,6 +49,25 @@ def minilm():
     return Embedder(BUNDLED_EMBEDDER, device="cpu")
 
 
+@pytest.fixture(scope="session")
+def llm_dir(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny decoder of ``tests/tiny_decoder.py`` saved once per session (the graph path's tests train against it)."""
+    from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
+
+    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
+
+
+@pytest.fixture(scope="module")
+def data():
+    """The fixture trajectories as a set-up :class:`TrajectoryDataModule`, batches of 2 (a module may define its own)."""
+    from qgmem_train.model.datamodule import TrajectoryDataModule
+    from tests.tiny_decoder import FIXTURE
+
+    module = TrajectoryDataModule(str(FIXTURE), batch_size=2)
+    module.setup("fit")
+    return module
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with ``slow`` tests run first (otherwise in their order), so parallel workers do not end on one long file."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}

@@ -12,12 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
-from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
-
-
-@pytest.fixture(scope="module")
-def llm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
+from tests.tiny_decoder import FIXTURE, tiny_module_kwargs
 
 
 @pytest.mark.parametrize("lora_r", [0, 2])

@@ -11,17 +11,11 @@ from pathlib import Path
 import pytest
 
 from qgmem_train.model.launch_checks import stale_requeue_checkpoints
-from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "demo-cpu.yaml"
 SLURM_STEP = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "qgmem-train", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
               "SLURM_NODEID": "0", "SLURM_NODELIST": "node1"}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def llm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
 
 
 def fit(llm_dir: Path, root: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -12,9 +12,8 @@ from qgmem_train.errors import InputError
 from qgmem_train.graph.centered_projector import ReferenceCenteredProjector
 from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.model.checkpoint import trainable_state_dict
-from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM, reference_graphs
-from tests.tiny_decoder import FIXTURE, fixture_corpus, fit_to_last_checkpoint, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import fit_to_last_checkpoint, tiny_module_kwargs
 
 HIDDEN = 12
 
@@ -56,18 +55,6 @@ def test_evaluation_uses_the_statistics_of_the_last_training_step() -> None:
     assert torch.allclose(projector(vectors), trained, atol=1e-6)
     projector(vectors, torch.randn(20, 8) + 5.0)  # an evaluation with another reference leaves the kept statistics
     assert torch.allclose(projector(vectors), trained, atol=1e-6)
-
-
-@pytest.fixture(scope="module")
-def llm_dir(tmp_path_factory):
-    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
-
-
-@pytest.fixture(scope="module")
-def data() -> TrajectoryDataModule:
-    module = TrajectoryDataModule(str(FIXTURE), batch_size=2)
-    module.setup("fit")
-    return module
 
 
 def _module(llm_dir, data, **overrides) -> GraphAugmentedLM:

@@ -32,11 +32,6 @@ from tests.tiny_decoder import FIXTURE, bundled_tokenizer, fixture_corpus, offic
 
 
 @pytest.fixture(scope="module")
-def llm_dir(tmp_path_factory) -> Path:
-    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
-
-
-@pytest.fixture(scope="module")
 def data() -> TrajectoryDataModule:
     module = TrajectoryDataModule(str(FIXTURE), batch_size=2, shuffle=False)
     module.setup("fit")

@@ -12,19 +12,7 @@ from qgmem_train.graph.readout import GraphTokens
 from qgmem_train.model.checkpoint import METADATA_KEY, load_adapter, save_adapter, trainable_state_dict
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
-from tests.tiny_decoder import FIXTURE, fixture_corpus, save_tiny_decoder, tiny_module_kwargs
-
-
-@pytest.fixture(scope="module")
-def llm_dir(tmp_path_factory):
-    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
-
-
-@pytest.fixture(scope="module")
-def data() -> TrajectoryDataModule:
-    module = TrajectoryDataModule(str(FIXTURE), batch_size=2)
-    module.setup("fit")
-    return module
+from tests.tiny_decoder import FIXTURE, tiny_module_kwargs
 
 
 def _module(llm_dir, data, **overrides) -> GraphAugmentedLM:

@@ -27,7 +27,7 @@ from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
 from qgmem_train.predictor import QGMemPredictor, ask_with_model
 from tests.fakes import ScriptedLLM
-from tests.tiny_decoder import FIXTURE, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import FIXTURE, publish_to_hub_cache, tiny_module_kwargs
 
 SESSION = [
     {"speaker": "Caroline", "text": "I went to the LGBTQ support group yesterday and it was so powerful."},
@@ -45,11 +45,6 @@ def _pipeline(llm: str = "scripted") -> PipelineConfig:
 
 def _text_predictor(minilm, replies: list[str]) -> QGMemPredictor:
     return QGMemPredictor(None, _pipeline(), llm=ScriptedLLM(replies), embedder=minilm, reranker=None, intent="rules")
-
-
-@pytest.fixture(scope="module")
-def llm_dir(tmp_path_factory):
-    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
 
 
 def test_sessions_get_ids_and_persist_and_bad_turns_are_one_clear_error(minilm, tmp_path) -> None:

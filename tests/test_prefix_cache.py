@@ -16,11 +16,6 @@ from tests.tiny_decoder import FIXTURE, fixture_corpus, official_chat, save_tiny
 
 
 @pytest.fixture(scope="module")
-def llm_dir(tmp_path_factory) -> Path:
-    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
-
-
-@pytest.fixture(scope="module")
 def data() -> TrajectoryDataModule:
     module = TrajectoryDataModule(str(FIXTURE), batch_size=3, shuffle=False)
     module.setup("fit")

@@ -14,10 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
-
-from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,11 +49,6 @@ kill -9 $PPID
 
 SLURM_STEP = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "qgmem-train", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
               "SLURM_NODEID": "0", "SLURM_NODELIST": "node1"}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def llm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
 
 
 def signalled_fit(llm_dir: Path, folder: Path) -> subprocess.CompletedProcess[str]:
