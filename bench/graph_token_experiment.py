@@ -304,11 +304,6 @@ def staged_case(conversation: ConversationCases, picked: list[int]) -> dict[str,
 
 def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Split by conversation, stage one case per conversation, run data prep, write the split trajectory folder."""
-    from data_prep.config import load_data_prep_config
-    from data_prep.merge import merge
-    from data_prep.run import run_shard
-    from qgmem_train.model.trajectory import read_trajectory_dataset, write_trajectory_dataset
-
     data_dir = out / "data"
     summary_file = data_dir / "split.json"
     if summary_file.exists() and (data_dir / "trajectories").exists():
@@ -319,6 +314,11 @@ def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     conversations = find_conversations(args.data)
     by_name = {c.name: c for c in conversations}
     split = split_conversations(list(by_name), args.split_seed, args.test_conversation, args.validation_conversation, args.test_count)
+    from data_prep.config import load_data_prep_config  # the data checks above come before the model libraries load
+    from data_prep.merge import merge
+    from data_prep.run import run_shard
+    from qgmem_train.model.trajectory import read_trajectory_dataset, write_trajectory_dataset
+
     caps = {"train": args.max_train_questions, "validation": args.max_val_questions, "test": args.max_test_questions}
     log.info(
         "[data] %d conversations in %s: %s", len(conversations), args.data,
@@ -876,16 +876,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         source = arms[key].shuffled_of
         if source is not None and source not in args.variants:
             raise InputError("--variants", f"{key} tests the checkpoint of {source}: run {source} too")
-    import lightning  # noqa: F401  (sets its own log level on import; quieted below)
     import torch
 
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # the stage lines say what it would
     torch.set_num_threads(args.threads)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     settings = check_settings(args, out)
-    data = prepare_data(args, out)
+    data = prepare_data(args, out)  # bad data is refused here, before Lightning's import
+    import lightning  # noqa: F401  (sets its own log level on import; quieted below)
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # the stage lines say what it would
 
     def seeds_of(key: str) -> int:
         return args.seeds if key in args.seeded or arms[key].shuffled_of in args.seeded else args.other_seeds
