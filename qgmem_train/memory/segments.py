@@ -107,8 +107,9 @@ def _columns(db: sqlite3.Connection, namespace: str, kind: str, lo: int, hi: int
 def read_units(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence[str] = VECTOR_PARTS, lo: int = 0, hi: int = LAST_SEQ) -> UnitTable:
     """Units of the segments ``lo`` to ``hi`` (default: all) as one table, with the vector ``parts`` asked for.
 
-    The vectors of one segment are views of its memory-mapped sidecar (nothing is copied); those of
-    several are concatenated.
+    The vectors of each segment are views of its memory-mapped sidecar; those of several segments are a
+    :class:`~qgmem_train.memory.row_stack.RowStack` of the views (nothing is copied; the attribute texts' few
+    vectors excepted, which are concatenated).
     """
     return _concat([table for table, _ in _read_segments(db, namespace, dim, parts, lo, hi)], dim)
 

@@ -32,6 +32,7 @@ import numpy as np
 from qgmem_train.errors import InputError
 from qgmem_train.memory import segments
 from qgmem_train.memory.columns import take_children
+from qgmem_train.memory.row_stack import RowStack
 from qgmem_train.memory.sidecar import SidecarMissing
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, StoreFile
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap, TurnTable, TurnTimeMap
@@ -63,7 +64,8 @@ class NamespaceMemory:
     namespace: str
     units: Sequence[MemoryUnit]
     """The units in unit order (loaded: a :class:`~qgmem_train.memory.unit_table.UnitView`, decoding each unit when first read)."""
-    fact_embeddings: np.ndarray
+    fact_embeddings: np.ndarray | RowStack
+    """(N, d) fact embeddings in unit order: one segment's mapped array, or a :class:`RowStack` of several segments' (not copied)."""
     attributes: AttributeIndex
     traces: list[Trace]
     trace_of: dict[str, str]
@@ -71,8 +73,8 @@ class NamespaceMemory:
     """Turn by id, in conversation order."""
     turn_time: Mapping[str, str | None]
     embedder_id: str
-    sentence_embeddings: np.ndarray | None = None
-    """(S, d) embeddings of the sentences of multi-sentence facts, grouped by unit in unit order."""
+    sentence_embeddings: np.ndarray | RowStack | None = None
+    """(S, d) embeddings of the sentences of multi-sentence facts, grouped by unit in unit order (mapped, as the facts)."""
     sentence_unit: np.ndarray | None = None
     """(S,) row in ``units`` of each sentence embedding."""
     previous_turn: Mapping[str, str] = field(default_factory=dict)
@@ -81,7 +83,7 @@ class NamespaceMemory:
     """The namespace's write count when it was read (see :meth:`MemoryStore.generation`)."""
     units_generation: int = 0
     """Its count of unit writes then: traces computed from these units are stored only while it holds."""
-    relation_embeddings: np.ndarray | None = None
+    relation_embeddings: np.ndarray | RowStack | None = None
     """(N, d) relation embeddings in unit order, when asked for (trace consolidation reads them; retrieval does not)."""
     code_blocks: list[CodeBlock] | None = None
     """The int8 codes of the facts and sentence vectors, mapped from each segment's codes file, when loaded with the

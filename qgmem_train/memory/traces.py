@@ -117,11 +117,11 @@ def consolidate_traces(store: MemoryStore, namespace: str, cfg: PipelineConfig, 
     """
     cc = cfg.construction
     memory = store.load_namespace(namespace, sentences=False, relations=True)
-    relations = memory.relation_embeddings
+    facts, relations = np.asarray(memory.fact_embeddings), np.asarray(memory.relation_embeddings)  # every row is read
     linkable = None
     if cc.units == "turns":
         linkable = np.array([predicate != FALLBACK_PREDICATE for predicate in unit_texts(memory.units, "predicate")], bool)
-    graph = namespace_graph(store, namespace, memory.units, memory.fact_embeddings, relations, cfg)
+    graph = namespace_graph(store, namespace, memory.units, facts, relations, cfg)
     existing = {tuple(t.member_ids): t for t in memory.traces}
     keep: set[str] = set()
     pending: list[tuple[str, list[MemoryUnit], str]] = []

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from qgmem_train.memory.columns import TextColumn, group_bounds, pack_arrays, take_children, unpack_arrays
+from qgmem_train.memory.row_stack import RowStack, row_blocks
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 
 ENTITY, LOCATION, SUBJECT = 0, 1, 2
@@ -24,6 +25,9 @@ ENTITY, LOCATION, SUBJECT = 0, 1, 2
 
 VECTOR_PARTS = ("fact", "relation", "sentence", "text")
 """Vector arrays of a table: one per unit (fact, relation), per sentence row, and per attribute text."""
+STACKED_PARTS = ("fact", "relation", "sentence")
+"""Vector parts that concatenated tables keep as a :class:`RowStack` of their arrays (the attribute texts, few and
+compared whole, are concatenated)."""
 
 
 @dataclass
@@ -192,7 +196,8 @@ class UnitTable:
 
     @staticmethod
     def concat(tables: Sequence[UnitTable]) -> UnitTable:
-        """The tables one after the other (vector parts: those every table has)."""
+        """The tables one after the other (vector parts: those every table has; the per-unit and sentence vectors as a
+        :class:`~qgmem_train.memory.row_stack.RowStack` of the tables' arrays, not copied)."""
         unit_shift = np.cumsum([0] + [len(t) for t in tables[:-1]], dtype=np.int64)
         text_shift = np.cumsum([0] + [len(t.texts) for t in tables[:-1]], dtype=np.int64)
         values: dict[str, object] = {name: TextColumn.concat([getattr(t, name) for t in tables]) for name in _TEXT_COLUMNS}
@@ -201,7 +206,10 @@ class UnitTable:
             parts = [getattr(t, name) + (shift[k] if shift is not None else 0) for k, t in enumerate(tables)]
             values[name] = np.concatenate(parts).astype(getattr(tables[0], name).dtype)
         parts = set.intersection(*(set(t.vectors) for t in tables))
-        vectors = {p: np.concatenate([t.vectors[p] for t in tables]) for p in VECTOR_PARTS if p in parts}
+        vectors = {
+            p: _stacked([t.vectors[p] for t in tables]) if p in STACKED_PARTS else np.concatenate([t.vectors[p] for t in tables])
+            for p in VECTOR_PARTS if p in parts
+        }  # fmt: skip
         return UnitTable(**values, vectors=vectors)  # type: ignore[arg-type]
 
     def take(self, rows: np.ndarray) -> UnitTable:
@@ -368,3 +376,8 @@ def _split(values: list, owner: np.ndarray, n: int) -> list[list]:
     starts, ends = group_bounds(owner, n)
     return [values[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
 
+
+def _stacked(parts: list[np.ndarray | RowStack]) -> np.ndarray | RowStack:
+    """The non-empty blocks of ``parts`` as one :class:`RowStack` (or the single block itself); no row is copied."""
+    blocks = [b for part in parts for b in row_blocks(part)]
+    return RowStack.of([b for b in blocks if len(b)] or blocks[:1])

@@ -23,6 +23,7 @@ from typing import Literal
 
 import numpy as np
 
+from qgmem_train.memory.row_stack import RowStack, row_blocks
 from qgmem_train.retrieval.ranking import top_n
 from qgmem_train.vector_codes import CodeBlock, build_int8_codes, faiss_module, has_faiss
 
@@ -58,13 +59,14 @@ class DenseIndex:
     codes with exact rescoring, or ``auto`` (int8 from :data:`SCAN_INT8_MIN_VECTORS` vectors when faiss
     is installed). ``approximate`` searches a faiss HNSW graph instead. ``code_blocks`` are int8 codes
     already made (a loaded namespace's, mapped from its segments' codes files); without them the int8
-    scan encodes the vectors as one block.
+    scan encodes the vectors as one block. The vectors may be a :class:`~qgmem_train.memory.row_stack.RowStack`
+    (a loaded namespace's segments, mapped): the scans and the rescoring read them where they lie.
     """
 
     def __init__(
         self,
-        embeddings: np.ndarray,
-        sentence_embeddings: np.ndarray | None = None,
+        embeddings: np.ndarray | RowStack,
+        sentence_embeddings: np.ndarray | RowStack | None = None,
         sentence_unit: np.ndarray | None = None,
         *,
         approximate: bool = False,
@@ -73,9 +75,9 @@ class DenseIndex:
     ):
         if scan not in ("auto", "float32", "int8"):
             raise ValueError(f"unknown dense scan {scan!r} (auto, float32, int8)")
-        self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        self.embeddings = _float32_rows(embeddings)
         has_sentences = sentence_embeddings is not None and len(sentence_embeddings) > 0
-        self.sentences = np.ascontiguousarray(sentence_embeddings, dtype=np.float32) if has_sentences else None
+        self.sentences = _float32_rows(sentence_embeddings) if has_sentences else None
         self._owners = np.asarray(sentence_unit, np.int64) if has_sentences else np.zeros(0, np.int64)
         owners = self._owners
         self._group_start = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]]) if has_sentences else owners
@@ -92,7 +94,7 @@ class DenseIndex:
     def _int8_blocks(self, blocks: list[CodeBlock] | None) -> list[tuple[CodeBlock, np.ndarray]]:
         """Each code block with the vector (fact row, or fact count + sentence row) of each code; one block encoded now when none are given."""
         if blocks is None:
-            index, scale = build_int8_codes([self.embeddings] if self.sentences is None else [self.embeddings, self.sentences])
+            index, scale = build_int8_codes(row_blocks(self.embeddings) + (row_blocks(self.sentences) if self.sentences is not None else []))
             blocks = [CodeBlock(index, scale, np.arange(len(self.embeddings)), np.arange(len(self._owners)))]
         facts = len(self.embeddings)
         if sum(len(b.fact_rows) for b in blocks) != facts or sum(len(b.sentence_rows) for b in blocks) != len(self._owners):
@@ -216,6 +218,13 @@ class DenseIndex:
         return cosines
 
 
+def _float32_rows(vectors: np.ndarray | RowStack) -> np.ndarray | RowStack:
+    """``vectors`` as contiguous float32 rows; a float32 :class:`RowStack` as it is (its blocks are read in place)."""
+    if isinstance(vectors, RowStack) and vectors.dtype == np.float32:
+        return vectors
+    return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
 def _kth_smallest(values: np.ndarray, k: int) -> float:
     """The ``k``-th smallest of ``values`` (the largest when there are fewer)."""
     if len(values) <= k:
@@ -230,10 +239,10 @@ def _wants_int8(scan: Scan, vectors: int) -> bool:
     return scan == "auto" and vectors >= SCAN_INT8_MIN_VECTORS and has_faiss()
 
 
-def _build_hnsw(embeddings: np.ndarray):
+def _build_hnsw(embeddings: np.ndarray | RowStack):
     """A faiss HNSW index over inner products of ``embeddings``."""
     faiss = faiss_module("retrieval.approximate")
     index = faiss.IndexHNSWFlat(embeddings.shape[1], HNSW_NEIGHBOURS, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efSearch = HNSW_EF_SEARCH
-    index.add(embeddings)
+    index.add(np.ascontiguousarray(embeddings))
     return index
