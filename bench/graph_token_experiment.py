@@ -513,7 +513,7 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
     )  # fmt: skip
     train_s, best_step, ckpt = 0.0, None, None
     if source is not None:
-        ckpt, best_step, best_val = source["checkpoint_best"], source["best_step"], source["best_val_loss"]
+        ckpt, best_step, best_val = str(args.out.resolve() / run_relative(source["checkpoint_best"])), source["best_step"], source["best_val_loss"]
         log.info("  testing the checkpoint of %s, seed %d, on shuffled test graphs: %s", variant.shuffled_of, seed, ckpt)
     elif variant.trained:
         log.info("  training %d steps (batch %d, validation every %d steps)", args.steps, args.batch_size, every)
@@ -572,6 +572,15 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
 
 
 # ---------------------------------------------------------------------------------------------- report
+
+
+def run_relative(recorded: str) -> Path:
+    """A path a run recorded (absolute, in the ``--out`` it ran in) from its ``runs/`` folder on: where it lies in
+    ``--out`` wherever the folder has moved since."""
+    parts = Path(recorded).parts
+    if "runs" not in parts:
+        raise ValueError(f"{recorded}: not under a runs/ folder of an experiment")
+    return Path(*parts[len(parts) - 1 - parts[::-1].index("runs") :])
 
 
 def mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -702,7 +711,7 @@ def markdown(result: dict[str, Any]) -> str:
     for row in variants_.values():
         for r in row["runs"]:
             best = f"{r['best_val_loss']:.4f}" + (f" ({r['best_step']})" if r["best_step"] is not None else "")
-            ckpt = f"`{Path(r['checkpoint_best']).relative_to(result['out'])}`" if r["checkpoint_best"] else "none (nothing trained)"
+            ckpt = f"`{run_relative(r['checkpoint_best'])}`" if r["checkpoint_best"] else "none (nothing trained)"
             lines.append(f"| {row['name']} | {r['seed']} | {r['steps']} | {r['seconds_per_step'] or ''} | {r['train_s']} | {r['eval_s']} | {r['wall_s']} | {best} | {ckpt} |")
     lines += ["", "Plots: `loss_curves.png`, `f1.png`, `f1_per_category.png`."]
     return "\n".join(lines) + "\n"

@@ -185,9 +185,13 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
     for name in ("loss_curves.png", "f1.png", "f1_per_category.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    moved = tmp_path / "moved"  # the runs resume, and report, from a folder that was moved since they ran
+    out.rename(moved)
+    command = [str(moved) if arg == str(out) else arg for arg in command]
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.stderr.count("done before") == 3 and "reusing" in again.stderr
+    assert "`runs/edges-seed0/checkpoints/" in (moved / "results.md").read_text()
 
 
 @pytest.mark.parametrize(("arms", "message"), [(["nosuch"], "unknown arm(s) nosuch"), (["edges-shuffled"], "run edges too")])
