@@ -104,7 +104,7 @@ def test_every_design_has_its_controls(experiment: ModuleType) -> None:
         centered, shuffled = arms[f"{key}-centered"], arms[f"{key}-centered-shuffled"]
         assert centered == experiment.replace(arms[key], key=centered.key, name=centered.name, graph_center="reference")
         assert centered.trained and not shuffled.trained and shuffled.shuffled_of == centered.key and shuffled.graph_center == "reference"
-        assert {(centered.key, f"{key}-soft"), (centered.key, shuffled.key), (centered.key, key)} <= set(experiment.comparisons(arms))
+        assert {(centered.key, f"{key}-soft"), (centered.key, shuffled.key), (centered.key, key), (centered.key, "none")} <= set(experiment.comparisons(arms))
     assert {v.graph_center for k, v in arms.items() if "centered" not in k} == {"none"}
     assert arms["lora+query"].lora_r == 8 and arms["lora+query"].graph_readout == "query" and arms["lora"].graph_tokens == 0
     assert arms["text"].text_path and not arms["none"].trained
