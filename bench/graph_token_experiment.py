@@ -30,7 +30,8 @@ Stages (progress lines for each; rerunning the same command resumes):
    valid-JSON rate, F1, BLEU-1 and exact match (mean ± std over seeds), F1 per category, the graph tokens' mean pairwise
    cosine and between-question variance ratio on the test questions; paired bootstrap 95% intervals over test
    questions (per-question values averaged over seeds) of each design against its soft prompt, its shuffled graphs and
-   no graph, of each centered design against the design's soft prompt, its own shuffled graphs, the plain design and no graph, of LoRA + design against LoRA, and of the text path against no graph, on answer-span loss and on F1.
+   no graph, of each centered design against the design's soft prompt, its own shuffled graphs, the plain design and
+   no graph, of LoRA + design against LoRA, and of the text path against no graph, on answer-span loss and on F1.
    Written to ``results.json``, ``results.md`` and PNGs (``loss_curves.png``, ``f1.png``, ``f1_per_category.png``) in ``--out``.
 
 Staging (``--variants`` and the resume make rounds): the screening round is one seed of every arm (the default); then
