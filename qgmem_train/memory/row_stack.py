@@ -65,9 +65,11 @@ class RowStack:
             raise IndexError(f"row index out of range for {len(self)} rows")
         rows = np.where(rows < 0, rows + len(self), rows)
         block = np.searchsorted(self.ends, rows, side="right")
+        order = np.argsort(block, kind="stable")  # the rows of each block together: one slice per block touched
+        present, first = np.unique(block[order], return_index=True)
         out = np.empty((len(rows), self.shape[1]), self.dtype)
-        for b in np.unique(block).tolist():
-            at = np.flatnonzero(block == b)
+        for b, lo, hi in zip(present.tolist(), first.tolist(), [*first[1:].tolist(), len(rows)]):
+            at = order[lo:hi]
             out[at] = self.blocks[b][rows[at] - self.starts[b]]
         return out
 
