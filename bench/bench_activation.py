@@ -5,9 +5,12 @@ one thread (numpy/BLAS, faiss and torch threads set to 1 before import), plus th
 structures take, and our BM25 against rank_bm25's BM25Okapi on the same 100k documents and queries (a
 ratio measured side by side). Query parsing, embedding and reranking are model calls and are left out.
 
-The dense channel is also timed both ways side by side on the same queries: the float32 scan of every
-vector (before) and the int8 scan with exact float32 rescoring (after; what ``scan="auto"`` picks from
-50k vectors on), with the share of the exact top 10 and top 100 that the int8 scan returns.
+The dense channel is also timed three ways side by side on the same queries: the float32 scan of every
+vector, the int8 scan with exact float32 rescoring (what ``scan="auto"`` picks from 50k vectors on when it
+encodes in memory), and the codes a store writes for the namespace's segments (merged segments of
+32,768 units, product-quantised from 20k vectors a segment on, int8 below) with their rescoring, with the
+share of the exact top 10 and top 100 each code scan returns. From 50k vectors on, the channel itself
+searches the stored codes, as a namespace loaded from a store does.
 ``--locomo-store`` adds recall@10 on LoCoMo questions with each scan (dense channel alone and fused).
 ``--baseline REV`` times the attribute channel of git revision REV on the same queries in the same
 process, next to this one, and counts the queries where both rank the same units.
@@ -44,6 +47,7 @@ import numpy as np  # noqa: E402
 
 from qgmem_train.config import RetrievalConfig  # noqa: E402
 from qgmem_train.fileio import write_report_atomic  # noqa: E402
+from qgmem_train.memory.segments import MAX_MERGED_ROWS  # noqa: E402
 from qgmem_train.memory.store import AttributeIndex, NamespaceMemory  # noqa: E402
 from qgmem_train.memory.types import MemoryUnit, TimeSpan  # noqa: E402
 from qgmem_train.retrieval.activation import ActivationIndex, lexical_text, search_channels  # noqa: E402
@@ -52,6 +56,7 @@ from qgmem_train.retrieval.fusion import reciprocal_rank_fusion  # noqa: E402
 from qgmem_train.retrieval.intent import QueryIntent  # noqa: E402
 from qgmem_train.retrieval.ranking import top_positive  # noqa: E402
 from qgmem_train.text import tokenize  # noqa: E402
+from qgmem_train.vector_codes import encode_blocks  # noqa: E402
 
 VOCAB = 30_000
 ENTITIES = 20_000
@@ -157,6 +162,9 @@ def bench_size(
     generated = time.perf_counter()
     with_data = rss_mb()
     index = ActivationIndex(memory, cfg, LookupEmbedder(entity_vectors))
+    stored = stored_codes_index(memory)
+    if index.dense.scan == "int8":
+        index.dense = stored
     built = time.perf_counter()
     with_index = rss_mb()
     before = None
@@ -168,10 +176,10 @@ def bench_size(
         before = module.AttributeScorer(memory.units, attributes, sem_threshold=cfg.sem_threshold, utterance_fallback=cfg.utterance_day_fallback)
     same_attr_ranking = []
     rng = np.random.default_rng(1)
-    timings: dict[str, list[float]] = {name: [] for name in ("bm25", "dense", "attr", "fusion", "channels+fusion", "dense_float32", "dense_int8",
+    timings: dict[str, list[float]] = {name: [] for name in ("bm25", "dense", "attr", "fusion", "channels+fusion", "dense_float32", "dense_int8", "dense_stored",
                                                               "attr_baseline", "channels+fusion_baseline")}
-    scans = dense_scans(memory, index)
-    agreement: dict[str, list[float]] = {"top10": [], "top100": []}
+    scans = dense_scans(memory, stored)
+    agreement: dict[str, dict[str, list[float]]] = {scan: {"top10": [], "top100": []} for scan in ("int8", "stored")}
     for q in range(queries):
         target = int(rng.integers(n))
         query_vector = memory.fact_embeddings[target] + 0.5 * rng.standard_normal(DIM, dtype=np.float32)
@@ -207,14 +215,16 @@ def bench_size(
             scan_start = time.perf_counter()
             found[name] = dense_index.search(query_vector, cfg.n)[0]
             timings[f"dense_{name}"].append(time.perf_counter() - scan_start)
-        for size in (10, 100):
-            agreement[f"top{size}"].append(len(set(found["int8"][:size].tolist()) & set(found["float32"][:size].tolist())) / size)
+        for scan, shares in agreement.items():
+            for size in (10, 100):
+                shares[f"top{size}"].append(len(set(found[scan][:size].tolist()) & set(found["float32"][:size].tolist())) / size)
     result = {
         "units": n,
         "sentences_per_unit": sentences_per_unit,
         "queries": queries,
         "latency": {name: percentiles(values) for name, values in timings.items() if values},
-        "dense_scan": {"channel_uses": index.dense.scan, "int8_share_of_exact": {k: round(float(np.mean(v)), 4) for k, v in agreement.items()}},
+        "dense_scan": {"channel_uses": index.dense.scan, "stored_codes": scans["stored"].scan,
+                       **{f"{scan}_share_of_exact": {k: round(float(np.mean(v)), 4) for k, v in shares.items()} for scan, shares in agreement.items()}},
         "memory_mb": {
             "units_and_embeddings": round(with_data - base, 1),
             "search_structures": round(with_index - with_data, 1),
@@ -231,14 +241,26 @@ def bench_size(
     return result
 
 
-def dense_scans(memory: NamespaceMemory, index: ActivationIndex) -> dict[str, DenseIndex]:
-    """The float32 scan and the int8 scan over the namespace's vectors (the channel's own index where it is one of them)."""
+def dense_scans(memory: NamespaceMemory, stored: DenseIndex | None = None) -> dict[str, DenseIndex]:
+    """The float32 scan, the int8 scan (codes encoded in memory) and the scan of the codes a store writes (``stored``
+    when already built) over the namespace's vectors."""
     vectors = (memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit)
-    return {name: index.dense if index.dense.scan == name else DenseIndex(*vectors, scan=name) for name in ("float32", "int8")}
+    return {"float32": DenseIndex(*vectors, scan="float32"), "int8": DenseIndex(*vectors, scan="int8"), "stored": stored or stored_codes_index(memory)}
+
+
+def stored_codes_index(memory: NamespaceMemory) -> DenseIndex:
+    """The dense index over the codes a store writes for this namespace: one block a merged segment of
+    :data:`MAX_MERGED_ROWS` units (facts, then their sentences), product-quantised where the block is large enough."""
+    owners = memory.sentence_unit if memory.sentence_embeddings is not None else np.zeros(0, np.int64)
+    cuts = np.arange(0, len(memory.units) + MAX_MERGED_ROWS, MAX_MERGED_ROWS).clip(max=len(memory.units))
+    sentence_cuts = np.searchsorted(owners, cuts)
+    layout = [(np.arange(a, b), np.arange(c, d)) for a, b, c, d in zip(cuts[:-1], cuts[1:], sentence_cuts[:-1], sentence_cuts[1:]) if b > a]
+    blocks = encode_blocks(memory.fact_embeddings, memory.sentence_embeddings, layout)
+    return DenseIndex(memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit, scan="int8", code_blocks=blocks)
 
 
 def locomo_recall(input_path: Path, store: Path) -> dict:
-    """Recall@10 of the dense channel alone and of the fused ranking on LoCoMo, with the float32 and the int8 dense scan."""
+    """Recall@10 of the dense channel alone and of the fused ranking on LoCoMo, with each dense scan of :func:`dense_scans`."""
     from qgmem_train.config import PipelineConfig
     from qgmem_train.eval.question_batches import locomo_question_batches
     from qgmem_train.eval.retrieval_metrics import recall_at_k
@@ -248,11 +270,11 @@ def locomo_recall(input_path: Path, store: Path) -> dict:
 
     cfg = PipelineConfig()
     embedder = build_embedder(cfg)
-    recalls: dict[str, list[float]] = {f"{part} {scan}": [] for part in ("dense", "fused") for scan in ("float32", "int8")}
+    recalls: dict[str, list[float]] = {f"{part} {scan}": [] for part in ("dense", "fused") for scan in ("float32", "int8", "stored")}
     with MemoryStore.open(store) as memory_store:
         for batch in locomo_question_batches(input_path, memory_store, embedder, cfg.retrieval):
             sources = {u.id: u.source_turn_ids for u in batch.memory.units}
-            for scan, dense_index in dense_scans(batch.memory, batch.index).items():
+            for scan, dense_index in dense_scans(batch.memory).items():
                 batch.index.dense = dense_index
                 for q, intent, query_vectors in batch.items():
                     wm = activate(q.question, batch.question_time, batch.memory, cfg=cfg.retrieval, llm=None, embedder=embedder,
@@ -262,7 +284,8 @@ def locomo_recall(input_path: Path, store: Path) -> dict:
     means = {name: round(float(np.mean(values)), 4) for name, values in recalls.items()}
     n_questions = len(recalls["dense float32"])
     return {"input": str(input_path), "store": str(store), "n_questions": n_questions, "recall@10": means,
-            "int8_minus_float32": {part: round(means[f"{part} int8"] - means[f"{part} float32"], 4) for part in ("dense", "fused")}}
+            **{f"{scan}_minus_float32": {part: round(means[f"{part} {scan}"] - means[f"{part} float32"], 4) for part in ("dense", "fused")}
+               for scan in ("int8", "stored")}}
 
 
 def compare_bm25(memory: NamespaceMemory, index: ActivationIndex, query_words: list[str]) -> dict:
@@ -308,15 +331,17 @@ def markdown(report: dict) -> str:
             f"{cell(r, 'attr')} | {cell(r, 'fusion')} | {cell(r, 'channels+fusion')} | "
             f"{r['memory_mb']['search_structures']} (+{r['memory_mb']['units_and_embeddings']} data) |"
         )
-    lines += ["", "Dense scan before and after, same queries: float32 scan of every vector vs int8 codes with the best "
-              "max(512, 8n) vectors rescored exactly in float32 (n = 100).", "",
-              "| units | sentence vectors a unit | float32 scan p50/p95 | int8 scan + rescoring p50/p95 | speed-up (p50) | "
-              "exact top 10 found | exact top 100 found |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "Dense scans side by side, same queries: float32 scan of every vector; int8 codes (one block) with the best "
+              "max(512, 8n) vectors rescored exactly in float32; the codes a store writes (blocks of 32,768 units, product-quantised "
+              "from 20,000 vectors a block) with max(2048, 20n) rescored when some are product-quantised (n = 100).", "",
+              "| units | sentence vectors a unit | float32 scan p50/p95 | int8 scan p50/p95 | stored codes p50/p95 (kind) | stored vs int8 (p50) | "
+              "exact top 10 found, int8 / stored | exact top 100 found, int8 / stored |", "|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
-        share = r["dense_scan"]["int8_share_of_exact"]
-        speedup = r["latency"]["dense_float32"]["p50_ms"] / max(r["latency"]["dense_int8"]["p50_ms"], 1e-9)
+        int8, stored = r["dense_scan"]["int8_share_of_exact"], r["dense_scan"]["stored_share_of_exact"]
+        speedup = r["latency"]["dense_int8"]["p50_ms"] / max(r["latency"]["dense_stored"]["p50_ms"], 1e-9)
         lines.append(f"| {r['units']:,} | {r.get('sentences_per_unit', 0)} | {cell(r, 'dense_float32')} | {cell(r, 'dense_int8')} | "
-                     f"{speedup:.1f}x | {share['top10']:.4f} | {share['top100']:.4f} |")
+                     f"{cell(r, 'dense_stored')} ({r['dense_scan']['stored_codes']}) | {speedup:.2f}x faster | "
+                     f"{int8['top10']:.4f} / {stored['top10']:.4f} | {int8['top100']:.4f} / {stored['top100']:.4f} |")
     compared = [r for r in report["results"] if "baseline" in r]
     if compared:
         lines += ["", f"Attribute channel before ({compared[0]['baseline']['revision']}: a pass over every attribute row and every unit's "
@@ -333,8 +358,8 @@ def markdown(report: dict) -> str:
         loc = report["locomo"]
         rec = loc["recall@10"]
         lines += ["", f"LoCoMo ({loc['n_questions']} questions of {Path(loc['input']).name}, turns mode), recall@10 with the float32 / "
-                  f"int8 scan: dense channel {rec['dense float32']:.4f} / {rec['dense int8']:.4f}, fused {rec['fused float32']:.4f} / "
-                  f"{rec['fused int8']:.4f} (differences {loc['int8_minus_float32']['dense']:+.4f}, {loc['int8_minus_float32']['fused']:+.4f})."]
+                  f"int8 / stored-codes scan: dense channel {rec['dense float32']:.4f} / {rec['dense int8']:.4f} / {rec['dense stored']:.4f}, "
+                  f"fused {rec['fused float32']:.4f} / {rec['fused int8']:.4f} / {rec['fused stored']:.4f}."]
     for r in report["results"]:
         if "bm25_vs_rank_bm25" in r:
             c = r["bm25_vs_rank_bm25"]

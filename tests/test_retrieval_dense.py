@@ -1,4 +1,5 @@
-"""The int8 dense scan: same top 10 as the exact float32 search on a fixed synthetic set, exact cosines, scan choice."""
+"""The dense code scans (int8, product-quantised): same top 10 as the exact float32 search on a fixed synthetic set,
+exact cosines, scan choice, and blocks of either kind searched together."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from qgmem_train.retrieval.dense import DenseIndex
 pytest.importorskip("faiss")
 
 TOP10_AGREEMENT = 0.99
-"""Stated tolerance: mean share of the exact top 10 that the int8 scan returns (one miss in 1,000 slots at most)."""
+"""Stated tolerance: mean share of the exact top 10 that a code scan returns (one miss in 1,000 slots at most)."""
 
 
 def _unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -31,11 +32,12 @@ def _synthetic(seed: int = 0, units: int = 20_000, dim: int = 64) -> tuple[np.nd
     return facts, sentences, owners, queries / np.linalg.norm(queries, axis=1, keepdims=True)
 
 
-def test_int8_scan_agrees_with_exact_search_on_the_top_10_and_returns_exact_cosines() -> None:
+@pytest.mark.parametrize("scan", ["int8", "pq"])
+def test_code_scan_agrees_with_exact_search_on_the_top_10_and_returns_exact_cosines(scan: str) -> None:
     facts, sentences, owners, queries = _synthetic()
     exact = DenseIndex(facts, sentences, owners, scan="float32")
-    quantized = DenseIndex(facts, sentences, owners, scan="int8")
-    assert (exact.scan, quantized.scan) == ("float32", "int8") and quantized.approximate and not exact.approximate
+    quantized = DenseIndex(facts, sentences, owners, scan=scan)
+    assert (exact.scan, quantized.scan) == ("float32", scan) and quantized.approximate and not exact.approximate
     agreement = []
     for query in queries:
         rows, scores = quantized.search(query, 10)
@@ -46,10 +48,11 @@ def test_int8_scan_agrees_with_exact_search_on_the_top_10_and_returns_exact_cosi
     assert np.mean(agreement) >= TOP10_AGREEMENT
 
 
-def test_int8_scan_keeps_the_full_pool_of_100_close_to_exact() -> None:
+@pytest.mark.parametrize("scan", ["int8", "pq"])
+def test_code_scan_keeps_the_full_pool_of_100_close_to_exact(scan: str) -> None:
     facts, sentences, owners, queries = _synthetic(seed=1)
     exact = DenseIndex(facts, sentences, owners, scan="float32")
-    quantized = DenseIndex(facts, sentences, owners, scan="int8")
+    quantized = DenseIndex(facts, sentences, owners, scan=scan)
     overlap = [len(set(quantized.search(q, 100)[0].tolist()) & set(exact.search(q, 100)[0].tolist())) / 100 for q in queries[:20]]
     assert np.mean(overlap) >= 0.98
 
@@ -111,14 +114,21 @@ def test_no_hnsw_graph_or_int8_codes_are_built_when_the_dense_channel_is_off(min
     assert with_dense.dense.scan == "hnsw" and without.dense.scan == "float32"
 
 
-def test_int8_codes_in_blocks_give_the_nearest_codes_of_them_all() -> None:
-    """Blocks of uneven sizes (a loaded store's segments, each with its own scale) are asked for short shares first;
-    the codes kept are still the nearest of all the blocks' codes."""
+@pytest.mark.parametrize("pq_from", [None, 1_000])
+def test_codes_in_blocks_give_the_nearest_codes_of_them_all(pq_from: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of uneven sizes (a loaded store's segments, each with its own scale; with ``pq_from``, the blocks of that
+    many vectors product-quantised and the others int8) are asked for short shares first; the codes kept are still the
+    nearest of all the blocks' codes."""
+    if pq_from is not None:
+        monkeypatch.setattr(vector_codes, "PQ_MIN_VECTORS", pq_from)
     facts, sentences, owners, queries = _synthetic(units=4_000)
     cuts = [0, 37, 900, 1_000, 2_700, 4_000]
     sentence_cuts = np.searchsorted(owners, cuts)
     layout = [(np.arange(a, b), np.arange(c, d)) for a, b, c, d in zip(cuts[:-1], cuts[1:], sentence_cuts[:-1], sentence_cuts[1:])]
-    index = DenseIndex(facts, sentences, owners, scan="int8", code_blocks=vector_codes.encode_blocks(facts, sentences, layout))
+    blocks = vector_codes.encode_blocks(facts, sentences, layout)
+    assert [block.kind for block in blocks] == (["int8", "pq", "int8", "pq", "pq"] if pq_from else ["int8"] * 5)
+    index = DenseIndex(facts, sentences, owners, scan="int8", code_blocks=blocks)
+    assert index.scan == ("pq" if pq_from else "int8")
     for query in queries[:10]:
         every = [index._search_block(query, block, vectors, block.index.ntotal) for block, vectors in index._codes]
         distances, vectors = np.concatenate([d for d, _ in every]), np.concatenate([v for _, v in every])
@@ -126,3 +136,22 @@ def test_int8_codes_in_blocks_give_the_nearest_codes_of_them_all() -> None:
             nearest = index._nearest_codes(query, wanted)
             assert len(nearest) == wanted and len(set(nearest.tolist())) == wanted
             assert np.max(distances[np.isin(vectors, nearest)]) <= np.partition(distances, wanted - 1)[wanted - 1]
+
+
+def test_product_quantised_distances_estimate_the_squared_distance_to_unit_vectors() -> None:
+    """A pq block's inner products are turned into ``2 - 2s`` so that they compare with int8 blocks' squared distances."""
+    facts, sentences, owners, queries = _synthetic(units=4_000)
+    index = DenseIndex(facts, sentences, owners, scan="pq")
+    (block, vectors_of_code), = index._codes
+    vectors = np.concatenate([facts, sentences])
+    for query in queries[:5]:
+        distances, vectors_found = index._search_block(query, block, vectors_of_code, 200)
+        exact = np.sum((vectors[vectors_found] - query) ** 2, axis=1)
+        assert np.all(np.diff(distances) >= 0) and np.mean(np.abs(distances - exact)) < 0.1  # 8-bit lookup tables: coarse
+        assert np.argmin(np.sum((vectors - query) ** 2, axis=1)) in vectors_found[:10]
+
+
+def test_a_pq_search_rescores_more_candidates_than_an_int8_one() -> None:
+    assert dense.rescore_count(100, pq=True) > dense.rescore_count(100) and dense.rescore_count(10, pq=True) == dense.PQ_RESCORE_MIN
+    with pytest.raises(ValueError, match="even dimension"):
+        vector_codes.build_pq_codes([np.ones((100, 5), np.float32)])

@@ -1,6 +1,7 @@
-"""The int8 codes of the dense scan, written with each unit segment and memory-mapped at load: a mapped load searches
-as an index encoded in memory, codes that do not match their segment are refused, a store without codes opens and
-searches as before, and a write killed before its commit leaves the store as it was."""
+"""The codes of the dense scan, written with each unit segment (int8, mapped at load; product-quantised for large
+segments, read at load): a load searches as an index encoded in memory, codes that do not match their segment are
+refused, a store without codes opens and searches as before, and a write killed before its commit leaves the store as
+it was."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from qgmem_train import vector_codes
 from qgmem_train.errors import InputError
 from qgmem_train.memory import sidecar
 from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
+from qgmem_train.retrieval import dense
 from qgmem_train.retrieval.dense import DenseIndex
 from tests.test_store_columns import _unit
 from tests.test_store_sidecars import _CRASH
@@ -76,7 +78,33 @@ def test_a_mapped_load_searches_as_an_index_encoded_in_memory(tmp_path: Path) ->
         np.testing.assert_allclose(scores, exact.similarities(query)[rows], rtol=1e-5, atol=1e-6)
 
 
-def test_codes_that_do_not_match_their_segment_are_refused_in_one_line(tmp_path: Path) -> None:
+def test_large_segments_get_product_quantised_codes_that_load_and_search_as_encoded_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vector_codes, "PQ_MIN_VECTORS", 300)
+    monkeypatch.setattr(dense, "PQ_RESCORE_MIN", 64)  # fewer candidates than vectors: the codes choose what is rescored
+    rng = np.random.default_rng(4)
+    with _store(tmp_path, [_item(i, rng) for i in range(500)], per_call=250) as store:
+        store.add_windows("n", [WindowResult("s", 1000, [_item(i, rng) for i in range(500, 520)])])  # a small segment: int8
+        memory = store.load_namespace("n")
+    assert sorted(block.kind for block in memory.code_blocks) == ["int8", "pq", "pq"]
+    loaded = DenseIndex(memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit, scan="int8", code_blocks=memory.code_blocks)
+    copies = [np.array(a) for a in (memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit)]
+    layout = [(block.fact_rows, block.sentence_rows) for block in memory.code_blocks]
+    encoded = DenseIndex(*copies, scan="int8", code_blocks=vector_codes.encode_blocks(copies[0], copies[1], layout))
+    exact = DenseIndex(*copies, scan="float32")
+    assert loaded.scan == encoded.scan == "pq" and len(copies[1]) + len(memory.units) > dense.rescore_count(10, pq=True)
+    agreement = []
+    for query in _queries(memory, rng):
+        rows, scores = loaded.search(query, 10)
+        assert rows.tolist() == encoded.search(query, 10)[0].tolist()
+        np.testing.assert_allclose(scores, exact.similarities(query)[rows], rtol=1e-5, atol=1e-6)
+        agreement.append(len(set(rows.tolist()) & set(exact.search(query, 10)[0].tolist())) / 10)
+    assert np.mean(agreement) >= 0.99
+
+
+@pytest.mark.parametrize("kind", ["int8", "pq"])
+def test_codes_that_do_not_match_their_segment_are_refused_in_one_line(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if kind == "pq":
+        monkeypatch.setattr(vector_codes, "PQ_MIN_VECTORS", 20)
     rng = np.random.default_rng(1)
     with _store(tmp_path, [_item(i, rng) for i in range(60)], per_call=30) as store:
         first, second = _code_files(tmp_path)
@@ -89,7 +117,7 @@ def test_codes_that_do_not_match_their_segment_are_refused_in_one_line(tmp_path:
                 store.load_namespace("n")
             assert "codes" in str(refused.value) and "\n" not in str(refused.value)
         first.write_bytes(good)
-        assert store.load_namespace("n").code_blocks is not None
+        assert [block.kind for block in store.load_namespace("n").code_blocks] == [kind, kind]
         first.unlink()  # as a writer that keeps no codes removes them: encoded at load instead
         memory = store.load_namespace("n")
         assert memory.code_blocks is None and len(memory.units) == 60

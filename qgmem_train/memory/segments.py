@@ -4,8 +4,8 @@ A segment is a run of rows (units or turns) from one write: its ``columns`` blob
 see :meth:`UnitTable.columns_blob`), cut into pieces of at most :data:`PIECE_BYTES` so that no blob
 nears SQLite's size limit, and, for units, a vector sidecar (:mod:`qgmem_train.memory.sidecar`): the
 float32 vectors in a file of their own, recorded in ``segment_files`` and read through a memory map,
-so a load does not copy them out of the database, and the int8 codes of its facts and sentences in a codes file
-the dense channel maps. A namespace reads as its segments concatenated in
+so a load does not copy them out of the database, and the codes of its facts and sentences in a codes file
+the dense channel searches (int8, mapped; product-quantised for a large segment, read). A namespace reads as its segments concatenated in
 ``seq`` order, so loading costs a handful of queries, whatever its size.
 
 Merging keeps the count of segments low: each segment has a level (0 when written, one more than its
@@ -39,7 +39,7 @@ MAX_MERGED_ROWS = 32_768
 LAST_SEQ = 1 << 62
 """Larger than any segment's seq."""
 CODED_PARTS = ("fact", "sentence")
-"""The vector parts a segment's int8 codes hold, in that order (the dense channel's vectors)."""
+"""The vector parts a segment's codes hold, in that order (the dense channel's vectors)."""
 
 SCHEMA = [
     "CREATE TABLE unit_keys (namespace TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (namespace, id))",
@@ -115,7 +115,7 @@ def read_units(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence
 
 
 def read_units_and_codes(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence[str] = VECTOR_PARTS) -> tuple[UnitTable, list[tuple[object, float, int]] | None]:
-    """All units (as :func:`read_units`) and each segment's int8 codes, mapped (a faiss index of its facts, then its
+    """All units (as :func:`read_units`) and each segment's codes (a faiss index of its facts, then its
     sentences, its scale and its unit count); None when a segment has none (written without faiss or before codes were
     kept, or its codes file removed by a writer that keeps none: the codes are then encoded at load)."""
     segments = _read_segments(db, namespace, dim, parts, 0, LAST_SEQ)

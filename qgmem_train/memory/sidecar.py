@@ -7,11 +7,11 @@ refuses one that does not match. A write killed before its commit leaves an unre
 store as it was; the next write (which holds the write lock, so no other write is half done) removes
 such files, and the files of segments that earlier writes replaced.
 
-With faiss installed, a sidecar also has a codes file (:mod:`qgmem_train.vector_codes`: the int8 codes of the
-segment's facts and sentences, a faiss index mapped at load), written before it under the same token; the
-sidecar records the codes file's size and scale (``code_bytes``, ``code_scale``). A sidecar without them (one
-written without faiss, or before codes were kept), or whose codes file is gone (removed by a writer that keeps
-none), has its codes encoded at load; a codes file of another size is refused.
+With faiss installed, a sidecar also has a codes file (:mod:`qgmem_train.vector_codes`: a faiss index of the
+codes of the segment's facts and sentences, int8 or, for a large segment, product-quantised), written before it
+under the same token; the sidecar records the codes file's size and scale (``code_bytes``, ``code_scale``). A
+sidecar without them (one written without faiss, or before codes were kept), or whose codes file is gone (removed
+by a writer that keeps none), has its codes encoded at load; a codes file of another size is refused.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def folder_of(db: sqlite3.Connection) -> Path:
 
 
 def write(folder: Path, arrays: Mapping[str, np.ndarray], coded: Sequence[str] = ()) -> tuple[str, int, str]:
-    """Write ``arrays`` as a new sidecar in ``folder``, with the int8 codes of the ``coded`` arrays one after the other
+    """Write ``arrays`` as a new sidecar in ``folder``, with the codes of the ``coded`` arrays one after the other
     when faiss is installed; return its name, size in bytes and token."""
     token = secrets.token_hex(16)
     name = f"{token}{SUFFIX}"

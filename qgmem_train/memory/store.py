@@ -86,8 +86,8 @@ class NamespaceMemory:
     relation_embeddings: np.ndarray | RowStack | None = None
     """(N, d) relation embeddings in unit order, when asked for (trace consolidation reads them; retrieval does not)."""
     code_blocks: list[CodeBlock] | None = None
-    """The int8 codes of the facts and sentence vectors, mapped from each segment's codes file, when loaded with the
-    sentences from segments that all have one (the dense channel's int8 scan searches them rather than encoding)."""
+    """The codes of the facts and sentence vectors, from each segment's codes file (int8 mapped, product-quantised read),
+    when loaded with the sentences from segments that all have one (the dense channel searches them rather than encoding)."""
 
 
 @dataclass

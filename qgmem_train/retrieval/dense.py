@@ -4,16 +4,17 @@ A unit whose fact has several sentences also has one vector per sentence; its sc
 cosine over all its vectors. Three ways to search, all returning exact float32 cosines:
 
 - **float32 scan**: one matrix-vector product over every vector and a partial sort (small namespaces);
-- **int8 scan** (from :data:`SCAN_INT8_MIN_VECTORS` vectors on, or ``scan="int8"``): the vectors are
-  also kept as 8-bit codes, a quarter of the bytes (a loaded namespace's are mapped from its segments'
-  codes files, :mod:`qgmem_train.vector_codes`), and a faiss scan over those codes picks the best
-  :func:`rescore_count` vectors; those vectors are rescored exactly in float32 and each unit takes the
-  best of its own. The scan reads memory at a quarter of the float32 cost; a unit whose best vector
-  falls outside the candidates is missed, or scored by its best vector among them;
+- **code scan** (from :data:`SCAN_INT8_MIN_VECTORS` vectors on, or ``scan="int8"`` / ``"pq"``): the vectors
+  are also kept as codes (:mod:`qgmem_train.vector_codes`): 8-bit codes, a quarter of the bytes, or in blocks
+  of many vectors product-quantised ones, a sixteenth. A loaded namespace has its segments' codes as the store
+  wrote them (large segments product-quantised); one encoded in memory gets int8 codes, or ``pq`` ones when
+  asked. A faiss scan over the codes picks the best :func:`rescore_count` vectors; those vectors are rescored
+  exactly in float32 and each unit takes the best of its own. A unit whose best vector falls outside the
+  candidates is missed, or scored by its best vector among them;
 - **HNSW** (``approximate``): faiss graphs over inner products, one of the facts (so ``n`` units always
   come back) and one of the sentences; the units found are rescored exactly. For millions of units.
 
-The int8 scan and HNSW need faiss-cpu (the optional ``ann`` extra); without it ``scan="auto"``
+The code scans and HNSW need faiss-cpu (the optional ``ann`` extra); without it ``scan="auto"``
 keeps the float32 scan.
 """
 
@@ -25,29 +26,35 @@ import numpy as np
 
 from qgmem_train.memory.row_stack import RowStack, row_blocks
 from qgmem_train.retrieval.ranking import top_n
-from qgmem_train.vector_codes import CodeBlock, build_int8_codes, faiss_module, has_faiss
+from qgmem_train.vector_codes import CodeBlock, build_int8_codes, build_pq_codes, faiss_module, has_faiss
 
 HNSW_NEIGHBOURS = 32
 """Graph degree M of the HNSW index (faiss default range 16-64)."""
 HNSW_EF_SEARCH = 256
 """Candidate list size at search time; comfortably above n=100 for high recall."""
 SCAN_INT8_MIN_VECTORS = 50_000
-"""From this many vectors (facts and sentences) on, ``scan="auto"`` searches the int8 codes: below it the
+"""From this many vectors (facts and sentences) on, ``scan="auto"`` searches codes: below it the
 float32 scan takes a few milliseconds at most."""
 RESCORE_MIN = 512
 """Fewest vectors the int8 scan hands to the exact float32 rescoring."""
 RESCORE_PER_RESULT = 8
 """Vectors rescored per unit asked for: a unit may hold several of the best vectors (its sentences)."""
+PQ_RESCORE_MIN = 2_048
+"""Fewest vectors a scan with product-quantised codes hands to the rescoring: their order is coarser than int8's."""
+PQ_RESCORE_PER_RESULT = 20
+"""Vectors rescored per unit asked for when some codes are product-quantised."""
 BLOCK_SLACK = 16
 """Codes asked of each block beyond its share of the candidates (see :meth:`DenseIndex._nearest_codes`)."""
 WIDEN_FACTOR = 4
 """How much a search widens its candidate vectors when they belong to fewer than the units asked for."""
 
-Scan = Literal["auto", "float32", "int8"]
+Scan = Literal["auto", "float32", "int8", "pq"]
 
 
-def rescore_count(n: int) -> int:
-    """How many int8-scan candidates (vectors) are rescored exactly for a top-``n`` search."""
+def rescore_count(n: int, pq: bool = False) -> int:
+    """How many code-scan candidates (vectors) are rescored exactly for a top-``n`` search (more when some codes are ``pq``)."""
+    if pq:
+        return max(PQ_RESCORE_MIN, PQ_RESCORE_PER_RESULT * n)
     return max(RESCORE_MIN, RESCORE_PER_RESULT * n)
 
 
@@ -55,12 +62,13 @@ class DenseIndex:
     """Nearest units by inner product of L2-normalised embeddings (= cosine), best over a unit's vectors.
 
     ``sentence_embeddings`` are extra vectors of some units, grouped by unit; ``sentence_unit`` gives
-    the unit row of each (non-decreasing). ``scan`` picks the exhaustive search: ``float32``, ``int8``
-    codes with exact rescoring, or ``auto`` (int8 from :data:`SCAN_INT8_MIN_VECTORS` vectors when faiss
-    is installed). ``approximate`` searches a faiss HNSW graph instead. ``code_blocks`` are int8 codes
-    already made (a loaded namespace's, mapped from its segments' codes files); without them the int8
-    scan encodes the vectors as one block. The vectors may be a :class:`~qgmem_train.memory.row_stack.RowStack`
-    (a loaded namespace's segments, mapped): the scans and the rescoring read them where they lie.
+    the unit row of each (non-decreasing). ``scan`` picks the exhaustive search: ``float32``, ``int8`` or
+    ``pq`` codes with exact rescoring, or ``auto`` (codes from :data:`SCAN_INT8_MIN_VECTORS` vectors when
+    faiss is installed). ``approximate`` searches a faiss HNSW graph instead. ``code_blocks`` are codes
+    already made (a loaded namespace's, read from its segments' codes files, of either kind); without them
+    the scan encodes the vectors as one block, product-quantised for ``pq`` and int8 otherwise. The vectors may be
+    a :class:`~qgmem_train.memory.row_stack.RowStack` (a loaded namespace's segments, mapped): the scans and the
+    rescoring read them where they lie.
     """
 
     def __init__(
@@ -73,8 +81,8 @@ class DenseIndex:
         scan: Scan = "auto",
         code_blocks: list[CodeBlock] | None = None,
     ):
-        if scan not in ("auto", "float32", "int8"):
-            raise ValueError(f"unknown dense scan {scan!r} (auto, float32, int8)")
+        if scan not in ("auto", "float32", "int8", "pq"):
+            raise ValueError(f"unknown dense scan {scan!r} (auto, float32, int8, pq)")
         self.embeddings = _float32_rows(embeddings)
         has_sentences = sentence_embeddings is not None and len(sentence_embeddings) > 0
         self.sentences = _float32_rows(sentence_embeddings) if has_sentences else None
@@ -88,13 +96,16 @@ class DenseIndex:
         if approximate and len(self.embeddings):
             self._hnsw = _build_hnsw(self.embeddings)
             self._hnsw_sentences = _build_hnsw(self.sentences) if self.sentences is not None else None
-        elif _wants_int8(scan, len(self._vector_unit)):
-            self._codes = self._int8_blocks(code_blocks)
+        elif _wants_codes(scan, len(self._vector_unit)):
+            self._codes = self._code_blocks(code_blocks, scan == "pq")
+        self._pq = self._codes is not None and any(block.kind == "pq" for block, _ in self._codes)
 
-    def _int8_blocks(self, blocks: list[CodeBlock] | None) -> list[tuple[CodeBlock, np.ndarray]]:
-        """Each code block with the vector (fact row, or fact count + sentence row) of each code; one block encoded now when none are given."""
+    def _code_blocks(self, blocks: list[CodeBlock] | None, pq: bool) -> list[tuple[CodeBlock, np.ndarray]]:
+        """Each code block with the vector (fact row, or fact count + sentence row) of each code; one block encoded now
+        (product-quantised when ``pq``) when none are given."""
         if blocks is None:
-            index, scale = build_int8_codes(row_blocks(self.embeddings) + (row_blocks(self.sentences) if self.sentences is not None else []))
+            build = build_pq_codes if pq else build_int8_codes
+            index, scale = build(row_blocks(self.embeddings) + (row_blocks(self.sentences) if self.sentences is not None else []))
             blocks = [CodeBlock(index, scale, np.arange(len(self.embeddings)), np.arange(len(self._owners)))]
         facts = len(self.embeddings)
         if sum(len(b.fact_rows) for b in blocks) != facts or sum(len(b.sentence_rows) for b in blocks) != len(self._owners):
@@ -103,13 +114,15 @@ class DenseIndex:
 
     @property
     def approximate(self) -> bool:
-        """Whether :meth:`search` differs from a full float32 scan (HNSW graph or int8 scan): callers then search through it."""
+        """Whether :meth:`search` differs from a full float32 scan (HNSW graph or code scan): callers then search through it."""
         return self._hnsw is not None or self._codes is not None
 
     @property
     def scan(self) -> str:
-        """The search :meth:`search` runs: ``hnsw``, ``int8`` or ``float32``."""
-        return "hnsw" if self._hnsw is not None else "int8" if self._codes is not None else "float32"
+        """The search :meth:`search` runs: ``hnsw``, ``pq`` (some codes product-quantised), ``int8`` or ``float32``."""
+        if self._hnsw is not None:
+            return "hnsw"
+        return "float32" if self._codes is None else "pq" if self._pq else "int8"
 
     def similarities(self, query: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Exact best cosine of the query with every unit, or with the units at ``rows``."""
@@ -142,7 +155,7 @@ class DenseIndex:
         """Rows and cosines of the ``n`` nearest units, best first."""
         query = np.asarray(query, dtype=np.float32)
         if self._codes is not None:
-            return self._search_int8(query, n)
+            return self._search_codes(query, n)
         if self._hnsw is None:
             return top_n(self.similarities(query), n)
         n = min(n, len(self.embeddings))
@@ -154,15 +167,15 @@ class DenseIndex:
         rows, scores = top_n(self._exact(query, candidates), n)
         return candidates[rows], scores
 
-    def _search_int8(self, query: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Best :func:`rescore_count` vectors by their int8 codes, rescored exactly in float32; each unit scores its best.
+    def _search_codes(self, query: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Best :func:`rescore_count` vectors by their codes, rescored exactly in float32; each unit scores its best.
 
         Only the candidate vectors are read in float32 (a few hundred rows, not every vector of their units).
         When they belong to fewer than ``n`` units (units with many close sentences), the scan widens.
         """
         n = min(n, len(self.embeddings))
         total = len(self._vector_unit)
-        wanted = min(total, rescore_count(n))
+        wanted = min(total, rescore_count(n, self._pq))
         while True:
             vectors = self._nearest_codes(query, wanted)
             candidates, unit_of_vector = np.unique(self._vector_unit[vectors], return_inverse=True)
@@ -201,9 +214,17 @@ class DenseIndex:
 
     @staticmethod
     def _search_block(query: np.ndarray, block: CodeBlock, vector_of_code: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Squared distances to the decoded codes (ascending) and vectors of the block's ``k`` nearest codes."""
-        # Codes hold round(scale * x) + 128; for unit vectors the L2 order to the scaled query is the cosine order.
-        found, hits = block.index.search((query * block.scale + 128.0)[None, :], min(k, block.index.ntotal))
+        """Squared distances to the decoded codes (ascending) and vectors of the block's ``k`` nearest codes.
+
+        int8 codes hold ``round(scale * x) + 128``: the L2 distance to the scaled query, over ``scale²``. Product-quantised
+        codes give inner products ``s``; for unit vectors ``|x - q|² = 2 - 2s``, so both kinds of block compare.
+        """
+        k = min(k, block.index.ntotal)
+        if block.kind == "pq":
+            similarities, hits = block.index.search(query[None, :], k)
+            kept = hits[0] >= 0
+            return 2.0 - 2.0 * similarities[0][kept], vector_of_code[hits[0][kept]]
+        found, hits = block.index.search((query * block.scale + 128.0)[None, :], k)
         kept = hits[0] >= 0
         return found[0][kept] / block.scale**2, vector_of_code[hits[0][kept]]
 
@@ -232,9 +253,9 @@ def _kth_smallest(values: np.ndarray, k: int) -> float:
     return float(np.partition(values, k - 1)[k - 1])
 
 
-def _wants_int8(scan: Scan, vectors: int) -> bool:
-    """Whether to search int8 codes: asked for, or ``auto`` at :data:`SCAN_INT8_MIN_VECTORS` vectors with faiss installed."""
-    if scan == "int8":
+def _wants_codes(scan: Scan, vectors: int) -> bool:
+    """Whether to search codes: asked for, or ``auto`` at :data:`SCAN_INT8_MIN_VECTORS` vectors with faiss installed."""
+    if scan in ("int8", "pq"):
         return vectors > 0
     return scan == "auto" and vectors >= SCAN_INT8_MIN_VECTORS and has_faiss()
 
