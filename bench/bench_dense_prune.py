@@ -3,12 +3,14 @@
 Each design scans every vector with a cheaper code, keeps the best ``K`` and rescores them exactly in float32;
 the baseline is the int8 scan (8-bit codes, ``max(512, 8n)`` rescored). Random unit vectors (dim 384, as the
 synthetic namespaces of ``bench_activation.py``), queries near random vectors (``0.5`` noise a component, as there),
-one thread; or, with ``--vectors-file``/``--queries-file``, real embeddings (``.npy``, L2-normalised rows). Reported
+one thread; or, with ``--embed DIR``, real ones: every distinct sentence and question of the JSON files under ``DIR``
+embedded with the default embedder (cached under ``--out``). Reported
 per design: p50/p95 milliseconds a query, and the share of the exact top 10 and top 100 found. Also the search of
 ``DenseIndex`` with int8 codes in one block (encoded in memory), int8 codes in blocks of ``--block-vectors`` (a loaded
 store's segments before product quantisation) and the codes a store writes for such blocks now, same queries.
 
     python bench/bench_dense_prune.py --vectors 400000 --queries 100 --name dense_prune_400k
+    python bench/bench_dense_prune.py --embed ../shared/data --queries 300 --pq-k 128 256 512 1024 2048 --name dense_pq_real
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -47,6 +50,50 @@ def unit_rows(rng: np.random.Generator, n: int) -> np.ndarray:
     return out
 
 
+TEXT_KEYS = ("text", "content", "clean_text", "message")
+"""JSON keys whose strings are conversation text (split into sentences) in the ``--embed`` folders."""
+QUESTION_KEYS = ("question", "query")
+"""JSON keys whose strings are questions (the queries) in the ``--embed`` folders."""
+
+
+def embedded_texts(folder: Path, cache: Path) -> tuple[np.ndarray, np.ndarray, str]:
+    """Embeddings of every distinct sentence and question in the JSON files under ``folder`` (cached in ``cache``), and a
+    line saying what they are."""
+    from qgmem_train.memory.sentences import split_sentences
+
+    texts: set[str] = set()
+    questions: set[str] = set()
+
+    def walk(node: object) -> None:
+        for key, value in node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ():
+            if isinstance(value, str) and key in TEXT_KEYS:
+                texts.update(split_sentences(value))
+            elif isinstance(value, str) and key in QUESTION_KEYS:
+                questions.add(value)
+            else:
+                walk(value)
+
+    files = sorted(folder.rglob("*.json"))
+    for file in files:
+        walk(json.loads(file.read_text()))
+    sentences, queries = sorted(texts), sorted(questions)
+    if cache.exists():
+        vectors, query_vectors = np.load(cache / "sentences.npy"), np.load(cache / "questions.npy")
+    else:
+        from qgmem_train.config import PipelineConfig
+        from qgmem_train.llm.factory import build_embedder
+
+        embedder = build_embedder(PipelineConfig())
+        vectors, query_vectors = embedder.encode(sentences), embedder.encode(queries)
+        cache.mkdir(parents=True)
+        np.save(cache / "sentences.npy", vectors)
+        np.save(cache / "questions.npy", query_vectors)
+    if (len(vectors), len(query_vectors)) != (len(sentences), len(queries)):
+        raise SystemExit(f"{cache}: cached embeddings do not match the texts of {folder}; remove the folder")
+    what = f"{len(vectors):,} real sentence embeddings (dim {vectors.shape[1]}) of {len(files)} JSON files under {folder.name}/, {{}} of its questions"
+    return vectors.astype(np.float32), query_vectors.astype(np.float32), what
+
+
 def designs(x: np.ndarray, pq_ks: list[int]) -> dict[str, tuple[object, Callable[[np.ndarray], np.ndarray], list[int]]]:
     """Each design: its faiss index over ``x``, how a query is put to it, and the candidate counts ``K`` tried."""
     int8, scale = build_int8_codes([x])
@@ -67,8 +114,7 @@ def main() -> None:
     """Measure every design, print and write bench/results/<name>.{json,md}."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vectors", type=int, default=400_000, help="random unit vectors (without --vectors-file)")
-    p.add_argument("--vectors-file", type=Path, help=".npy of L2-normalised rows to search instead of random ones")
-    p.add_argument("--queries-file", type=Path, help=".npy of L2-normalised query rows (with --vectors-file)")
+    p.add_argument("--embed", type=Path, help="search real embeddings: the sentences and questions of the JSON files under this folder")
     p.add_argument("--pq-k", type=int, nargs="+", default=[1024, 2048, 4096], help="candidates K rescored after the PQ scan")
     p.add_argument("--queries", type=int, default=100)
     p.add_argument("--block-vectors", type=int, default=32_000, help="vectors a block (a merged segment of 8,000 units with 3 sentences each)")
@@ -78,11 +124,10 @@ def main() -> None:
     faiss_module("this benchmark").omp_set_num_threads(1)
     load_start = os.getloadavg()
     rng = np.random.default_rng(0)
-    if args.vectors_file:
-        x = np.ascontiguousarray(np.load(args.vectors_file), np.float32)
-        queries = np.load(args.queries_file).astype(np.float32)
+    if args.embed:
+        x, queries, what = embedded_texts(args.embed, ROOT / "out" / "dense_prune_embeddings" / args.embed.resolve().name)
         queries = queries[rng.permutation(len(queries))[: args.queries]]
-        what = f"{len(x):,} real embeddings ({args.vectors_file.name}, dim {x.shape[1]}), {len(queries)} real queries ({args.queries_file.name})"
+        what = what.format(len(queries))
     else:
         x = unit_rows(rng, args.vectors)
         targets = x[rng.integers(len(x), size=args.queries)]
