@@ -15,27 +15,35 @@ it lives only here. Version 4 is also loaded without its sentence vectors (``v4-
 retrieval with ``retrieval.sentence_vectors`` off read it; ``--new-only`` sizes are not written in version 2. The columnar load decodes units when they are read, so its side also reports the
 time to decode them all (``list(memory.units)``), which the version-2 loader does while loading.
 With ``--before-code DIR`` (a folder holding an earlier ``qgmem_train`` package) the same version-4 store is also
-loaded with that code (``v4-before``), and with ``--dense-index`` every load also makes the dense channel's int8 scan
-(``DenseIndex(..., scan="int8")``: the code before encodes every fact and sentence vector, this code maps each
-segment's codes file), timed apart and counted in the peak memory.
-Results: bench/results/<--name>.{json,md}; the stores are written to a temporary folder (``--workdir``).
+loaded with that code (``v4-before``), and with ``--dense-index`` every load also makes the dense channel's code scan
+(``DenseIndex(..., scan="int8")``: the code before encodes every fact and sentence vector, this code takes each
+segment's codes file, int8 mapped or product-quantised read), timed apart and counted in the peak memory, and times
+:data:`DENSE_QUERIES` top-100 searches of it near random units (p50 / p95: the scan as a loaded namespace runs it,
+its vectors where the load left them).
+Everything runs on one thread (numpy/BLAS and faiss, children included). Results: bench/results/<--name>.{json,md}; the
+stores are written to a temporary folder (``--workdir``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
+import os
 
-from machine import machine_info
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"  # one thread, as bench_activation.py: on shared cores small scans lose most to thread hand-offs
 
-import numpy as np
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from machine import machine_info  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,6 +64,8 @@ LOADERS = {
 """Each loader measured: ``v4-lean`` is ``load_namespace(sentences=False)``, as trace consolidation and retrieval
 with ``retrieval.sentence_vectors`` off read a namespace."""
 DIM = 384
+DENSE_QUERIES = 50
+"""Top-100 searches timed on each loaded namespace with ``--dense-index``."""
 TURNS_PER_SESSION = 20
 UNITS_PER_WINDOW = 4
 SPEAKERS = ("Caroline", "Melanie")
@@ -223,14 +233,24 @@ def _status_mb(field: str) -> float:
     return int(line.split()[1]) / 1024
 
 
-def dense_index_seconds(memory: NamespaceMemory) -> float:
-    """Seconds to make the dense channel's int8 scan of a loaded namespace (from its mapped codes where it has them)."""
+def dense_scan(memory: NamespaceMemory) -> dict[str, object]:
+    """Seconds to make the dense channel's code scan of a loaded namespace (from its stored codes where it has them), the
+    scan it runs, and the p50 / p95 milliseconds of :data:`DENSE_QUERIES` top-100 searches near random units."""
     from qgmem_train.retrieval.dense import DenseIndex
 
-    mapped = {"code_blocks": memory.code_blocks} if getattr(memory, "code_blocks", None) is not None else {}
+    stored = {"code_blocks": memory.code_blocks} if getattr(memory, "code_blocks", None) is not None else {}
     started = time.perf_counter()
-    DenseIndex(memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit, scan="int8", **mapped)
-    return time.perf_counter() - started
+    index = DenseIndex(memory.fact_embeddings, memory.sentence_embeddings, memory.sentence_unit, scan="int8", **stored)
+    made = time.perf_counter() - started
+    rng = np.random.default_rng(1)
+    times = []
+    for row in rng.integers(len(memory.units), size=DENSE_QUERIES):
+        query = np.asarray(memory.fact_embeddings[int(row)]) + 0.5 * rng.standard_normal(DIM).astype(np.float32)
+        started = time.perf_counter()
+        index.search(query / np.linalg.norm(query), 100)
+        times.append(time.perf_counter() - started)
+    ms = np.asarray(times) * 1000
+    return {"dense_index_seconds": made, "dense_scan": index.scan, "dense_p50_ms": float(np.percentile(ms, 50)), "dense_p95_ms": float(np.percentile(ms, 95))}
 
 
 def child(kind: str, path: Path, dense: bool = False) -> dict[str, object]:
@@ -255,7 +275,7 @@ def child(kind: str, path: Path, dense: bool = False) -> dict[str, object]:
     result["decode_all_seconds"] = time.perf_counter() - started if kind != "v2" else 0.0
     result["last_unit"] = units[-1].id
     if dense:
-        result["dense_index_seconds"] = dense_index_seconds(memory)
+        result.update(dense_scan(memory))
         result["peak_rss_dense_mb"] = _status_mb("VmHWM")
     return result
 
@@ -285,6 +305,7 @@ def summarise(runs: list[dict[str, object]], dense: bool = False) -> dict[str, o
         "vector_mb": round(runs[0]["vector_mb"]),
         "checksum": runs[0]["checksum"], "last_unit": runs[0]["last_unit"],
         **({"dense_index_seconds": median("dense_index_seconds"), "peak_rss_dense_mb": median("peak_rss_dense_mb"),
+            "dense_scan": runs[0]["dense_scan"], "dense_p50_ms": median("dense_p50_ms"), "dense_p95_ms": median("dense_p95_ms"),
             "load_and_dense_seconds": round(statistics.median(r["seconds"] + r["dense_index_seconds"] for r in runs), 3)} if dense else {}),
     }  # fmt: skip
 
@@ -301,8 +322,9 @@ def markdown(results: dict[str, object]) -> str:
         f"(see the script's docstring); each load in a fresh process, the loaders taking turns, median of {results['repeats']}; stores in the page cache (just written).",
         "",
         "| units | sentences | loader | load wall s (runs) | load CPU s | decode all units s | vectors MB (fill floor s) | peak RSS MiB (load's own) "
-        "| store MiB | segments | write s |" + (" dense int8 scan made s | load + dense s | peak RSS with dense MiB |" if results.get("dense_index") else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if results.get("dense_index") else ""),
+        "| store MiB | segments | write s |" + (" dense scan made s | load + dense s | peak RSS with dense MiB | dense search p50 / p95 ms (codes) |"
+                                                if results.get("dense_index") else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if results.get("dense_index") else ""),
     ]
     for size in results["sizes"]:
         for kind, label in LOADERS.items():
@@ -315,10 +337,11 @@ def markdown(results: dict[str, object]) -> str:
                 f"| {r['units']:,} | {r['sentences']:,} | {label} | **{r['seconds']}** ({', '.join(map(str, r['seconds_all']))}) | {r['cpu_seconds']} | {decode} | {r['vector_mb']} ({floor}) | "
                 f"{r['peak_rss_mb']:.0f} ({r['load_mb']}) | {size['bytes'][kind[:2]] / 2**20:.0f} | {size['segments'] if kind != 'v2' else '-'} | "
                 f"{size['write_seconds'].get(kind[:2], '(a copy of v4)')} |"
-                + (f" {r['dense_index_seconds']} | **{r['load_and_dense_seconds']}** | {r['peak_rss_dense_mb']:.0f} |" if "dense_index_seconds" in r else "")
+                + (f" {r['dense_index_seconds']} | **{r['load_and_dense_seconds']}** | {r['peak_rss_dense_mb']:.0f} | "
+                   f"{r['dense_p50_ms']} / {r['dense_p95_ms']} ({r['dense_scan']}) |" if "dense_index_seconds" in r else "")
             )
         for before, speedup in size.get("speedups", {}).items():
-            dense = f" | | **{speedup['load_and_dense']}x** | |" if "load_and_dense" in speedup else ""
+            dense = f" | | **{speedup['load_and_dense']}x** | | |" if "load_and_dense" in speedup else ""
             lines.append(f"| | | **{before} / v4** | **{speedup['wall']}x** | {speedup['cpu']}x | | | | | | |{dense}")
     lines += ["", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
