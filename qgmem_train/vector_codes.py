@@ -123,7 +123,6 @@ def build_codes(parts: list[np.ndarray]) -> tuple[object, float]:
     return build_int8_codes(parts)
 
 
-
 def encode_blocks(facts: np.ndarray, sentences: np.ndarray | None, layout: list[tuple[np.ndarray, np.ndarray]]) -> list[CodeBlock]:
     """Blocks encoded in memory as the store writes them (:func:`build_codes`), one per (unit rows of its facts, rows of
     its sentences) of ``layout``."""
