@@ -113,7 +113,7 @@ def int8_blocks(x: np.ndarray, layout: list[tuple[np.ndarray, np.ndarray]]) -> l
 def main() -> None:
     """Measure every design, print and write bench/results/<name>.{json,md}."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--vectors", type=int, default=400_000, help="random unit vectors (without --vectors-file)")
+    p.add_argument("--vectors", type=int, default=400_000, help="random unit vectors (without --embed)")
     p.add_argument("--embed", type=Path, help="search real embeddings: the sentences and questions of the JSON files under this folder")
     p.add_argument("--pq-k", type=int, nargs="+", default=[1024, 2048, 4096], help="candidates K rescored after the PQ scan")
     p.add_argument("--queries", type=int, default=100)

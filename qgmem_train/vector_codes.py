@@ -147,7 +147,7 @@ def write(path: Path, parts: list[np.ndarray]) -> tuple[int, float]:
 def read(path: Path, size: int, vectors: int, dim: int, what: str) -> object:
     """The codes file at ``path`` (int8 codes mapped, product-quantised ones read); one whose size or shape is not what its
     sidecar records is an :class:`InputError`."""
-    faiss = faiss_module("the int8 scan")
+    faiss = faiss_module("reading vector codes")
     actual = path.stat().st_size if path.exists() else None
     if actual != size:
         found = "is missing" if actual is None else f"holds {actual} bytes"
