@@ -40,7 +40,7 @@ graph-token-experiment: setup
 	$(PY) bench/graph_token_experiment.py --out out/graph_token $(EXPERIMENT_ARGS)
 
 # The cross-encoder reranker (configs/reranker-cpu.yaml): builds the LoCoMo dev turns-mode store and pools on the first run,
-# then trains two epochs (about 19 minutes on 2 cores from a fresh checkout) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--data.negatives 15'.
+# then trains two epochs (from a fresh clone, setup included: 19 minutes on one idle 2-core machine, 74 on a slower one; see configs/reranker-cpu.yaml) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--data.negatives 15'.
 RERANKER_ARGS ?=
 reranker: setup
 	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu.yaml $(RERANKER_ARGS)
