@@ -19,7 +19,11 @@ loaded with that code (``v4-before``), and with ``--dense-index`` every load als
 (``DenseIndex(..., scan="int8")``: the code before encodes every fact and sentence vector, this code takes each
 segment's codes file, int8 mapped or product-quantised read), timed apart and counted in the peak memory, and times
 :data:`DENSE_QUERIES` top-100 searches of it near random units (p50 / p95: the scan as a loaded namespace runs it,
-its vectors where the load left them).
+its vectors where the load left them). With ``--activation`` the version-4 store is also loaded ``--repeats`` more times, each
+load followed by the activation index a predictor builds after loading (BM25, the dense channel over the stored codes,
+attributes; the default retrieval configuration; it decodes the units it reads), timed apart, and
+:data:`ACTIVATION_QUERIES` queries near random units are timed through every channel and the fusion (p50 / p95 per
+channel), as ``bench_activation.py`` does on namespaces made in memory.
 Everything runs on one thread (numpy/BLAS and faiss, children included). Results: bench/results/<--name>.{json,md}; the
 stores are written to a temporary folder (``--workdir``).
 """
@@ -39,6 +43,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from datetime import date, timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from machine import machine_info  # noqa: E402
@@ -66,6 +71,9 @@ with ``retrieval.sentence_vectors`` off read a namespace."""
 DIM = 384
 DENSE_QUERIES = 50
 """Top-100 searches timed on each loaded namespace with ``--dense-index``."""
+ACTIVATION_QUERIES = 50
+"""Queries through every channel and the fusion timed on each loaded version-4 namespace with ``--activation``."""
+ACTIVATION_STEPS = ("bm25", "dense", "attr", "fusion", "channels+fusion")
 TURNS_PER_SESSION = 20
 UNITS_PER_WINDOW = 4
 SPEAKERS = ("Caroline", "Melanie")
@@ -253,9 +261,61 @@ def dense_scan(memory: NamespaceMemory) -> dict[str, object]:
     return {"dense_index_seconds": made, "dense_scan": index.scan, "dense_p50_ms": float(np.percentile(ms, 50)), "dense_p95_ms": float(np.percentile(ms, 95))}
 
 
-def child(kind: str, path: Path, dense: bool = False) -> dict[str, object]:
+class TextVectors:
+    """Stands in for the embedder: the vector each synthetic attribute text and speaker was stored with."""
+
+    def __init__(self) -> None:
+        self.vectors = Synthetic().text_vector
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """The stored vectors of ``texts``, one row each."""
+        return np.asarray([self.vectors[t] for t in texts], np.float32).reshape(-1, DIM)
+
+
+def activation(memory: NamespaceMemory) -> dict[str, object]:
+    """Seconds to build a loaded namespace's activation index, and p50 / p95 milliseconds of each channel, the fusion
+    and all of them over :data:`ACTIVATION_QUERIES` queries near random units (words of the unit's turn, its fact
+    vector plus noise, one of its entities, its location on every third query and a week from its day on every second)."""
+    from qgmem_train.config import RetrievalConfig
+    from qgmem_train.retrieval.activation import ActivationIndex, search_channels
+    from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
+    from qgmem_train.retrieval.intent import QueryIntent
+
+    cfg, embedder = RetrievalConfig(), TextVectors()
+    started = time.perf_counter()
+    index = ActivationIndex(memory, cfg, embedder)
+    result: dict[str, object] = {"activation_index_seconds": time.perf_counter() - started, "activation_dense_scan": index.dense.scan}
+    times: dict[str, list[float]] = {step: [] for step in ACTIVATION_STEPS}
+    rng = np.random.default_rng(2)
+    for q, row in enumerate(rng.integers(len(memory.units), size=ACTIVATION_QUERIES).tolist()):
+        unit = memory.units[row]
+        query = np.asarray(memory.fact_embeddings[row]) + 0.5 * rng.standard_normal(DIM).astype(np.float32)
+        day = date.fromisoformat(unit.utterance_time[:10])
+        intent = QueryIntent(
+            entities=unit.entities[:1], locations=unit.locations if q % 3 == 0 else [],
+            fact_times=[TimeSpan(day.isoformat(), (day + timedelta(days=6)).isoformat())] if q % 2 == 0 else [],
+        )  # fmt: skip
+        step: dict[str, float] = {}
+        started = time.perf_counter()
+        ranked = search_channels(index, cfg, " ".join(unit.object.split()[:6]), query / np.linalg.norm(query), intent,
+                                 embedder.encode(intent.entities), embedder.encode(intent.locations), step)  # fmt: skip
+        fused = time.perf_counter()
+        reciprocal_rank_fusion(ranked, kappa=cfg.kappa, n=cfg.n)
+        ended = time.perf_counter()
+        for name in ("bm25", "dense", "attr"):
+            times[name].append(step[name])
+        times["fusion"].append(ended - fused)
+        times["channels+fusion"].append(ended - started)
+    for name, values in times.items():
+        ms = np.asarray(values) * 1000
+        result[f"{name}_p50_ms"], result[f"{name}_p95_ms"] = float(np.percentile(ms, 50)), float(np.percentile(ms, 95))
+    return result
+
+
+def child(kind: str, path: Path, dense: bool = False, activate: bool = False) -> dict[str, object]:
     """One load in this process: seconds, memory before and at peak, and what was loaded (a checksum of the fact vectors);
-    with ``dense``, also the seconds to make the dense int8 scan, and the peak memory after it."""
+    with ``dense``, also the seconds to make the dense int8 scan, and the peak memory after it; with ``activate``, the
+    load and then only the timings of :func:`activation` and the peak memory after them."""
     before = _status_mb("VmRSS")
     started, cpu_started = time.perf_counter(), time.process_time()
     if kind == "v2":
@@ -270,6 +330,10 @@ def child(kind: str, path: Path, dense: bool = False) -> dict[str, object]:
         "checksum": float(np.ascontiguousarray(memory.fact_embeddings[::97]).sum()),  # a sample of rows, summed in one layout
         "vector_mb": sum(v.nbytes for v in (memory.fact_embeddings, memory.sentence_embeddings, memory.attributes.embeddings) if v is not None) / 1e6,
     }  # fmt: skip
+    if activate:  # as a predictor after its load: the activation index decodes the units it reads itself
+        result.update(activation(memory))
+        result["peak_rss_activation_mb"] = _status_mb("VmHWM")
+        return result
     started = time.perf_counter()
     units = list(memory.units)
     result["decode_all_seconds"] = time.perf_counter() - started if kind != "v2" else 0.0
@@ -287,9 +351,10 @@ def fresh_memory_mb_per_s(mb: int = 256) -> float:
     return round(mb / (time.perf_counter() - started))
 
 
-def load_once(kind: str, path: str, code: str | None = None, dense: bool = False) -> dict[str, object]:
+def load_once(kind: str, path: str, code: str | None = None, dense: bool = False, activate: bool = False) -> dict[str, object]:
     """One load in a fresh subprocess (importing the package from ``code`` when given)."""
-    command = [sys.executable, __file__, "--child", kind, path, *(["--code", code] if code else []), *(["--dense-index"] if dense else [])]
+    options = [*(["--code", code] if code else []), *(["--dense-index"] if dense else []), *(["--activation"] if activate else [])]
+    command = [sys.executable, __file__, "--child", kind, path, *options]
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -308,6 +373,13 @@ def summarise(runs: list[dict[str, object]], dense: bool = False) -> dict[str, o
             "dense_scan": runs[0]["dense_scan"], "dense_p50_ms": median("dense_p50_ms"), "dense_p95_ms": median("dense_p95_ms"),
             "load_and_dense_seconds": round(statistics.median(r["seconds"] + r["dense_index_seconds"] for r in runs), 3)} if dense else {}),
     }  # fmt: skip
+
+
+def summarise_activation(runs: list[dict[str, object]]) -> dict[str, object]:
+    """Medians of the activation loads (:func:`activation` after a version-4 load)."""
+    keys = ("seconds", "activation_index_seconds", "peak_rss_activation_mb", *(f"{s}_p{p}_ms" for s in ACTIVATION_STEPS for p in (50, 95)))
+    return {"units": runs[0]["units"], "activation_dense_scan": runs[0]["activation_dense_scan"],
+            **{key: round(statistics.median(float(r[key]) for r in runs), 3) for key in keys}}  # fmt: skip
 
 
 def markdown(results: dict[str, object]) -> str:
@@ -343,6 +415,17 @@ def markdown(results: dict[str, object]) -> str:
         for before, speedup in size.get("speedups", {}).items():
             dense = f" | | **{speedup['load_and_dense']}x** | | |" if "load_and_dense" in speedup else ""
             lines.append(f"| | | **{before} / v4** | **{speedup['wall']}x** | {speedup['cpu']}x | | | | | | |{dense}")
+    if results.get("activation"):
+        lines += [
+            "", f"Activation on the loaded version-4 namespaces with their sentence vectors: each load in a fresh process followed by the activation index a predictor builds "
+            f"(the default retrieval configuration), then {ACTIVATION_QUERIES} queries near random units; median of {results['repeats']} loads:",
+            "", "| units | load s | activation index build s | peak RSS MiB | dense scan | " + " | ".join(f"{s} p50 / p95 ms" for s in ACTIVATION_STEPS) + " |",
+            "|---|---|---|---|---|" + "---|" * len(ACTIVATION_STEPS),
+        ]  # fmt: skip
+        for size in results["sizes"]:
+            r = size["activation"]
+            steps = " | ".join(f"{r[f'{s}_p50_ms']:.1f} / {r[f'{s}_p95_ms']:.1f}" for s in ACTIVATION_STEPS)
+            lines.append(f"| {r['units']:,} | {r['seconds']} | {r['activation_index_seconds']} | {r['peak_rss_activation_mb']:.0f} | {r['activation_dense_scan']} | {steps} |")
     lines += ["", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -355,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-code", help="folder with the qgmem_train package of before the sidecars: also load version 3 with it")
     p.add_argument("--before-code", help="folder with an earlier qgmem_train package: also load the version-4 store with it (v4-before)")
     p.add_argument("--dense-index", action="store_true", help="every load also makes the dense channel's int8 scan, timed apart")
+    p.add_argument("--activation", action="store_true", help="also load each version-4 store --repeats times to build the activation index and time every channel")
     p.add_argument("--name", default="store_load", help="report name: <out>/<name>.{json,md}")
     p.add_argument("--repeats", type=int, default=3, help="loads per loader and size (each in a fresh process)")
     p.add_argument("--write-units", type=int, default=1000, help="units per add_windows call")
@@ -367,15 +451,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_units % TURNS_PER_SESSION:
         p.error(f"--write-units must be a multiple of {TURNS_PER_SESSION} (whole sessions a write)")
     if args.child:
-        print(json.dumps(child(args.child[0], Path(args.child[1]), args.dense_index)))
+        print(json.dumps(child(args.child[0], Path(args.child[1]), args.dense_index, args.activation)))
         return 0
     command = f"python bench/bench_store_load.py --sizes {' '.join(map(str, args.sizes))} --repeats {args.repeats} --write-units {args.write_units}"
     command += f" --new-only {' '.join(map(str, args.new_only))}" if args.new_only else ""
     command += f" --baseline-code {args.baseline_code}" if args.baseline_code else ""
     command += f" --before-code {args.before_code}" if args.before_code else ""
     command += " --dense-index" if args.dense_index else ""
+    command += " --activation" if args.activation else ""
     results: dict[str, object] = {"machine": machine_info(), "command": command,
-                                  "repeats": args.repeats, "sizes": [], "notes": args.note, "dense_index": args.dense_index, "fresh_memory_mb_per_s": fresh_memory_mb_per_s()}  # fmt: skip
+                                  "repeats": args.repeats, "sizes": [], "notes": args.note, "dense_index": args.dense_index, "activation": args.activation, "fresh_memory_mb_per_s": fresh_memory_mb_per_s()}  # fmt: skip
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="store-load-"))
     try:
         for units in [*args.sizes, *args.new_only]:
@@ -387,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats):  # the loaders take turns, so that a slow spell of a shared machine falls on each
                 for kind in kinds:
                     runs[kind].append(load_once(kind, written["dirs"][kind[:2]], code.get(kind), args.dense_index))
+            if args.activation:
+                size["activation"] = summarise_activation([load_once("v4", written["dirs"]["v4"], activate=True) for _ in range(args.repeats)])
+                print("activation", units, size["activation"], flush=True)
             for kind in kinds:
                 size[kind] = summarise(runs[kind], args.dense_index)
                 print(kind, units, size[kind], flush=True)
