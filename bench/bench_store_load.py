@@ -73,7 +73,6 @@ DENSE_QUERIES = 50
 """Top-100 searches timed on each loaded namespace with ``--dense-index``."""
 ACTIVATION_QUERIES = 50
 """Queries through every channel and the fusion timed on each loaded version-4 namespace with ``--activation``."""
-ACTIVATION_STEPS = ("bm25", "dense", "attr", "fusion", "channels+fusion")
 TURNS_PER_SESSION = 20
 UNITS_PER_WINDOW = 4
 SPEAKERS = ("Caroline", "Melanie")
@@ -276,10 +275,7 @@ def activation(memory: NamespaceMemory) -> dict[str, object]:
     """Seconds to build a loaded namespace's activation index, and p50 / p95 milliseconds of each channel, the fusion
     and all of them over :data:`ACTIVATION_QUERIES` queries near random units (words of the unit's turn, its fact
     vector plus noise, one of its entities, its location on every third query and a week from its day on every second)."""
-    from qgmem_train.config import RetrievalConfig
-    from qgmem_train.retrieval.activation import ActivationIndex, search_channels
-    from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
-    from qgmem_train.retrieval.intent import QueryIntent
+    from bench_activation import ACTIVATION_STEPS, ActivationIndex, QueryIntent, RetrievalConfig, timed_activation
 
     cfg, embedder = RetrievalConfig(), TextVectors()
     started = time.perf_counter()
@@ -295,17 +291,10 @@ def activation(memory: NamespaceMemory) -> dict[str, object]:
             entities=unit.entities[:1], locations=unit.locations if q % 3 == 0 else [],
             fact_times=[TimeSpan(day.isoformat(), (day + timedelta(days=6)).isoformat())] if q % 2 == 0 else [],
         )  # fmt: skip
-        step: dict[str, float] = {}
-        started = time.perf_counter()
-        ranked = search_channels(index, cfg, " ".join(unit.object.split()[:6]), query / np.linalg.norm(query), intent,
-                                 embedder.encode(intent.entities), embedder.encode(intent.locations), step)  # fmt: skip
-        fused = time.perf_counter()
-        reciprocal_rank_fusion(ranked, kappa=cfg.kappa, n=cfg.n)
-        ended = time.perf_counter()
-        for name in ("bm25", "dense", "attr"):
+        step = timed_activation(index, cfg, " ".join(unit.object.split()[:6]), query / np.linalg.norm(query), intent,
+                                embedder.encode(intent.entities), embedder.encode(intent.locations))[1]  # fmt: skip
+        for name in ACTIVATION_STEPS:
             times[name].append(step[name])
-        times["fusion"].append(ended - fused)
-        times["channels+fusion"].append(ended - started)
     for name, values in times.items():
         ms = np.asarray(values) * 1000
         result[f"{name}_p50_ms"], result[f"{name}_p95_ms"] = float(np.percentile(ms, 50)), float(np.percentile(ms, 95))
@@ -377,6 +366,7 @@ def summarise(runs: list[dict[str, object]], dense: bool = False) -> dict[str, o
 
 def summarise_activation(runs: list[dict[str, object]]) -> dict[str, object]:
     """Medians of the activation loads (:func:`activation` after a version-4 load)."""
+    from bench_activation import ACTIVATION_STEPS  # here, not at the top: a --code child imports an older package
     keys = ("seconds", "activation_index_seconds", "peak_rss_activation_mb", *(f"{s}_p{p}_ms" for s in ACTIVATION_STEPS for p in (50, 95)))
     return {"units": runs[0]["units"], "activation_dense_scan": runs[0]["activation_dense_scan"],
             **{key: round(statistics.median(float(r[key]) for r in runs), 3) for key in keys}}  # fmt: skip
@@ -416,6 +406,8 @@ def markdown(results: dict[str, object]) -> str:
             dense = f" | | **{speedup['load_and_dense']}x** | | |" if "load_and_dense" in speedup else ""
             lines.append(f"| | | **{before} / v4** | **{speedup['wall']}x** | {speedup['cpu']}x | | | | | | |{dense}")
     if results.get("activation"):
+        from bench_activation import ACTIVATION_STEPS
+
         lines += [
             "", f"Activation on the loaded version-4 namespaces with their sentence vectors: each load in a fresh process followed by the activation index a predictor builds "
             f"(the default retrieval configuration), then {ACTIVATION_QUERIES} queries near random units; median of {results['repeats']} loads:",
