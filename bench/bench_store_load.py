@@ -275,7 +275,7 @@ def activation(memory: NamespaceMemory) -> dict[str, object]:
     """Seconds to build a loaded namespace's activation index, and p50 / p95 milliseconds of each channel, the fusion
     and all of them over :data:`ACTIVATION_QUERIES` queries near random units (words of the unit's turn, its fact
     vector plus noise, one of its entities, its location on every third query and a week from its day on every second)."""
-    from bench_activation import ACTIVATION_STEPS, ActivationIndex, QueryIntent, RetrievalConfig, timed_activation
+    from bench_activation import ACTIVATION_STEPS, ActivationIndex, QueryIntent, RetrievalConfig, percentiles, timed_activation
 
     cfg, embedder = RetrievalConfig(), TextVectors()
     started = time.perf_counter()
@@ -296,8 +296,7 @@ def activation(memory: NamespaceMemory) -> dict[str, object]:
         for name in ACTIVATION_STEPS:
             times[name].append(step[name])
     for name, values in times.items():
-        ms = np.asarray(values) * 1000
-        result[f"{name}_p50_ms"], result[f"{name}_p95_ms"] = float(np.percentile(ms, 50)), float(np.percentile(ms, 95))
+        result.update({f"{name}_{key}": value for key, value in percentiles(values).items()})
     return result
 
 
