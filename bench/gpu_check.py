@@ -37,6 +37,7 @@ import inspect
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -44,6 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,34 @@ def export_models(llm: str, embedder: str, out: Path) -> dict[str, str]:
         (target / "STANDIN.json").write_text(json.dumps({"reference": ref, "weights": "none: random stand-ins are built from this"}) + "\n")
         written[kind] = str(target)
     return written
+
+
+CUDA_LIBRARY = re.compile(r"_cuda(\d+)\.(?:so|dll|dylib)$")
+
+
+def slim_wheel(wheel: Path, cuda_major: str) -> int:
+    """Rewrite ``wheel`` without its native libraries for CUDA versions outside ``cuda_major`` (RECORD to match).
+
+    bitsandbytes ships one library per CUDA version (over 40 MB compressed); the GPU machine loads its own CUDA's
+    alone, and what travels there has a size limit. Returns how many libraries were dropped.
+    """
+    def kept(name: str) -> bool:
+        found = CUDA_LIBRARY.search(name)
+        return found is None or found.group(1).startswith(cuda_major)
+
+    staging = wheel.with_name(f".{wheel.name}.slim")
+    dropped = 0
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(staging, "w", zipfile.ZIP_DEFLATED) as target:
+        for info in source.infolist():
+            if not kept(info.filename):
+                dropped += 1
+                continue
+            data = source.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                data = "".join(line for line in data.decode().splitlines(keepends=True) if kept(line.split(",")[0])).encode()
+            target.writestr(info, data)
+    staging.replace(wheel)
+    return dropped
 
 
 def standin_model(kind: str, models: Path) -> Path:
@@ -679,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timed-out", action="store_true", help="--mark's part was killed at its time limit")
     parser.add_argument("--note", default="killed", help="why --mark's part ended, e.g. 'exited with code 139'")
     parser.add_argument("--export-models", type=Path, metavar="DIR", help="write the LLM's and embedder's configs and tokenizers to DIR, then exit")
+    parser.add_argument("--slim-wheel", type=Path, metavar="WHEEL", help="drop WHEEL's native libraries for CUDA versions other than --cuda's, then exit")
+    parser.add_argument("--cuda", default="13", help="--slim-wheel: the CUDA major version to keep (the H200 image's: 13)")
     parser.add_argument("--models", type=Path, metavar="DIR", help="exported configs for random-weight stand-ins of models that do not resolve here")
     parser.add_argument("--llm", default=None, help="LLM reference (default: the bundled SmolLM2-135M-Instruct)")
     parser.add_argument("--embedder", default=None, help="embedder reference (default: the bundled all-MiniLM-L6-v2)")
@@ -694,6 +726,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help=f"results JSON, Markdown beside it (default {DEFAULT_OUT.relative_to(ROOT)}; smoke: a temp folder)")
     args = parser.parse_args(argv)
+    if args.slim_wheel:
+        before = args.slim_wheel.stat().st_size
+        dropped = slim_wheel(args.slim_wheel, args.cuda)
+        print(f"{args.slim_wheel.name}: dropped {dropped} libraries for CUDA other than {args.cuda}.x ({before / 2**20:.1f} -> {args.slim_wheel.stat().st_size / 2**20:.1f} MiB)")
+        return 0
 
     from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM
 

@@ -14,8 +14,8 @@
 # x86-64, into .gpu_check/wheels (installed there under $TMPDIR, first on PYTHONPATH), and keeps the configs and
 # tokenizers of the bundled SmolLM2 and MiniLM in .gpu_check/models: their weights (about 90 MB each) do not
 # travel, so random weights of the same architecture stand in (step time and memory do not depend on them).
-# .gpu_check is about 50 MB; .gitignore lists it, so name it in the run's carry.
-# Environment (defaults): PYTHON (see above), GPU_CHECK_DIR (.gpu_check), LIMITS ("tests:100 bf16:120 prefix_cache:80
+# .gpu_check is about 40 MB; .gitignore lists it, so name it in the run's carry.
+# Environment (defaults): PYTHON (see above), GPU_CHECK_DIR (.gpu_check), GPU_CUDA (13), LIMITS ("tests:100 bf16:120 prefix_cache:80
 # nf4:70 lora_nf4:70 predict:90", seconds per part). Exit 0 when every part passed or was skipped.
 set -uo pipefail
 
@@ -23,8 +23,12 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 STATE=${GPU_CHECK_DIR:-.gpu_check}
 LIMITS=${LIMITS:-"tests:100 bf16:120 prefix_cache:80 nf4:70 lora_nf4:70 predict:90"}
-# Packages the checked code imports that the H200 image lacks (device KINDS.md's list), at .venv's versions.
-WHEELS=(bitsandbytes datasets dill multiprocess pydantic pydantic-core annotated-types typing-inspection llguidance)
+# Packages the checked code imports that the H200 image lacks (device KINDS.md's list), and the pinned ones it holds at
+# other versions (transformers 5.17 there names the decoder's cache argument past_key_values, 5.24 cache), at .venv's
+# versions. The bitsandbytes wheel keeps only its libraries for CUDA $GPU_CUDA (13: the H200 image's), so that the
+# working tree and .gpu_check stay under the 64 MiB that travels.
+WHEELS=(bitsandbytes datasets dill multiprocess pydantic pydantic-core annotated-types typing-inspection llguidance
+  transformers peft torch-geometric)
 PLATFORMS=(manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64
   manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
@@ -42,6 +46,9 @@ prepare() {
     fi
   done
   rm -f "$STATE/pip.log"
+  for wheel in "$STATE"/wheels/bitsandbytes-*.whl; do
+    [[ -f "$wheel" ]] && { "$py" bench/gpu_check.py --slim-wheel "$wheel" --cuda "${GPU_CUDA:-13}" || exit 1; }
+  done
   echo "prepared $STATE ($(du -sh "$STATE" | cut -f1)): wheels of ${WHEELS[*]}; configs and tokenizers in $STATE/models"
 }
 

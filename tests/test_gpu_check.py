@@ -138,3 +138,25 @@ def test_smoke_passes_without_the_model_packages_on_the_prepared_standins(tiny_l
     for name in ("tests", "predict"):
         assert parts[name]["status"] == "ok", parts[name]
         assert all(note.startswith("random weights") for note in parts[name]["models"].values()), parts[name]["models"]
+
+
+def test_slim_wheel_keeps_only_the_target_cuda_libraries_and_their_record(tmp_path: Path) -> None:
+    """The bitsandbytes wheel carries a library per CUDA version (over 40 MB); the GPU machine needs its own CUDA's."""
+    import zipfile
+
+    wheel = tmp_path / "bitsandbytes-0.1-py3-none-any.whl"
+    names = [f"bitsandbytes/libbitsandbytes_cuda{v}.so" for v in ("118", "128", "130", "132")]
+    names += ["bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/__init__.py"]
+    record = "bitsandbytes-0.1.dist-info/RECORD"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name in names:
+            archive.writestr(name, name * 100)
+        archive.writestr(record, "".join(f"{name},sha256=x,1\n" for name in [*names, record]))
+    result = subprocess.run([sys.executable, "bench/gpu_check.py", "--slim-wheel", str(wheel), "--cuda", "13"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with zipfile.ZipFile(wheel) as archive:
+        kept = archive.namelist()
+        listed = [line.split(",")[0] for line in archive.read(record).decode().splitlines()]
+    expected = ["bitsandbytes/libbitsandbytes_cuda130.so", "bitsandbytes/libbitsandbytes_cuda132.so", "bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/__init__.py", record]
+    assert kept == expected and listed == expected
+    assert "dropped 2 libraries" in result.stdout
