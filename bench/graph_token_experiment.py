@@ -44,9 +44,11 @@ conversations: train on four), every question of the test conversations (``--max
 
 Layout of ``--out``: ``data/`` (staged cases, data-prep output, ``trajectories/`` with the split, ``split.json``),
 ``runs/<variant>-seed<k>/`` (``checkpoints/best-*.ckpt`` and ``last.ckpt``: trainable parameters only, for
-``export``; ``logs/`` CSV metrics; ``result.json`` with per-question predictions). A run whose ``result.json``
-exists is skipped, so a killed experiment resumes at the run it was in. Settings that change the data or the
-runs are recorded in ``settings.json``; rerunning with other ones into the same ``--out`` is refused.
+``export``; ``logs/version_<n>/`` CSV metrics, a version per call; ``result.json`` with per-question predictions).
+A run whose ``result.json`` exists is skipped, so a killed experiment resumes at the run it was in; a run killed in
+training or in its test resumes from its ``last.ckpt`` (its last validation; after the last one it goes straight to
+its test). Settings that change the data or the runs are recorded in ``settings.json``; rerunning with other ones into
+the same ``--out`` is refused.
 
 Measured speeds (SmolLM2-135M in float32, one torch thread, 2 shared cores, before the prefix cache): a training step of
 one example of about 500 tokens 3.9 s; a schema-constrained answer 2.3 s per question in batches of 8; building one
@@ -399,20 +401,35 @@ def loss_curve_callback(every: int, monitor: str = "val/loss") -> Any:
     import lightning as L
 
     class LossCurve(L.Callback):
+        """Its curves and training seconds travel in the run's checkpoints, so a resumed run reports the whole run."""
+
         def __init__(self) -> None:
             self.train: list[list[float]] = []
             self.val: list[list[float]] = []
-            self.started = time.perf_counter()
+            self.seconds_before = 0.0  # training time before this fit started (the resumed checkpoint's)
+            self.started: float | None = None
+
+        def train_seconds(self) -> float:
+            return self.seconds_before + (time.perf_counter() - self.started if self.started is not None else 0.0)
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"train": self.train, "val": self.val, "train_s": self.train_seconds()}
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            self.train, self.val, self.seconds_before = state_dict["train"], state_dict["val"], state_dict["train_s"]
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             self.started = time.perf_counter()
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            self.seconds_before, self.started = self.train_seconds(), None
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
             step = trainer.global_step
             self.train.append([step, float(loss)])
             if step % every == 0 or step == trainer.max_steps:
-                rate = (time.perf_counter() - self.started) / max(step, 1)
+                rate = self.train_seconds() / max(step, 1)
                 log.info("    step %d/%d train loss %.4f (%.1f s/step)", step, trainer.max_steps, float(loss), rate)
 
         def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
@@ -502,14 +519,15 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
     model = build_module(args, variant, data.feature_dim)
     every = max(1, math.ceil(args.steps / args.val_checks))
     curve = loss_curve_callback(max(1, args.steps // 10), args.monitor)
-    checkpoints = ModelCheckpoint(
-        dirpath=run_dir / "checkpoints", filename="best-{step}", monitor=args.monitor, mode="min", save_top_k=1, save_last=True
-    )
+    checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best-{step}", monitor=args.monitor, mode="min", save_top_k=1)
+    # ``last.ckpt`` at every validation, improved or not (ModelCheckpoint's save_last follows only its top-k saves):
+    # what a killed run resumes from.
+    latest = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="last", save_top_k=1, enable_version_counter=False)
     trainer = L.Trainer(
         accelerator="cpu", devices=1, precision="32-true", max_steps=args.steps, val_check_interval=every, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, gradient_clip_val=1.0, deterministic=True, log_every_n_steps=1, enable_progress_bar=False,
-        enable_model_summary=False, logger=CSVLogger(str(run_dir), name="logs", version=0),
-        callbacks=[curve, checkpoints] if variant.trained else [curve],
+        enable_model_summary=False, logger=CSVLogger(str(run_dir), name="logs"),
+        callbacks=[curve, checkpoints, latest] if variant.trained else [curve],
         enable_checkpointing=variant.trained,
     )  # fmt: skip
     train_s, best_step, ckpt = 0.0, None, None
@@ -517,11 +535,14 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         ckpt, best_step, best_val = str(args.out.resolve() / run_relative(source["checkpoint_best"])), source["best_step"], source["best_val_loss"]
         log.info("  testing the checkpoint of %s, seed %d, on shuffled test graphs: %s", variant.shuffled_of, seed, ckpt)
     elif variant.trained:
-        log.info("  training %d steps (batch %d, validation every %d steps)", args.steps, args.batch_size, every)
-        fit_started = time.perf_counter()
-        trainer.fit(model, datamodule=data)
-        train_s = time.perf_counter() - fit_started
-        ckpt = checkpoints.best_model_path or checkpoints.last_model_path
+        resume = run_dir / "checkpoints" / "last.ckpt"
+        if resume.exists():
+            log.info("  resuming from %s (training ends at step %d)", resume, args.steps)
+        else:
+            log.info("  training %d steps (batch %d, validation every %d steps)", args.steps, args.batch_size, every)
+        trainer.fit(model, datamodule=data, ckpt_path=str(resume) if resume.exists() else None)
+        train_s = curve.train_seconds()
+        ckpt = checkpoints.best_model_path or latest.best_model_path
         found = re.search(r"step=(\d+)", Path(checkpoints.best_model_path).name)
         best_step = int(found.group(1)) if found else None
         best_val = float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else None
@@ -559,7 +580,7 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         "best_val_loss": best_val,
         "best_step": best_step,
         "checkpoint_best": ckpt if source else (checkpoints.best_model_path if variant.trained else None),
-        "checkpoint_last": checkpoints.last_model_path if variant.trained else None,
+        "checkpoint_last": latest.best_model_path if variant.trained else None,
         "train_curve": curve.train,
         "val_curve": curve.val,
         "test_loss": float(test_loss),

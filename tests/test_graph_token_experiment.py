@@ -185,6 +185,19 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
     for name in ("loss_curves.png", "f1.png", "f1_per_category.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    run_file = out / "runs" / "edges-seed0" / "result.json"
+    trained = json.loads(run_file.read_text())
+    run_file.unlink()  # as if killed after training, during its test pass: the rerun tests the trained checkpoint
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resuming from" in resumed.stderr and "training 2 steps" not in resumed.stderr, resumed.stderr[-4000:]
+    tested = json.loads(run_file.read_text())
+    for key in ("steps", "best_step", "best_val_loss", "train_curve", "val_curve", "checkpoint_best", "checkpoint_last"):
+        assert tested[key] == trained[key], key
+    assert 0 < tested["train_s"] <= trained["train_s"], "the training time the checkpoint recorded, not the resumed call's"
+    assert tested["test_answer_loss"] == pytest.approx(trained["test_answer_loss"], rel=1e-6)
+    assert (out / "runs" / "edges-seed0" / "logs" / "version_0" / "metrics.csv").exists(), "the resumed run keeps the first one's log"
+
     moved = tmp_path / "moved"  # the runs resume, and report, from a folder that was moved since they ran
     out.rename(moved)
     command = [str(moved) if arg == str(out) else arg for arg in command]
