@@ -23,6 +23,9 @@ _CJK = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020
 """Kana and Han (CJK ideographs): scripts written without spaces between words."""
 _TOKEN = re.compile(rf"([{_CJK}]+)|([^\W_{_CJK}]+)")
 """A run of CJK characters, or a word of letters and digits in any other script."""
+_HAS_CJK = re.compile(rf"[{_CJK}]")
+_WORD = re.compile(r"[^\W_]+")
+"""A word of letters and digits: what :data:`_TOKEN` finds in a text without CJK characters."""
 _VOWEL = re.compile(r"[aeiouy]")
 
 
@@ -53,8 +56,11 @@ def tokenize(text: str) -> list[str]:
     gives each character and each pair of adjacent characters: one-character words still match, and a
     two-character word ("北京", "東京") matches its own pair, so it outranks its characters met apart.
     """
+    text = unicodedata.normalize("NFKC", text).casefold()
+    if not _HAS_CJK.search(text):  # most text: one pass of the simpler pattern, no per-word branch on the script
+        return [light_stem(word) for word in _WORD.findall(text) if word not in STOPWORDS]
     terms = []
-    for cjk, word in _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold()):
+    for cjk, word in _TOKEN.findall(text):
         if cjk:
             terms += list(cjk) + [cjk[i : i + 2] for i in range(len(cjk) - 1)]
         elif word not in STOPWORDS:

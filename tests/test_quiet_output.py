@@ -39,7 +39,6 @@ LIBRARY_LINES = [
     "GPU available",
     "Seed set to",
     "Trainable params",  # Lightning's model summary
-    "Building index from",  # bm25s
     "Saving the dataset",  # datasets' progress bar
     "torchvision is not installed",  # torch's ONNX exporter
     "pre-processing before quantization",  # ONNX Runtime's quantizer

@@ -85,6 +85,36 @@ def test_bm25_document_carries_the_preceding_turn_of_the_same_session(memory, mi
     assert bm25_ids(0, ordered) == bm25_ids(1, memory) == ["u0"]
 
 
+def test_bm25_index_tokenizes_each_turn_once_with_the_scores_of_the_joined_documents(memory, minilm, monkeypatch) -> None:
+    """A turn is the context of the units after it: tokenized once, not once per unit, with the terms of the joined text."""
+    from qgmem_train.retrieval import activation as activation_module
+    from qgmem_train.retrieval.lexical import BM25Index
+    from qgmem_train.text import tokenize
+
+    chain = {"D1:2": "D1:1", "D2:1": "D1:2", "D2:2": "D2:1", "D3:1": "D2:2", "D3:2": "D3:1"}  # one long session
+    ordered = replace(memory, previous_turn=chain)
+
+    def joined_document(unit: MemoryUnit, count: int) -> str:
+        lines, turn_id = [], unit.source_turn_ids[0]
+        while len(lines) < count and (turn_id := chain.get(turn_id)) is not None:
+            turn = ordered.turns[turn_id]
+            lines.insert(0, f"{turn.speaker}: {turn.text}")
+        parts = [unit.fact_text, *([unit.source_text] if unit.source_text.strip() != unit.fact_text.strip() else []), "\n".join(lines)]
+        return " ".join(p for p in parts if p)
+
+    tokenized: list[str] = []
+    monkeypatch.setattr(activation_module, "tokenize", lambda text: tokenized.append(text) or tokenize(text))
+    query = tokenize("Caroline Melanie support group sunrise counseling kids camping pottery adopt")
+    for count in (0, 1, 3):
+        tokenized.clear()
+        index = ActivationIndex(ordered, RetrievalConfig(channels=["bm25"], lexical_context_turns=count), minilm)
+        expected = BM25Index([tokenize(joined_document(u, count)) for u in ordered.units])
+        np.testing.assert_allclose(index.bm25.scores(query), expected.scores(query), rtol=1e-6)
+        units_text = sum(len(joined_document(u, 0)) for u in ordered.units)
+        turns_text = sum(len(f"{t.speaker}: {t.text}") for t in ordered.turns.values()) if count else 0
+        assert sum(map(len, tokenized)) <= units_text + turns_text, f"a turn tokenized more than once ({count} context turns)"
+
+
 class _ReverseReranker:
     """Scores the pool in reverse of its given order: a reranker that disagrees with the fusion everywhere."""
 

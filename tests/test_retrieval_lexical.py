@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
@@ -9,6 +13,8 @@ from rank_bm25 import BM25Okapi
 from qgmem_train.retrieval.lexical import BM25Index, okapi_idf
 from qgmem_train.text import light_stem, tokenize
 from qgmem_train.retrieval.ranking import top_positive
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _corpus(seed: int = 0) -> list[list[str]]:
@@ -108,3 +114,10 @@ def test_scores_on_multilingual_tokens_equal_rank_bm25() -> None:
     for query in ("北京", "東京タワー", "Zürich", "京"):
         tokens = tokenize(query)
         np.testing.assert_allclose(ours.scores(tokens), reference.get_scores(tokens), rtol=2e-6, atol=2e-6)
+
+
+def test_the_index_is_built_without_bm25s() -> None:
+    """The matrix is built with numpy from term counts (bm25s's build took 11 s of a 100k-unit namespace's 35 s)."""
+    probe = "import sys; from qgmem_train.retrieval.lexical import BM25Index; BM25Index([['a', 'b'], ['b']]); print('bm25s' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "False", result.stdout + result.stderr

@@ -34,24 +34,44 @@ if TYPE_CHECKING:
 CHANNELS = ("bm25", "dense", "attr")
 
 
-def lexical_text(unit: MemoryUnit, context: str = "") -> str:
-    """What BM25 indexes for a unit: its fact, its source dialogue when that differs, and ``context``."""
+def lexical_text(unit: MemoryUnit) -> str:
+    """What BM25 indexes of a unit itself: its fact, and its source dialogue when that differs."""
     parts = [unit.fact_text]
     if unit.source_text.strip() and unit.source_text.strip() != unit.fact_text.strip():
         parts.append(unit.source_text)
-    if context:
-        parts.append(context)
     return " ".join(parts)
 
 
-def preceding_turns(memory: NamespaceMemory, unit: MemoryUnit, count: int) -> str:
-    """Up to ``count`` turns before the unit's first source turn in the same session, as ``Speaker: text`` lines."""
-    lines: list[str] = []
+def preceding_turn_ids(memory: NamespaceMemory, unit: MemoryUnit, count: int) -> list[str]:
+    """Up to ``count`` turns before the unit's first source turn in the same session, oldest first."""
+    ids: list[str] = []
     turn_id = unit.source_turn_ids[0] if unit.source_turn_ids else None
-    while len(lines) < count and (turn_id := memory.previous_turn.get(turn_id)) is not None:
-        turn = memory.turns[turn_id]
-        lines.insert(0, f"{turn.speaker}: {turn.text}")
-    return "\n".join(lines)
+    while len(ids) < count and (turn_id := memory.previous_turn.get(turn_id)) is not None:
+        ids.append(turn_id)
+    return ids[::-1]
+
+
+def lexical_terms(memory: NamespaceMemory, count: int) -> list[list[str]]:
+    """BM25 terms of each unit: its :func:`lexical_text` with its ``count`` preceding turns as ``Speaker: text`` lines.
+
+    A turn is the context of the units after it, so each is decoded and tokenized once and its terms reused; the
+    terms equal those of the joined text, since no term spans the spaces and newlines that join the parts.
+    """
+    turn_terms: dict[str, list[str]] = {}
+
+    def terms_of(turn_id: str) -> list[str]:
+        if turn_id not in turn_terms:
+            turn = memory.turns[turn_id]
+            turn_terms[turn_id] = tokenize(f"{turn.speaker}: {turn.text}")
+        return turn_terms[turn_id]
+
+    corpus = []
+    for unit in memory.units:
+        terms = tokenize(lexical_text(unit))
+        for turn_id in preceding_turn_ids(memory, unit, count):
+            terms += terms_of(turn_id)
+        corpus.append(terms)
+    return corpus
 
 
 def query_texts(question: str, intent: QueryIntent) -> list[str]:
@@ -89,7 +109,7 @@ class ActivationIndex:
         units = memory.units
         self.bm25 = None
         if "bm25" in self.channels:
-            self.bm25 = BM25Index([tokenize(lexical_text(u, preceding_turns(memory, u, cfg.lexical_context_turns))) for u in units])
+            self.bm25 = BM25Index(lexical_terms(memory, cfg.lexical_context_turns))
         sentences = (memory.sentence_embeddings, memory.sentence_unit) if cfg.sentence_vectors else (None, None)
         dense_channel = "dense" in self.channels
         self.dense = DenseIndex(

@@ -1,19 +1,17 @@
-"""Lexical channel: BM25 over memory units, with rank_bm25's BM25Okapi scores at bm25s speed.
+"""Lexical channel: BM25 over memory units, with rank_bm25's BM25Okapi scores.
 
 Text in any language is tokenised (:func:`~qgmem_train.text.tokenize`); scores then depend only on the tokens.
 
-bm25s precomputes one sparse column of per-document scores for each vocabulary term; a query sums
-the columns of its terms. Its "robertson" scores equal BM25Okapi's divided by (k1 + 1), and it floors
-negative idf at 0 where BM25Okapi floors it at ``epsilon`` times the mean idf. We build bm25s's matrix
-with an idf that is never zero (its "lucene" idf) and rescale each term's column to
-``(k1 + 1) * idf_okapi / idf_lucene``, so every score equals BM25Okapi's on the same tokens.
+The index precomputes one sparse column of per-document scores for each vocabulary term (as bm25s does); a query
+sums the columns of its terms. The columns are built with numpy from the (term, document) counts: at 100k units
+that takes about a second where bm25s's build from token lists took 11 s of a loaded namespace's index.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
-import bm25s
 import numpy as np
 
 
@@ -30,22 +28,24 @@ class BM25Index:
 
     def __init__(self, corpus_tokens: Sequence[Sequence[str]], *, k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25):
         self.n_docs = len(corpus_tokens)
-        self.vocab: dict[str, int] = {}
-        if self.n_docs == 0 or not any(corpus_tokens):
+        flat = list(chain.from_iterable(corpus_tokens))
+        self.vocab: dict[str, int] = {term: i for i, term in enumerate(dict.fromkeys(flat))}
+        terms = np.fromiter(map(self.vocab.__getitem__, flat), np.int64, len(flat))
+        if terms.size == 0:
             self._data = np.zeros(0, np.float32)
             self._indices = np.zeros(0, np.int32)
             self._indptr = np.zeros(1, np.int64)
             return
-        engine = bm25s.BM25(k1=k1, b=b, method="robertson", idf_method="lucene")
-        engine.index([list(doc) for doc in corpus_tokens], create_empty_token=False, show_progress=False)
-        self.vocab = engine.vocab_dict
-        data, indices, indptr = engine.scores["data"], engine.scores["indices"], engine.scores["indptr"]
-        doc_freq = np.diff(indptr).astype(np.float64)
-        lucene = np.log(1.0 + (self.n_docs - doc_freq + 0.5) / (doc_freq + 0.5))
-        factor = (k1 + 1.0) * okapi_idf(doc_freq, self.n_docs, epsilon) / lucene
-        self._data = (data * np.repeat(factor, np.diff(indptr))).astype(np.float32)
-        self._indices = indices
-        self._indptr = indptr
+        lengths = np.fromiter(map(len, corpus_tokens), np.int64, self.n_docs)
+        docs = np.repeat(np.arange(self.n_docs, dtype=np.int64), lengths)
+        pairs, term_freq = np.unique(terms * self.n_docs + docs, return_counts=True)  # sorted by term, then document
+        term, doc = np.divmod(pairs, self.n_docs)
+        doc_freq = np.bincount(term, minlength=len(self.vocab))
+        idf = okapi_idf(doc_freq.astype(np.float64), self.n_docs, epsilon)
+        length_norm = k1 * (1.0 - b + b * lengths / lengths.mean())
+        self._data = (idf[term] * term_freq * (k1 + 1.0) / (term_freq + length_norm[doc])).astype(np.float32)
+        self._indices = doc.astype(np.int32)
+        self._indptr = np.concatenate([[0], np.cumsum(doc_freq)]).astype(np.int64)
 
     def scores(self, query_tokens: Sequence[str]) -> np.ndarray:
         """BM25Okapi score of every document; repeated query terms count once per repetition."""
