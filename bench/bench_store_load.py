@@ -19,8 +19,8 @@ loaded with that code (``v4-before``), and with ``--dense-index`` every load als
 (``DenseIndex(..., scan="int8")``: the code before encodes every fact and sentence vector, this code takes each
 segment's codes file, int8 mapped or product-quantised read), timed apart and counted in the peak memory, and times
 :data:`DENSE_QUERIES` top-100 searches of it near random units (p50 / p95: the scan as a loaded namespace runs it,
-its vectors where the load left them). With ``--activation`` the version-4 store is also loaded ``--repeats`` more times, each
-load followed by the activation index a predictor builds after loading (BM25, the dense channel over the stored codes,
+its vectors where the load left them). With ``--activation`` the version-4 store is also loaded ``--repeats`` more times (and as many with
+``--before-code``'s package, taking turns), each load followed by the activation index a predictor builds after loading (BM25, the dense channel over the stored codes,
 attributes; the default retrieval configuration; it decodes the units it reads), timed apart, and
 :data:`ACTIVATION_QUERIES` queries near random units are timed through every channel and the fusion (p50 / p95 per
 channel), as ``bench_activation.py`` does on namespaces made in memory.
@@ -414,9 +414,14 @@ def markdown(results: dict[str, object]) -> str:
             "|---|---|---|---|---|" + "---|" * len(ACTIVATION_STEPS),
         ]  # fmt: skip
         for size in results["sizes"]:
-            r = size["activation"]
-            steps = " | ".join(f"{r[f'{s}_p50_ms']:.1f} / {r[f'{s}_p95_ms']:.1f}" for s in ACTIVATION_STEPS)
-            lines.append(f"| {r['units']:,} | {r['seconds']} | {r['activation_index_seconds']} | {r['peak_rss_activation_mb']:.0f} | {r['activation_dense_scan']} | {steps} |")
+            for side, label in (("activation_before", " (before)"), ("activation", "")):
+                if side in size:
+                    r = size[side]
+                    steps = " | ".join(f"{r[f'{s}_p50_ms']:.1f} / {r[f'{s}_p95_ms']:.1f}" for s in ACTIVATION_STEPS)
+                    lines.append(f"| {r['units']:,}{label} | {r['seconds']} | {r['activation_index_seconds']} | {r['peak_rss_activation_mb']:.0f} | {r['activation_dense_scan']} | {steps} |")
+            if "activation_before" in size:
+                ratio = size["activation_before"]["activation_index_seconds"] / size["activation"]["activation_index_seconds"]
+                lines.append(f"| | | **before / now: {ratio:.1f}x** | | |" + " |" * len(ACTIVATION_STEPS))
     lines += ["", *results.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -463,9 +468,15 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats):  # the loaders take turns, so that a slow spell of a shared machine falls on each
                 for kind in kinds:
                     runs[kind].append(load_once(kind, written["dirs"][kind[:2]], code.get(kind), args.dense_index))
-            if args.activation:
-                size["activation"] = summarise_activation([load_once("v4", written["dirs"]["v4"], activate=True) for _ in range(args.repeats)])
-                print("activation", units, size["activation"], flush=True)
+            if args.activation:  # with --before-code, the earlier package's index too, the two taking turns
+                sides = {"activation": None, **({"activation_before": args.before_code} if args.before_code else {})}
+                loads: dict[str, list[dict[str, object]]] = {side: [] for side in sides}
+                for _ in range(args.repeats):
+                    for side, side_code in sides.items():
+                        loads[side].append(load_once("v4", written["dirs"]["v4"], side_code, activate=True))
+                for side in sides:
+                    size[side] = summarise_activation(loads[side])
+                    print(side, units, size[side], flush=True)
             for kind in kinds:
                 size[kind] = summarise(runs[kind], args.dense_index)
                 print(kind, units, size[kind], flush=True)
