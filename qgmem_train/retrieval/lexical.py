@@ -3,8 +3,8 @@
 Text in any language is tokenised (:func:`~qgmem_train.text.tokenize`); scores then depend only on the tokens.
 
 The index precomputes one sparse column of per-document scores for each vocabulary term (as bm25s does); a query
-sums the columns of its terms. The columns are built with numpy from the (term, document) counts: at 100k units
-that takes about a second where bm25s's build from token lists took 11 s of a loaded namespace's index.
+sums the columns of its terms. The columns are built with numpy from the (term, document) counts, 6x faster than
+bm25s's build from token lists (which took 11 of the 35 s a loaded 100k-unit namespace spent on its index).
 """
 
 from __future__ import annotations
