@@ -939,6 +939,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             if source is None:
                 log.info("[run %d/%d] %s, seed %d: no checkpoint of %s, seed %d; skipped", number, len(plan), variant.name, seed, variant.shuffled_of, seed)
                 continue
+            checkpoint = out / run_relative(source["checkpoint_best"])
+            if not checkpoint.is_file():
+                trained = out / "runs" / f"{variant.shuffled_of}-seed{seed}" / "result.json"
+                raise InputError(str(checkpoint), f"the checkpoint {variant.key} tests is gone; remove {trained} to train {variant.shuffled_of} again")
         result = run_variant(args, variant, seed, out / "data" / "trajectories", run_dir, source)
         log.info(
             "[run %d/%d] done in %.0f s: test loss %.4f, valid JSON %.3f, F1 %.3f, BLEU-1 %.3f, EM %.3f", number, len(plan),

@@ -136,7 +136,7 @@ def test_answers_are_scored_on_a_seeded_sample_in_test_order(experiment: ModuleT
     assert experiment.answered_subset(questions, None, seed=0) == questions == experiment.answered_subset(questions, 50, seed=0)
 
 
-def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
+def test_tiny_run_writes_every_output_and_resumes(experiment: ModuleType, tmp_path: Path) -> None:
     out = tmp_path / "out"
     command = [
         sys.executable, str(SCRIPT), "--data", str(tiny_convomem(tmp_path / "cases")), "--out", str(out),
@@ -205,6 +205,14 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.stderr.count("done before") == 3 and "reusing" in again.stderr
     assert "`runs/edges-seed0/checkpoints/" in (moved / "results.md").read_text()
+
+    (moved / "runs" / "edges-shuffled-seed0" / "result.json").unlink()  # a shuffled test still to run on a checkpoint since deleted
+    (moved / experiment.run_relative(edges["checkpoint_best"])).unlink()
+    gone = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert gone.returncode == 2, gone.stderr[-4000:]
+    errors = [line for line in gone.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "best-step=" in errors[0] and "runs/edges-seed0/result.json" in errors[0], gone.stderr[-2000:]
+    assert "Traceback" not in gone.stderr
 
 
 @pytest.mark.parametrize(("arms", "message"), [(["nosuch"], "unknown arm(s) nosuch"), (["edges-shuffled"], "run edges too")])
