@@ -50,7 +50,7 @@ from qgmem_train.fileio import write_report_atomic  # noqa: E402
 from qgmem_train.memory.segments import MAX_MERGED_ROWS  # noqa: E402
 from qgmem_train.memory.store import AttributeIndex, NamespaceMemory  # noqa: E402
 from qgmem_train.memory.types import MemoryUnit, TimeSpan  # noqa: E402
-from qgmem_train.retrieval.activation import ActivationIndex, lexical_text, search_channels  # noqa: E402
+from qgmem_train.retrieval.activation import ActivationIndex, search_channels  # noqa: E402
 from qgmem_train.retrieval.dense import DenseIndex  # noqa: E402
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion  # noqa: E402
 from qgmem_train.retrieval.intent import QueryIntent  # noqa: E402
@@ -300,7 +300,9 @@ def compare_bm25(memory: NamespaceMemory, index: ActivationIndex, query_words: l
     """Full score vectors from our index and from rank_bm25's BM25Okapi for the same queries, side by side."""
     from rank_bm25 import BM25Okapi
 
-    corpus = [tokenize(lexical_text(u)) for u in memory.units]
+    from qgmem_train.memory.search_terms import lexical_text  # here: bench_store_load's --code children import this file with older packages
+
+    corpus = [tokenize(lexical_text(u.fact_text, u.source_text)) for u in memory.units]
     reference = BM25Okapi(corpus)
     ours_t, ref_t, max_diff = [], [], 0.0
     for text in query_words:

@@ -48,7 +48,7 @@ def baseline(input_path: Path, store_path: Path, limit: int | None) -> dict[str,
     with MemoryStore.open(store_path) as store:
         for cid in sorted({q.conversation_id for q in questions}):
             memory = store.load_namespace(cid)
-            bm25 = BM25Index([_WORD.findall(u.fact_text.lower()) for u in memory.units])
+            bm25 = BM25Index.from_tokens([_WORD.findall(u.fact_text.lower()) for u in memory.units])
             items = [q for q in questions if q.conversation_id == cid]
             vectors = embedder.encode([q.question for q in items])
             sources = [u.source_turn_ids for u in memory.units]

@@ -27,6 +27,9 @@ _HAS_CJK = re.compile(rf"[{_CJK}]")
 _WORD = re.compile(r"[^\W_]+")
 """A word of letters and digits: what :data:`_TOKEN` finds in a text without CJK characters."""
 _VOWEL = re.compile(r"[aeiouy]")
+TERMS_VERSION = "1"
+"""Version of :func:`tokenize`'s output: bump it with any change that gives some text other terms, so that terms a
+store kept from the older tokenizer are made anew rather than matched against the new query terms."""
 
 
 @lru_cache(maxsize=200_000)

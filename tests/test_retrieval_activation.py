@@ -85,34 +85,93 @@ def test_bm25_document_carries_the_preceding_turn_of_the_same_session(memory, mi
     assert bm25_ids(0, ordered) == bm25_ids(1, memory) == ["u0"]
 
 
+def joined_document(memory: NamespaceMemory, unit: MemoryUnit, count: int) -> str:
+    """What BM25 indexes of ``unit``, written out: its fact, its source text when that differs, then its ``count``
+    preceding turns of the same session as ``Speaker: text`` lines."""
+    lines, turn_id = [], unit.source_turn_ids[0]
+    while len(lines) < count and (turn_id := memory.previous_turn.get(turn_id)) is not None:
+        turn = memory.turns[turn_id]
+        lines.insert(0, f"{turn.speaker}: {turn.text}")
+    parts = [unit.fact_text, *([unit.source_text] if unit.source_text.strip() != unit.fact_text.strip() else []), "\n".join(lines)]
+    return " ".join(p for p in parts if p)
+
+
 def test_bm25_index_tokenizes_each_turn_once_with_the_scores_of_the_joined_documents(memory, minilm, monkeypatch) -> None:
     """A turn is the context of the units after it: tokenized once, not once per unit, with the terms of the joined text."""
-    from qgmem_train.retrieval import activation as activation_module
+    from qgmem_train.memory import search_terms
     from qgmem_train.retrieval.lexical import BM25Index
     from qgmem_train.text import tokenize
 
     chain = {"D1:2": "D1:1", "D2:1": "D1:2", "D2:2": "D2:1", "D3:1": "D2:2", "D3:2": "D3:1"}  # one long session
     ordered = replace(memory, previous_turn=chain)
 
-    def joined_document(unit: MemoryUnit, count: int) -> str:
-        lines, turn_id = [], unit.source_turn_ids[0]
-        while len(lines) < count and (turn_id := chain.get(turn_id)) is not None:
-            turn = ordered.turns[turn_id]
-            lines.insert(0, f"{turn.speaker}: {turn.text}")
-        parts = [unit.fact_text, *([unit.source_text] if unit.source_text.strip() != unit.fact_text.strip() else []), "\n".join(lines)]
-        return " ".join(p for p in parts if p)
-
     tokenized: list[str] = []
-    monkeypatch.setattr(activation_module, "tokenize", lambda text: tokenized.append(text) or tokenize(text))
+    monkeypatch.setattr(search_terms, "tokenize", lambda text: tokenized.append(text) or tokenize(text))
     query = tokenize("Caroline Melanie support group sunrise counseling kids camping pottery adopt")
     for count in (0, 1, 3):
         tokenized.clear()
         index = ActivationIndex(ordered, RetrievalConfig(channels=["bm25"], lexical_context_turns=count), minilm)
-        expected = BM25Index([tokenize(joined_document(u, count)) for u in ordered.units])
+        expected = BM25Index.from_tokens([tokenize(joined_document(ordered, u, count)) for u in ordered.units])
         np.testing.assert_allclose(index.bm25.scores(query), expected.scores(query), rtol=1e-6)
-        units_text = sum(len(joined_document(u, 0)) for u in ordered.units)
+        units_text = sum(len(joined_document(ordered, u, 0)) for u in ordered.units)
         turns_text = sum(len(f"{t.speaker}: {t.text}") for t in ordered.turns.values()) if count else 0
         assert sum(map(len, tokenized)) <= units_text + turns_text, f"a turn tokenized more than once ({count} context turns)"
+
+
+def _strip_stored_terms(store) -> None:
+    """Rewrite every segment of ``store`` as the layout before stored terms wrote it: its columns without ``terms.*``."""
+    from qgmem_train.memory.columns import pack_arrays, unpack_arrays
+
+    db = store._db
+    keys = db.execute("SELECT DISTINCT namespace, kind, seq FROM segment_parts WHERE part = 'columns'").fetchall()
+    with store.transaction():
+        for namespace, kind, seq in keys:
+            where = "namespace = ? AND kind = ? AND seq = ? AND part = 'columns'"
+            blob = b"".join(r[0] for r in db.execute(f"SELECT data FROM segment_parts WHERE {where} ORDER BY piece", (namespace, kind, seq)))
+            arrays = {name: a for name, a in unpack_arrays(blob).items() if not name.startswith("terms.")}
+            assert len(arrays) < len(unpack_arrays(blob)), "the segment stored terms"
+            db.execute(f"DELETE FROM segment_parts WHERE {where}", (namespace, kind, seq))
+            db.execute("INSERT INTO segment_parts VALUES (?, ?, ?, 'columns', 0, ?)", (namespace, kind, seq, pack_arrays(arrays)))
+
+
+@pytest.mark.parametrize("stored", ["current", "absent", "stale"])
+def test_a_loaded_namespace_indexes_bm25_from_the_terms_its_segments_store(tmp_path: Path, monkeypatch, stored: str) -> None:
+    """Units and turns are tokenized when written and their terms kept through merges and rewrites, so a loaded namespace
+    builds its BM25 index without tokenizing; terms a store lacks (older layout) or of another tokenizer are made anew."""
+    from qgmem_train.memory import search_terms
+    from qgmem_train.memory.store import MemoryStore, WindowResult
+    from qgmem_train.memory.types import Conversation, Session
+    from qgmem_train.retrieval.lexical import BM25Index
+    from qgmem_train.text import tokenize
+    from tests.test_store_columns import DIM, _embedded, _unit, _write
+
+    rng = np.random.default_rng(5)
+    items = [_embedded(_unit(i), rng) for i in range(70)]  # 35 writes of units: merged segments and newer ones
+    speakers = ("Alex", "Sam")
+    sessions = [Session(f"s{k}", None, [Turn(f"t{j}", speakers[j % 2], f"Turn {j}: Biscuit ran to place {j % 7}.") for j in range(10 * k, 10 * k + 10)])
+                for k in range(8)]  # fmt: skip
+    with MemoryStore.open(tmp_path, create=True) as store:
+        if stored == "stale":  # written by a tokenizer since changed: its terms are not this code's
+            monkeypatch.setattr(search_terms, "tokenize", lambda text: ["stale"])
+            monkeypatch.setattr(search_terms, "TERMS_VERSION", "older")
+        store.ensure_namespace("n", "llm", "four-d", DIM)
+        for k in range(len(sessions)):  # eight writes of turns: one merge
+            store.put_turns("n", Conversation("c", sessions[: k + 1]))
+        _write(store, items)
+        store.add_windows("n", [WindowResult("s", 1, [_embedded(_unit(3, text="Alex met Biscuit at the lighthouse."), rng)])])
+        monkeypatch.undo()
+        if stored == "absent":
+            _strip_stored_terms(store)
+        memory = store.load_namespace("n")
+    assert any(u.fact_text == "Alex met Biscuit at the lighthouse." for u in memory.units)
+    expected = {count: BM25Index.from_tokens([tokenize(joined_document(memory, u, count)) for u in memory.units]) for count in (0, 1, 3)}
+    tokenized: list[str] = []
+    monkeypatch.setattr(search_terms, "tokenize", lambda text: tokenized.append(text) or tokenize(text))
+    for count, joined in expected.items():
+        index = ActivationIndex(memory, RetrievalConfig(channels=["bm25"], lexical_context_turns=count), None)
+        for query in ("Biscuit lighthouse", "place 3 fun", "turn 12 Sam", "Alex went"):
+            np.testing.assert_allclose(index.bm25.scores(tokenize(query)), joined.scores(tokenize(query)), rtol=1e-6, err_msg=f"{count} turns: {query}")
+    assert (not tokenized) == (stored == "current"), f"{len(tokenized)} texts tokenized at load ({stored} terms)"
 
 
 class _ReverseReranker:

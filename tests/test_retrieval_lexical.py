@@ -36,7 +36,7 @@ def _corpus(seed: int = 0) -> list[list[str]]:
 def test_scores_equal_rank_bm25(query: list[str]) -> None:
     docs = _corpus()
     reference = BM25Okapi(docs)
-    ours = BM25Index(docs)
+    ours = BM25Index.from_tokens(docs)
     np.testing.assert_allclose(ours.scores(query), reference.get_scores(query), rtol=2e-6, atol=2e-6)
 
 
@@ -52,14 +52,14 @@ def test_negative_idf_floor_matches_rank_bm25() -> None:
 
 def test_search_keeps_only_matches_best_first() -> None:
     docs = [["red", "apple"], ["green", "apple", "apple"], ["blue", "sky"], ["red", "red", "car"], ["sea"], ["tree"], ["moon"]]
-    rows, scores = top_positive(BM25Index(docs).scores(["red", "apple"]), 10)
+    rows, scores = top_positive(BM25Index.from_tokens(docs).scores(["red", "apple"]), 10)
     assert set(rows.tolist()) == {0, 1, 3}
     assert rows[0] == 0 and np.all(np.diff(scores) <= 0)
-    assert top_positive(BM25Index(docs).scores(["nothing"]), 10)[0].size == 0
+    assert top_positive(BM25Index.from_tokens(docs).scores(["nothing"]), 10)[0].size == 0
 
 
 def test_empty_corpus_scores_nothing() -> None:
-    index = BM25Index([[], []])
+    index = BM25Index.from_tokens([[], []])
     assert index.scores(["a"]).tolist() == [0.0, 0.0]
 
 
@@ -82,7 +82,7 @@ MULTILINGUAL = [
 
 
 def _hits(query: str) -> list[int]:
-    index = BM25Index([tokenize(doc) for doc in MULTILINGUAL])
+    index = BM25Index.from_tokens([tokenize(doc) for doc in MULTILINGUAL])
     rows, _ = top_positive(index.scores(tokenize(query)), 10)
     return rows.tolist()
 
@@ -110,7 +110,7 @@ def test_cjk_runs_give_characters_and_adjacent_pairs() -> None:
 def test_scores_on_multilingual_tokens_equal_rank_bm25() -> None:
     docs = [tokenize(doc) for doc in MULTILINGUAL * 3]
     reference = BM25Okapi(docs)
-    ours = BM25Index(docs)
+    ours = BM25Index.from_tokens(docs)
     for query in ("北京", "東京タワー", "Zürich", "京"):
         tokens = tokenize(query)
         np.testing.assert_allclose(ours.scores(tokens), reference.get_scores(tokens), rtol=2e-6, atol=2e-6)
@@ -118,6 +118,6 @@ def test_scores_on_multilingual_tokens_equal_rank_bm25() -> None:
 
 def test_the_index_is_built_without_bm25s() -> None:
     """The matrix is built with numpy from term counts (bm25s's build took 11 s of a 100k-unit namespace's 35 s)."""
-    probe = "import sys; from qgmem_train.retrieval.lexical import BM25Index; BM25Index([['a', 'b'], ['b']]); print('bm25s' in sys.modules)"
+    probe = "import sys; from qgmem_train.retrieval.lexical import BM25Index; BM25Index.from_tokens([['a', 'b'], ['b']]); print('bm25s' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "False", result.stdout + result.stderr

@@ -301,3 +301,35 @@ def test_a_subject_embedded_at_query_time_reuses_the_row_of_an_equal_stored_text
     assert embedder.calls == [["Alex"]]
     assert [attributes.texts[t] for t in attributes.text_id] == ["Sam", "entity 1", "Sam", "Alex"]
     assert attributes.text_id.tolist()[2] == 0 and len(attributes.embeddings) == 3
+
+
+def test_each_segment_stores_the_terms_of_its_rows_and_no_other(tmp_path: Path) -> None:
+    """Units and turns are tokenized when written; a unit written again leaves no term of its old text in the segment
+    it is taken out of."""
+    from qgmem_train.memory.search_terms import TermLists, lexical_text, turn_line
+    from qgmem_train.text import tokenize
+
+    rng = np.random.default_rng(4)
+    items = [_embedded(_unit(i), rng) for i in range(4)]
+    sessions = [Session("s", None, [Turn("t0", "Alex", "Zebras graze."), Turn("t1", "Sam", "Where, Alex?")])]
+    with MemoryStore.open(tmp_path, create=True) as store:
+        store.ensure_namespace("n", "llm", "four-d", DIM)
+        store.put_turns("n", Conversation("c", sessions))
+        store.add_windows("n", [WindowResult("s", 0, items)])
+        items[1] = _embedded(_unit(1, text="Alex met a walrus."), rng)
+        store.add_windows("n", [WindowResult("s", 1, items[1:2])])
+        stored = {}
+        for kind in (segments.UNITS, segments.TURNS):
+            for blob in segments._columns(store._db, "n", kind, 0, segments.LAST_SEQ):
+                arrays = unpack_arrays(blob)
+                texts = [turn_line(s, t) for s, t in zip(TextColumn.from_arrays(arrays, "speakers"), TextColumn.from_arrays(arrays, "texts"))] \
+                    if kind == segments.TURNS else \
+                    [lexical_text(f, s) for f, s in zip(TextColumn.from_arrays(arrays, "fact_texts"), TextColumn.from_arrays(arrays, "source_texts"))]  # fmt: skip
+                terms = TermLists.from_arrays(arrays)
+                vocab = terms.vocab.tolist()
+                rows = [[vocab[i] for i in terms.ids[a:b]] for a, b in zip(terms.starts.tolist(), terms.ends.tolist())]
+                assert rows == [tokenize(text) for text in texts]
+                assert sorted(vocab) == sorted({t for row in rows for t in row}), "the vocabulary holds the terms its rows use"
+                stored.setdefault(kind, []).extend(texts)
+    assert "walrus" in " ".join(stored[segments.UNITS]) and "place 1. It was fun" not in " ".join(stored[segments.UNITS])
+    assert len(stored[segments.TURNS]) == 2

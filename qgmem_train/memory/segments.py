@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -60,6 +61,8 @@ FILES_SCHEMA = [
 def append(db: sqlite3.Connection, namespace: str, table: UnitTable | TurnTable, *, seq: int | None = None, level: int = 0) -> int:
     """Store ``table`` as the namespace's newest segment (or as segment ``seq``); return its seq."""
     kind = UNITS if isinstance(table, UnitTable) else TURNS
+    table = table.with_terms()  # a merge of segments written before terms were stored writes them
+    table = replace(table, terms=table.terms.without_unused_terms())  # type: ignore[union-attr]
     if seq is None:
         seq = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM segments WHERE namespace = ? AND kind = ?", (namespace, kind)).fetchone()[0]
     db.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?)", (namespace, kind, seq, len(table), level))

@@ -7,12 +7,13 @@ is built on the first lookup, and a turn is decoded only when it is read.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 
 from qgmem_train.memory.columns import TextColumn, pack_arrays, unpack_arrays
+from qgmem_train.memory.search_terms import TermLists, turn_line
 from qgmem_train.memory.types import Turn
 
 _COLUMNS = ("ids", "session_ids", "speakers", "texts", "times")
@@ -27,6 +28,8 @@ class TurnTable:
     speakers: TextColumn
     texts: TextColumn
     times: TextColumn
+    terms: TermLists | None = None
+    """BM25 terms of each turn's :func:`~qgmem_train.memory.search_terms.turn_line` (None: not stored, see :meth:`with_terms`)."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -34,25 +37,35 @@ class TurnTable:
     @classmethod
     def from_rows(cls, rows: Sequence[tuple[str, str, str, str, str | None]]) -> TurnTable:
         """The table of (id, session id, speaker, text, time) rows."""
-        return cls(*(TextColumn.from_strings(r[k] for r in rows) for k in range(len(_COLUMNS))))
+        return cls(*(TextColumn.from_strings(r[k] for r in rows) for k in range(len(_COLUMNS)))).with_terms()
+
+    def with_terms(self) -> TurnTable:
+        """The table with its BM25 terms: those stored, else made from its speakers and texts."""
+        if self.terms is not None:
+            return self
+        lines = (turn_line(speaker, text) for speaker, text in zip(self.speakers.tolist(), self.texts.tolist()))
+        return replace(self, terms=TermLists.from_texts(lines))  # type: ignore[arg-type]
 
     def columns_blob(self) -> bytes:
         """The table packed into one blob."""
         arrays: dict[str, np.ndarray] = {}
         for name in _COLUMNS:
             arrays.update(getattr(self, name).arrays(name))
+        if self.terms is not None:
+            arrays.update(self.terms.arrays())
         return pack_arrays(arrays)
 
     @classmethod
     def from_columns_blob(cls, blob: bytes) -> TurnTable:
         """The table packed by :meth:`columns_blob`."""
         arrays = unpack_arrays(blob)
-        return cls(*(TextColumn.from_arrays(arrays, name) for name in _COLUMNS))
+        return cls(*(TextColumn.from_arrays(arrays, name) for name in _COLUMNS), terms=TermLists.from_arrays(arrays))
 
     @staticmethod
     def concat(tables: Sequence[TurnTable]) -> TurnTable:
         """The tables one after the other."""
-        return TurnTable(*(TextColumn.concat([getattr(t, name) for t in tables]) for name in _COLUMNS))
+        terms = None if any(t.terms is None for t in tables) else TermLists.concat([t.terms for t in tables])  # type: ignore[misc]
+        return TurnTable(*(TextColumn.concat([getattr(t, name) for t in tables]) for name in _COLUMNS), terms=terms)
 
     @cached_property
     def row_of(self) -> dict[str, int]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from qgmem_train.memory.columns import TextColumn, group_bounds, pack_arrays, take_children, unpack_arrays
 from qgmem_train.memory.row_stack import RowStack, row_blocks
+from qgmem_train.memory.search_terms import TermLists, lexical_text
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 
 ENTITY, LOCATION, SUBJECT = 0, 1, 2
@@ -114,6 +115,8 @@ class UnitTable:
     sentence_owner: np.ndarray
     vectors: dict[str, np.ndarray] = field(default_factory=dict)
     """The vector arrays read (a subset of :data:`VECTOR_PARTS`): fact and relation (N, d), sentence (S, d), text (T, d)."""
+    terms: TermLists | None = None
+    """BM25 terms of each unit's :func:`~qgmem_train.memory.search_terms.lexical_text` (None: not stored, see :meth:`with_terms`)."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -172,6 +175,7 @@ class UnitTable:
                 "sentence": np.concatenate([np.zeros((0, dim), np.float32), *sentences]),
                 "text": stack(text_vectors),
             },
+            terms=TermLists.from_texts(lexical_text(u.fact_text, u.source_text) for u in units),
         )
 
     def columns_blob(self) -> bytes:
@@ -180,6 +184,8 @@ class UnitTable:
         for name in _TEXT_COLUMNS:
             arrays.update(getattr(self, name).arrays(name))
         arrays.update({name: getattr(self, name) for name in _INT_COLUMNS})
+        if self.terms is not None:
+            arrays.update(self.terms.arrays())
         return pack_arrays(arrays)
 
     @classmethod
@@ -188,7 +194,7 @@ class UnitTable:
         arrays = unpack_arrays(blob)
         values: dict[str, object] = {name: TextColumn.from_arrays(arrays, name) for name in _TEXT_COLUMNS}
         values.update({name: arrays[name] for name in _INT_COLUMNS})
-        return cls(**values, vectors=dict(vectors or {}))  # type: ignore[arg-type]
+        return cls(**values, vectors=dict(vectors or {}), terms=TermLists.from_arrays(arrays))  # type: ignore[arg-type]
 
     def row_counts(self) -> dict[str, int]:
         """Rows of each vector part: units (fact, relation), sentence rows, attribute texts."""
@@ -210,7 +216,8 @@ class UnitTable:
             p: _stacked([t.vectors[p] for t in tables]) if p in STACKED_PARTS else np.concatenate([t.vectors[p] for t in tables])
             for p in VECTOR_PARTS if p in parts
         }  # fmt: skip
-        return UnitTable(**values, vectors=vectors)  # type: ignore[arg-type]
+        terms = None if any(t.terms is None for t in tables) else TermLists.concat([t.terms for t in tables])  # type: ignore[misc]
+        return UnitTable(**values, vectors=vectors, terms=terms)  # type: ignore[arg-type]
 
     def take(self, rows: np.ndarray) -> UnitTable:
         """The units at ``rows``, in that order, with their child rows (the attribute texts are kept whole)."""
@@ -229,7 +236,16 @@ class UnitTable:
         values["attribute_kind"], values["attribute_text"] = self.attribute_kind[attributes], self.attribute_text[attributes]
         sentences, values["sentence_owner"] = take_children(self.sentence_owner, n, rows)
         vectors = {p: v[rows] if p in ("fact", "relation") else v[sentences] if p == "sentence" else v for p, v in self.vectors.items()}
-        return UnitTable(**values, texts=self.texts, vectors=vectors)  # type: ignore[arg-type]
+        terms = None if self.terms is None else self.terms.take(rows)
+        return UnitTable(**values, texts=self.texts, vectors=vectors, terms=terms)  # type: ignore[arg-type]
+
+    def with_terms(self) -> UnitTable:
+        """The table with its BM25 terms: those stored, else made from its text columns (a store written before terms
+        were stored, or by another tokenizer version)."""
+        if self.terms is not None:
+            return self
+        texts = zip(self.fact_texts.tolist(), self.source_texts.tolist())
+        return replace(self, terms=TermLists.from_texts(lexical_text(fact, source) for fact, source in texts))  # type: ignore[arg-type]
 
     def without_unused_texts(self) -> UnitTable:
         """The table with its attribute texts distinct, each one used by an attribute row."""
@@ -369,6 +385,19 @@ def unit_texts(units: Sequence[MemoryUnit], field: str) -> list[str | None]:
         return getattr(units.table, _COLUMN_OF_FIELD[field]).tolist()
     return [getattr(unit, field) for unit in units]
 
+
+def first_source_turn_ids(units: Sequence[MemoryUnit]) -> list[str | None]:
+    """The first source turn id of every unit (None for a unit without one): from the packed columns when ``units``
+    is a loaded :class:`UnitView`, as :func:`unit_texts` reads its fields."""
+    if not isinstance(units, UnitView):
+        return [u.source_turn_ids[0] if u.source_turn_ids else None for u in units]
+    table = units.table
+    starts, ends = group_bounds(table.turn_owner, len(table))
+    has = np.flatnonzero(ends > starts)
+    out: list[str | None] = [None] * len(table)
+    for row, turn_id in zip(has.tolist(), table.turn_ids.take(starts[has]).tolist()):
+        out[row] = turn_id
+    return out
 
 
 def _split(values: list, owner: np.ndarray, n: int) -> list[list]:

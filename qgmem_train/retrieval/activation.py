@@ -8,7 +8,7 @@ k units, every channel's ranked list, the fused pool and the reranked pool, for 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,16 +17,20 @@ import numpy as np
 from qgmem_train.config import RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.llm.base import ChatLLM
+from qgmem_train.memory.columns import ranges
+from qgmem_train.memory.search_terms import TermLists, lexical_text, turn_line
 from qgmem_train.memory.store import NamespaceMemory
+from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap
 from qgmem_train.memory.types import MemoryUnit, Trace
+from qgmem_train.memory.unit_table import UnitView, first_source_turn_ids
 from qgmem_train.retrieval.attributes import AttributeScorer, with_subject_entities
 from qgmem_train.retrieval.dense import DenseIndex
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.intent import QueryIntent, parse_intent_rules, parse_intents
 from qgmem_train.retrieval.lexical import BM25Index
-from qgmem_train.text import tokenize
 from qgmem_train.retrieval.ranking import top_n, top_positive
 from qgmem_train.retrieval.rerank import Reranker, rerank_document
+from qgmem_train.text import tokenize
 
 if TYPE_CHECKING:
     from qgmem_train.llm.embedder import Embedder
@@ -34,44 +38,49 @@ if TYPE_CHECKING:
 CHANNELS = ("bm25", "dense", "attr")
 
 
-def lexical_text(unit: MemoryUnit) -> str:
-    """What BM25 indexes of a unit itself: its fact, and its source dialogue when that differs."""
-    parts = [unit.fact_text]
-    if unit.source_text.strip() and unit.source_text.strip() != unit.fact_text.strip():
-        parts.append(unit.source_text)
-    return " ".join(parts)
+def lexical_postings(memory: NamespaceMemory, count: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(vocabulary, term id, unit row) of every term BM25 indexes: each unit's
+    :func:`~qgmem_train.memory.search_terms.lexical_text`, then its ``count`` preceding turns of the same session.
 
-
-def preceding_turn_ids(memory: NamespaceMemory, unit: MemoryUnit, count: int) -> list[str]:
-    """Up to ``count`` turns before the unit's first source turn in the same session, oldest first."""
-    ids: list[str] = []
-    turn_id = unit.source_turn_ids[0] if unit.source_turn_ids else None
-    while len(ids) < count and (turn_id := memory.previous_turn.get(turn_id)) is not None:
-        ids.append(turn_id)
-    return ids[::-1]
-
-
-def lexical_terms(memory: NamespaceMemory, count: int) -> list[list[str]]:
-    """BM25 terms of each unit: its :func:`lexical_text` with its ``count`` preceding turns as ``Speaker: text`` lines.
-
-    A turn is the context of the units after it, so each is decoded and tokenized once and its terms reused; the
-    terms equal those of the joined text, since no term spans the spaces and newlines that join the parts.
+    The terms are those the store kept (a loaded namespace tokenizes nothing) or, for units and turns held in memory,
+    made once each: a turn is the context of the units after it and is tokenized once, not once per unit. The terms
+    equal those of the joined text, since no term spans the spaces and newlines that join the parts.
     """
-    turn_terms: dict[str, list[str]] = {}
+    units = unit_terms(memory.units)
+    own = np.arange(len(units), dtype=np.int64)
+    rows, docs = [own], [own]
+    if count > 0:
+        turn_terms, row_of, previous = turn_context(memory)
+        units = TermLists.concat([units, turn_terms])  # turn row r is row len(own) + r
+        chain = np.append(previous, -1)  # row -1 (no turn) leads to no turn
+        turn = np.fromiter((row_of.get(t, -1) if t is not None else -1 for t in first_source_turn_ids(memory.units)), np.int64, len(own))
+        for _ in range(count):
+            turn = chain[turn]
+            has = np.flatnonzero(turn >= 0)
+            rows.append(len(own) + turn[has])
+            docs.append(has)
+    row, doc = np.concatenate(rows), np.concatenate(docs)
+    lengths = units.lengths[row]
+    return units.vocab.tolist(), units.ids[ranges(units.starts[row], lengths)], np.repeat(doc, lengths)  # type: ignore[return-value]
 
-    def terms_of(turn_id: str) -> list[str]:
-        if turn_id not in turn_terms:
-            turn = memory.turns[turn_id]
-            turn_terms[turn_id] = tokenize(f"{turn.speaker}: {turn.text}")
-        return turn_terms[turn_id]
 
-    corpus = []
-    for unit in memory.units:
-        terms = tokenize(lexical_text(unit))
-        for turn_id in preceding_turn_ids(memory, unit, count):
-            terms += terms_of(turn_id)
-        corpus.append(terms)
-    return corpus
+def unit_terms(units: Sequence[MemoryUnit]) -> TermLists:
+    """The BM25 terms of each unit: stored with a loaded namespace's units, else made from their texts."""
+    if isinstance(units, UnitView):
+        return units.table.with_terms().terms  # type: ignore[return-value]
+    return TermLists.from_texts(lexical_text(u.fact_text, u.source_text) for u in units)
+
+
+def turn_context(memory: NamespaceMemory) -> tuple[TermLists, Mapping[str, int], np.ndarray]:
+    """The turns' BM25 terms (a row per turn), the row of each turn id, and the row of the turn before each turn in the
+    same session (-1 for none): read from a loaded namespace's turn table, else from its turn mappings."""
+    if isinstance(memory.turns, TurnMap) and isinstance(memory.previous_turn, PreviousTurnMap):
+        table = memory.turns.table.with_terms()
+        rows = np.arange(len(table), dtype=np.int64)
+        return table.terms, table.row_of, np.where(table.has_previous, rows - 1, -1)  # type: ignore[return-value]
+    row_of = {turn_id: row for row, turn_id in enumerate(memory.turns)}
+    previous = np.fromiter((row_of.get(memory.previous_turn.get(t), -1) for t in row_of), np.int64, len(row_of))  # type: ignore[arg-type]
+    return TermLists.from_texts(turn_line(t.speaker, t.text) for t in memory.turns.values()), row_of, previous
 
 
 def query_texts(question: str, intent: QueryIntent) -> list[str]:
@@ -109,7 +118,7 @@ class ActivationIndex:
         units = memory.units
         self.bm25 = None
         if "bm25" in self.channels:
-            self.bm25 = BM25Index(lexical_terms(memory, cfg.lexical_context_turns))
+            self.bm25 = BM25Index(*lexical_postings(memory, cfg.lexical_context_turns), len(units))
         sentences = (memory.sentence_embeddings, memory.sentence_unit) if cfg.sentence_vectors else (None, None)
         dense_channel = "dense" in self.channels
         self.dense = DenseIndex(
