@@ -386,6 +386,16 @@ def unit_texts(units: Sequence[MemoryUnit], field: str) -> list[str | None]:
     return [getattr(unit, field) for unit in units]
 
 
+def unit_fact_spans(units: Sequence[MemoryUnit]) -> tuple[np.ndarray, list[TimeSpan]]:
+    """Every unit's fact time spans, grouped by unit in unit order, and the unit row of each: from the packed columns
+    when ``units`` is a loaded :class:`UnitView`, as :func:`unit_texts` reads its fields."""
+    if not isinstance(units, UnitView):
+        return np.array([row for row, u in enumerate(units) for _ in u.fact_time], np.int64), [s for u in units for s in u.fact_time]
+    t = units.table
+    spans = [TimeSpan(a, b, g) for a, b, g in zip(t.span_starts.tolist(), t.span_ends.tolist(), t.span_granularities.tolist())]
+    return np.asarray(t.span_owner, np.int64), spans
+
+
 def first_source_turn_ids(units: Sequence[MemoryUnit]) -> list[str | None]:
     """The first source turn id of every unit (None for a unit without one): from the packed columns when ``units``
     is a loaded :class:`UnitView`, as :func:`unit_texts` reads its fields."""

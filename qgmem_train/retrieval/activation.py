@@ -22,7 +22,7 @@ from qgmem_train.memory.search_terms import TermLists, lexical_text, turn_line
 from qgmem_train.memory.store import NamespaceMemory
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap
 from qgmem_train.memory.types import MemoryUnit, Trace
-from qgmem_train.memory.unit_table import UnitView, first_source_turn_ids
+from qgmem_train.memory.unit_table import UnitView, first_source_turn_ids, unit_texts
 from qgmem_train.retrieval.attributes import AttributeScorer, with_subject_entities
 from qgmem_train.retrieval.dense import DenseIndex
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
@@ -135,7 +135,7 @@ class ActivationIndex:
                 units, attributes, sem_threshold=cfg.sem_threshold, utterance_fallback=cfg.utterance_day_fallback
             )
         self.trajectory = {t.id: t.trajectory for t in memory.traces}
-        self._row_of = {u.id: row for row, u in enumerate(units)}
+        self._row_of = {unit_id: row for row, unit_id in enumerate(unit_texts(units, "id"))}
         self.current_row = current_rows(memory.traces, self._row_of)
         """Row of the current member of each unit's trace (its own row when it is current); -1 outside traces."""
 

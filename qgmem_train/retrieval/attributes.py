@@ -28,7 +28,7 @@ import numpy as np
 from qgmem_train.memory.columns import group_bounds, ranges
 from qgmem_train.memory.timeparse import calendar_bounds
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
-from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex
+from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex, unit_fact_spans, unit_texts
 from qgmem_train.retrieval.intent import QueryIntent
 from qgmem_train.vector_codes import build_int8_codes, has_faiss
 
@@ -113,10 +113,10 @@ class AttributeScorer:
                                len(self._texts.embeddings), np.asarray(attributes.kind, np.int8) == kind)
             for kind in (ENTITY, LOCATION)
         }  # fmt: skip
-        fact_unit = np.array([row for row, u in enumerate(units) for _ in u.fact_time], dtype=np.int64)
-        fact_days = span_ordinals([s for u in units for s in u.fact_time])
+        fact_unit, fact_spans = unit_fact_spans(units)
+        fact_days = span_ordinals(fact_spans)
         self._facts = IntervalIndex(fact_days[:, 0], fact_days[:, 1], fact_unit)
-        day = np.array([day_ordinal(u.utterance_time) if u.utterance_time else NO_DAY for u in units], dtype=np.int64)
+        day = np.array([day_ordinal(t) if t else NO_DAY for t in unit_texts(units, "utterance_time")], dtype=np.int64)
         dated = day != NO_DAY
         undated_by_fact = np.ones(self.n_units, bool)
         undated_by_fact[fact_unit] = False

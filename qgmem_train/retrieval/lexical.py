@@ -34,8 +34,13 @@ class BM25Index:
     def __init__(self, vocab: Sequence[str], terms: np.ndarray, docs: np.ndarray, n_docs: int, *, k1: float = 1.5, b: float = 0.75,
                  epsilon: float = 0.25):  # fmt: skip
         self.n_docs = n_docs
-        used, terms = np.unique(np.asarray(terms, np.int64), return_inverse=True)
+        terms = np.asarray(terms, np.int64)
+        used = np.flatnonzero(np.bincount(terms, minlength=len(vocab)))  # a pass, not a sort: few terms go unused
         self.vocab: dict[str, int] = {vocab[i]: k for k, i in enumerate(used.tolist())}
+        if len(used) < len(vocab):
+            renumber = np.zeros(len(vocab), np.int64)
+            renumber[used] = np.arange(len(used))
+            terms = renumber[terms]
         if terms.size == 0:
             self._data = np.zeros(0, np.float32)
             self._indices = np.zeros(0, np.int32)
