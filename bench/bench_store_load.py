@@ -64,7 +64,7 @@ from tests import store_v2  # noqa: E402
 NAMESPACE = "synthetic"
 LOADERS = {
     "v2": "v2 per-row JSON", "v3": "v3 columnar, vectors in the database (code before)", "v4": "v4 columnar, mapped vector sidecars",
-    "v4-lean": "v4, no sentence vectors", "v4-before": "v4 store, code before the codes files (--before-code)",
+    "v4-lean": "v4, no sentence vectors", "v4-before": "v4 store, the --before-code package",
 }  # fmt: skip
 """Each loader measured: ``v4-lean`` is ``load_namespace(sentences=False)``, as trace consolidation and retrieval
 with ``retrieval.sentence_vectors`` off read a namespace."""
