@@ -34,6 +34,16 @@ def turn_line(speaker: str, text: str) -> str:
     return f"{speaker}: {text}"
 
 
+def unit_term_lists(fact_and_source: Iterable[tuple[str, str]]) -> TermLists:
+    """The BM25 terms of units given as (fact text, source text) pairs: those of each one's :func:`lexical_text`."""
+    return TermLists.from_texts(lexical_text(fact, source) for fact, source in fact_and_source)
+
+
+def turn_term_lists(speaker_and_text: Iterable[tuple[str, str]]) -> TermLists:
+    """The BM25 terms of turns given as (speaker, text) pairs: those of each one's :func:`turn_line`."""
+    return TermLists.from_texts(turn_line(speaker, text) for speaker, text in speaker_and_text)
+
+
 @dataclass
 class TermLists:
     """The terms of N rows: row i's are ``vocab[ids[ends[i - 1]:ends[i]]]``, in the order the tokenizer gave them."""

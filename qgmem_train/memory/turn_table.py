@@ -13,7 +13,7 @@ from functools import cached_property
 import numpy as np
 
 from qgmem_train.memory.columns import TextColumn, pack_arrays, unpack_arrays
-from qgmem_train.memory.search_terms import TermLists, turn_line
+from qgmem_train.memory.search_terms import TermLists, turn_term_lists
 from qgmem_train.memory.types import Turn
 
 _COLUMNS = ("ids", "session_ids", "speakers", "texts", "times")
@@ -43,8 +43,7 @@ class TurnTable:
         """The table with its BM25 terms: those stored, else made from its speakers and texts."""
         if self.terms is not None:
             return self
-        lines = (turn_line(speaker, text) for speaker, text in zip(self.speakers.tolist(), self.texts.tolist()))
-        return replace(self, terms=TermLists.from_texts(lines))  # type: ignore[arg-type]
+        return replace(self, terms=turn_term_lists(zip(self.speakers.tolist(), self.texts.tolist())))  # type: ignore[arg-type]
 
     def columns_blob(self) -> bytes:
         """The table packed into one blob."""

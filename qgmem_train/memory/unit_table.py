@@ -18,7 +18,7 @@ import numpy as np
 
 from qgmem_train.memory.columns import TextColumn, group_bounds, pack_arrays, take_children, unpack_arrays
 from qgmem_train.memory.row_stack import RowStack, row_blocks
-from qgmem_train.memory.search_terms import TermLists, lexical_text
+from qgmem_train.memory.search_terms import TermLists, unit_term_lists
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 
 ENTITY, LOCATION, SUBJECT = 0, 1, 2
@@ -175,7 +175,7 @@ class UnitTable:
                 "sentence": np.concatenate([np.zeros((0, dim), np.float32), *sentences]),
                 "text": stack(text_vectors),
             },
-            terms=TermLists.from_texts(lexical_text(u.fact_text, u.source_text) for u in units),
+            terms=unit_term_lists((u.fact_text, u.source_text) for u in units),
         )
 
     def columns_blob(self) -> bytes:
@@ -244,8 +244,7 @@ class UnitTable:
         were stored, or by another tokenizer version)."""
         if self.terms is not None:
             return self
-        texts = zip(self.fact_texts.tolist(), self.source_texts.tolist())
-        return replace(self, terms=TermLists.from_texts(lexical_text(fact, source) for fact, source in texts))  # type: ignore[arg-type]
+        return replace(self, terms=unit_term_lists(zip(self.fact_texts.tolist(), self.source_texts.tolist())))  # type: ignore[arg-type]
 
     def without_unused_texts(self) -> UnitTable:
         """The table with its attribute texts distinct, each one used by an attribute row."""

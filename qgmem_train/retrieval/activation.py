@@ -18,7 +18,7 @@ from qgmem_train.config import RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.memory.columns import ranges
-from qgmem_train.memory.search_terms import TermLists, lexical_text, turn_line
+from qgmem_train.memory.search_terms import TermLists, turn_term_lists, unit_term_lists
 from qgmem_train.memory.store import NamespaceMemory
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap
 from qgmem_train.memory.types import MemoryUnit, Trace
@@ -68,7 +68,7 @@ def unit_terms(units: Sequence[MemoryUnit]) -> TermLists:
     """The BM25 terms of each unit: stored with a loaded namespace's units, else made from their texts."""
     if isinstance(units, UnitView):
         return units.table.with_terms().terms  # type: ignore[return-value]
-    return TermLists.from_texts(lexical_text(u.fact_text, u.source_text) for u in units)
+    return unit_term_lists((u.fact_text, u.source_text) for u in units)
 
 
 def turn_context(memory: NamespaceMemory) -> tuple[TermLists, Mapping[str, int], np.ndarray]:
@@ -80,7 +80,7 @@ def turn_context(memory: NamespaceMemory) -> tuple[TermLists, Mapping[str, int],
         return table.terms, table.row_of, np.where(table.has_previous, rows - 1, -1)  # type: ignore[return-value]
     row_of = {turn_id: row for row, turn_id in enumerate(memory.turns)}
     previous = np.fromiter((row_of.get(memory.previous_turn.get(t), -1) for t in row_of), np.int64, len(row_of))  # type: ignore[arg-type]
-    return TermLists.from_texts(turn_line(t.speaker, t.text) for t in memory.turns.values()), row_of, previous
+    return turn_term_lists((t.speaker, t.text) for t in memory.turns.values()), row_of, previous
 
 
 def query_texts(question: str, intent: QueryIntent) -> list[str]:
