@@ -3,11 +3,13 @@ that gathers, multiplies and feeds the dense channel as the concatenated matrix 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from qgmem_train.memory import segments
 from qgmem_train.memory.row_stack import RowStack
 from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
 from qgmem_train.retrieval.dense import DenseIndex
@@ -74,3 +76,21 @@ def test_a_multi_segment_load_maps_its_vectors_and_searches_as_a_copy_would(tmp_
         np.testing.assert_array_equal(rows, expected_rows)
         np.testing.assert_allclose(scores, expected_scores, atol=1e-6)
         np.testing.assert_allclose(loaded.similarities(query), copied.similarities(query), atol=1e-6)  # BLAS rounds per block
+
+
+def test_a_multi_segment_load_maps_its_attribute_text_vectors_and_indexes_each_text_once(tmp_path: Path) -> None:
+    """The attribute texts recur across segments (a person named in every session): each segment's text vectors stay
+    a view of its sidecar, and the attribute index gathers one row per distinct text, the first stored."""
+    store = _store(tmp_path / "store", segments=3, per_segment=30)
+    table = segments.read_units(store._db, "n", DIM)
+    vectors = table.vectors["text"]
+    assert isinstance(vectors, RowStack) and len(vectors.blocks) == 3
+    assert not any(block.flags.owndata for block in vectors.blocks), "views of the mapped sidecars, not copies"
+    index = table.attribute_index()
+    copied = replace(table, vectors={**table.vectors, "text": np.asarray(vectors)}).attribute_index()
+    assert isinstance(index.embeddings, np.ndarray) and len(index.texts) == len(set(table.texts.tolist())) < len(table.texts)
+    np.testing.assert_array_equal(index.embeddings, copied.embeddings)
+    np.testing.assert_array_equal(index.text_id, copied.text_id)
+    assert list(index.texts) == list(copied.texts)
+    loaded = store.load_namespace("n").attributes
+    np.testing.assert_array_equal(loaded.embeddings[loaded.text_id], copied.embeddings[copied.text_id])

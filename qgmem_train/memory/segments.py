@@ -111,8 +111,7 @@ def read_units(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence
     """Units of the segments ``lo`` to ``hi`` (default: all) as one table, with the vector ``parts`` asked for.
 
     The vectors of each segment are views of its memory-mapped sidecar; those of several segments are a
-    :class:`~qgmem_train.memory.row_stack.RowStack` of the views (nothing is copied; the attribute texts' few
-    vectors excepted, which are concatenated).
+    :class:`~qgmem_train.memory.row_stack.RowStack` of the views (nothing is copied).
     """
     return _concat([table for table, _ in _read_segments(db, namespace, dim, parts, lo, hi)], dim)
 

@@ -26,9 +26,6 @@ ENTITY, LOCATION, SUBJECT = 0, 1, 2
 
 VECTOR_PARTS = ("fact", "relation", "sentence", "text")
 """Vector arrays of a table: one per unit (fact, relation), per sentence row, and per attribute text."""
-STACKED_PARTS = ("fact", "relation", "sentence")
-"""Vector parts that concatenated tables keep as a :class:`RowStack` of their arrays (the attribute texts, few and
-compared whole, are concatenated)."""
 
 
 @dataclass
@@ -202,7 +199,7 @@ class UnitTable:
 
     @staticmethod
     def concat(tables: Sequence[UnitTable]) -> UnitTable:
-        """The tables one after the other (vector parts: those every table has; the per-unit and sentence vectors as a
+        """The tables one after the other (vector parts: those every table has, each a
         :class:`~qgmem_train.memory.row_stack.RowStack` of the tables' arrays, not copied)."""
         unit_shift = np.cumsum([0] + [len(t) for t in tables[:-1]], dtype=np.int64)
         text_shift = np.cumsum([0] + [len(t.texts) for t in tables[:-1]], dtype=np.int64)
@@ -212,10 +209,7 @@ class UnitTable:
             parts = [getattr(t, name) + (shift[k] if shift is not None else 0) for k, t in enumerate(tables)]
             values[name] = np.concatenate(parts).astype(getattr(tables[0], name).dtype)
         parts = set.intersection(*(set(t.vectors) for t in tables))
-        vectors = {
-            p: _stacked([t.vectors[p] for t in tables]) if p in STACKED_PARTS else np.concatenate([t.vectors[p] for t in tables])
-            for p in VECTOR_PARTS if p in parts
-        }  # fmt: skip
+        vectors = {p: _stacked([t.vectors[p] for t in tables]) for p in VECTOR_PARTS if p in parts}
         terms = None if any(t.terms is None for t in tables) else TermLists.concat([t.terms for t in tables])  # type: ignore[misc]
         return UnitTable(**values, vectors=vectors, terms=terms)  # type: ignore[arg-type]
 
@@ -284,11 +278,12 @@ class UnitTable:
 
         A text stored by several writes was embedded in other batches (equal up to the last bits): it keeps
         its first vector, so the units sharing it score exactly alike and a tie-break, not noise, orders them.
+        Only the distinct texts' vectors are gathered from the segments' (mapped) arrays.
         """
         first: dict[str, int] = {}
         canonical = np.fromiter((first.setdefault(text, row) for row, text in enumerate(self.texts.tolist())), np.int64, len(self.texts))
         if len(first) == len(self.texts):
-            return AttributeIndex(self.attribute_owner, self.attribute_kind, self.texts, self.vectors["text"], self.attribute_text)
+            return AttributeIndex(self.attribute_owner, self.attribute_kind, self.texts, np.asarray(self.vectors["text"]), self.attribute_text)
         kept = np.fromiter(first.values(), np.int64, len(first))
         position = np.zeros(len(self.texts), np.int64)
         position[kept] = np.arange(len(kept))
