@@ -82,7 +82,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled models are local; ne
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bootstrap import paired_bootstrap  # noqa: E402
+from bootstrap import paired_bootstrap, seed_interval  # noqa: E402
 from machine import machine_info  # noqa: E402
 
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM  # noqa: E402
@@ -632,7 +632,7 @@ def comparisons(arms: dict[str, Variant]) -> list[tuple[str, str]]:
 
 def summarize(runs: dict[str, list[dict[str, Any]]], questions: dict[str, dict[str, str]], args: argparse.Namespace) -> dict[str, Any]:
     """Per-variant means ± std over seeds, per-category F1, graph-token diagnostics, and the paired bootstraps of :func:`comparisons`
-    (F1, and answer-span loss)."""
+    (F1, and answer-span loss), also seed by seed where both arms ran several."""
     out: dict[str, Any] = {"variants": {}, "bootstrap": {}}
     for key, done in runs.items():
         if not done:
@@ -651,17 +651,33 @@ def summarize(runs: dict[str, list[dict[str, Any]]], questions: dict[str, dict[s
             if values:
                 row[name] = statistics.fmean(values)
         out["variants"][key] = row
-    out["bootstrap_answer_loss"] = {}
+    out["bootstrap_answer_loss"], out["seeds"], out["seeds_answer_loss"] = {}, {}, {}
     for arm, control in comparisons(variants(args.edge_tokens, args.query_tokens, args.lora_readout)):
         if runs.get(arm) and runs.get(control):
             pair = f"{arm} - {control}"
-            out["bootstrap"][pair] = paired_bootstrap(
-                per_question(runs[arm], "f1"), per_question(runs[control], "f1"), args.bootstrap_resamples, args.bootstrap_seed
-            )
-            out["bootstrap_answer_loss"][pair] = paired_bootstrap(
-                per_question(runs[control], "answer_loss"), per_question(runs[arm], "answer_loss"), args.bootstrap_resamples, args.bootstrap_seed
-            )
+            for key, seeds_key, field, better, worse in (("bootstrap", "seeds", "f1", arm, control),
+                                                          ("bootstrap_answer_loss", "seeds_answer_loss", "answer_loss", control, arm)):  # fmt: skip
+                out[key][pair] = paired_bootstrap(
+                    per_question(runs[better], field), per_question(runs[worse], field), args.bootstrap_resamples, args.bootstrap_seed
+                )
+                seeded = per_seed_differences(runs[better], runs[worse], field, args)
+                if seeded is not None:
+                    out[seeds_key][pair] = seeded
     return out
+
+
+def per_seed_differences(first: list[dict[str, Any]], second: list[dict[str, Any]], field: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    """``first - second`` in ``field`` seed by seed (each a question bootstrap) and over the seeds both have (a t interval),
+    or None under two such seeds: a difference seen in one training run may not come back in the next."""
+    by_seed = {r["seed"]: r for r in second}
+    pairs = [(r, by_seed[r["seed"]]) for r in sorted(first, key=lambda r: r["seed"]) if r["seed"] in by_seed]
+    if len(pairs) < 2:
+        return None
+    rows = [
+        {"training_seed": a["seed"], **paired_bootstrap(per_question([a], field), per_question([b], field), args.bootstrap_resamples, args.bootstrap_seed)}
+        for a, b in pairs
+    ]
+    return {"per_seed": rows, **seed_interval([row["mean_difference"] for row in rows])}
 
 
 def fmt(cell: dict[str, Any], digits: int = 3) -> str:
@@ -721,6 +737,21 @@ def markdown(result: dict[str, Any]) -> str:
                 f"[{b['ci95'][0]:+.4f}, {b['ci95'][1]:+.4f}] | {b['share_of_resamples_above_0']:.3f} |"
             )
         lines += ["", f"Per-question {unit} averaged over seeds; {next(iter(boot.values()))['resamples']} resamples of the test questions, seed {s['bootstrap_seed']}."]
+    for title, key in (("answer-span loss (control − arm)", "seeds_answer_loss"), ("F1 (arm − control)", "seeds")):
+        seeded = result["summary"].get(key) or {}
+        if not seeded:
+            continue
+        lines += ["", f"## Seed by seed: the {title}", "",
+                  "| arm − control | seeds | difference per seed | mean ± std over seeds | 95% t interval over seeds |", "|---|---|---|---|---|"]  # fmt: skip
+        for pair, b in seeded.items():
+            seeds = ", ".join(str(r["training_seed"]) for r in b["per_seed"])
+            differences = ", ".join(f"{r['mean_difference']:+.4f}" for r in b["per_seed"])
+            lines.append(
+                f"| {pair.replace(' - ', ' − ')} | {seeds} | {differences} | {b['mean']:+.4f} ± {b['std']:.4f} | "
+                f"[{b['ci95'][0]:+.4f}, {b['ci95'][1]:+.4f}] |"
+            )
+        lines += ["", "Each seed's difference pairs the two arms' runs of that seed (a shuffled-graph test: the checkpoint it tests); "
+                  "the t interval treats the seeds as independent runs, and is what a claim about the design rests on."]  # fmt: skip
     categories = sorted({c for row in variants_.values() for c in row["f1_per_category"]})
     if categories:
         lines += ["", "## F1 per category", "", "| variant | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]

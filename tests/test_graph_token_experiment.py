@@ -136,6 +136,45 @@ def test_answers_are_scored_on_a_seeded_sample_in_test_order(experiment: ModuleT
     assert experiment.answered_subset(questions, None, seed=0) == questions == experiment.answered_subset(questions, 50, seed=0)
 
 
+def _seeded_run(name: str, seed: int, answer_losses: list[float], f1: float) -> dict:
+    predictions = [{"question_id": f"q{i}", "answer_loss": loss, "f1": f1} for i, loss in enumerate(answer_losses)]
+    metrics = {"test_answer_loss": sum(answer_losses) / len(answer_losses), "test_loss": 1.0, "json_valid": 1.0, "f1": f1, "bleu1": f1, "exact_match": 0.0}
+    timing = {"seconds_per_step": 1.0, "train_s": 2.0, "eval_s": 1.0, "wall_s": 3.0, "best_val_loss": 2.0, "best_step": 2, "checkpoint_best": None}
+    return {"name": name, "seed": seed, "steps": 2, **metrics, **timing, "predictions": predictions}
+
+
+def test_seeded_comparisons_report_each_seed_and_an_interval_over_seeds(experiment: ModuleType) -> None:
+    """Three seeds of a design and its soft prompt: the question bootstrap of the seed-averaged losses is tight, while
+    the seeds disagree (differences +1, +0.5, 0); the report gives each seed's difference and a t interval over seeds."""
+    import argparse
+
+    noise = [0.01 * ((7 * i) % 5 - 2) for i in range(40)]
+    runs = {
+        "query": [_seeded_run("query", s, [3.0 - gain + e for e in noise], 0.2 + 0.1 * s) for s, gain in enumerate((1.0, 0.5, 0.0))],
+        "query-soft": [_seeded_run("soft", s, [3.0] * 40, 0.2) for s in range(3)],
+    }
+    questions = {f"q{i}": {"category": "facts"} for i in range(40)}
+    args = argparse.Namespace(edge_tokens=10, query_tokens=4, lora_readout="edges", bootstrap_resamples=200, bootstrap_seed=0)
+    summary = experiment.summarize(runs, questions, args)
+    pooled = summary["bootstrap_answer_loss"]["query - query-soft"]
+    assert pooled["ci95"][0] > 0.4, "averaged over seeds, the question bootstrap alone looks decisive"
+    seeded = summary["seeds_answer_loss"]["query - query-soft"]
+    assert [row["training_seed"] for row in seeded["per_seed"]] == [0, 1, 2]
+    assert [round(row["mean_difference"], 6) for row in seeded["per_seed"]] == [1.0, 0.5, 0.0]
+    assert seeded["mean"] == pytest.approx(0.5) and seeded["std"] == pytest.approx(0.5)
+    half = 4.302653 * 0.5 / 3**0.5  # t(0.975, 2 degrees of freedom) times the standard error of the seeds' mean
+    assert seeded["ci95"] == pytest.approx([0.5 - half, 0.5 + half], abs=1e-5)
+    assert [round(r["mean_difference"], 6) for r in summary["seeds"]["query - query-soft"]["per_seed"]] == [0.0, 0.1, 0.2]
+    result = {"machine": {}, "data": {"source": "d", "split": {s: ["c"] for s in experiment.SPLITS},
+              "examples": {s: 1 for s in experiment.SPLITS}, "examples_per_category": {s: {} for s in experiment.SPLITS},
+              "data_prep": {"config": "c", "seconds_per_case": 1, "questions_per_hour": 1, "wall_s": 1}},
+              "settings": {"split_seed": 0, "llm": "m", "steps": 2, "batch_size": 1, "lr": 0.1, "monitor": "val/loss", "val_checks": 1,
+                           "max_context_tokens": 600, "max_new_tokens": 96, "attribute_edges": True, "max_f1_questions": None, "bootstrap_seed": 0},
+              "command": "c", "git": {"commit": "x", "dirty_files": 0}, "wall_s": 60, "summary": summary}  # fmt: skip
+    report = experiment.markdown(result)
+    assert "| query − query-soft | 0, 1, 2 | +1.0000, +0.5000, +0.0000 | +0.5000 ± 0.5000 | [-0.7421, +1.7421] |" in report
+
+
 def test_tiny_run_writes_every_output_and_resumes(experiment: ModuleType, tmp_path: Path) -> None:
     out = tmp_path / "out"
     command = [
