@@ -37,6 +37,9 @@ Stages (progress lines for each; rerunning the same command resumes):
 Staging (``--variants`` and the resume make rounds): the screening round is one seed of every arm (the default); then
 ``--seeds 3 --seeded <best design> <best design>-soft lora+<best design> --lora-readout <best design>`` into the same
 ``--out`` adds seeds 1 and 2 of those arms (and of their shuffled tests) and rebuilds the report over every finished run.
+Rounds whose arms have different seed counts are reported together with ``--report-only``: the widest plan's runs that
+exist are reported, the others named as not run, and nothing trains. Where both arms of a comparison have several
+seeds, the report also gives each seed's difference and a t interval over the seeds.
 
 Split: ``--test-count`` (2) test conversations, one validation conversation, the rest train (seven LoCoMo
 conversations: train on four), every question of the test conversations (``--max-test-questions`` caps them);
@@ -724,6 +727,8 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += ["", "Mean ± sample std over seeds (no ± for one seed). Answer loss: the answer field's tokens alone; test loss: the whole "
               "target. Token cosine and between-question variance: the graph tokens of the test questions (`qgmem_train/graph/diagnostics.py`)."]  # fmt: skip
+    if result.get("not_run"):
+        lines += ["", f"Not run (--report-only): {'; '.join(result['not_run'])}."]
     for title, key, unit in (("answer-span loss (control − arm: above 0, the arm is better)", "bootstrap_answer_loss", "answer loss"),
                              ("F1 (arm − control)", "bootstrap", "F1")):  # fmt: skip
         boot = result["summary"].get(key) or {}
@@ -858,6 +863,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=ROOT / "out" / "graph_token", help="output folder (resumes what is there)")
     p.add_argument("--variants", nargs="+", default=None, metavar="ARM",
                    help=f"arms to run (default: all): {', '.join(variants())}; lora+<design> follows --lora-readout")
+    p.add_argument("--report-only", action="store_true", help="report the runs already in --out and run none (missing ones are named)")
     p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 of the arms named by --seeded")
     p.add_argument("--seeded", nargs="*", default=[], metavar="ARM", help="arms run with --seeds seeds (with their -shuffled tests)")
     p.add_argument("--other-seeds", type=int, default=1, help="seeds 0..N-1 of every other arm")
@@ -945,6 +951,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     settings = check_settings(args, out)
+    if args.report_only and not (out / "data" / "split.json").exists():
+        raise InputError(str(out), "no data prep here to report on; run without --report-only first")
     data = prepare_data(args, out)  # bad data is refused here, before Lightning's import
     import lightning  # noqa: F401  (sets its own log level on import; quieted below)
 
@@ -956,12 +964,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     order = [k for k in arms if k in args.variants]  # run order: a shuffled-graph arm after its source
     plan = [(arms[k], seed) for k in order for seed in range(seeds_of(k))]
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in args.variants}
+    not_run: list[str] = []
     for number, (variant, seed) in enumerate(plan, 1):
         run_dir = out / "runs" / f"{variant.key}-seed{seed}"
         result_file = run_dir / "result.json"
         if result_file.exists():
             log.info("[run %d/%d] %s, seed %d: done before, reusing %s", number, len(plan), variant.name, seed, result_file)
             runs[variant.key].append(json.loads(result_file.read_text()))
+            continue
+        if args.report_only:
+            log.info("[run %d/%d] %s, seed %d: not run (--report-only)", number, len(plan), variant.name, seed)
+            not_run.append(f"{variant.name}, seed {seed}")
             continue
         log.info("[run %d/%d] %s, seed %d", number, len(plan), variant.name, seed)
         source = None
@@ -991,6 +1004,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "out": str(out),
         "data": {k: v for k, v in data.items() if k != "questions"},
         "summary": summarize(runs, data["questions"], args),
+        "not_run": not_run,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     result["plots"] = [p.name for p in plot(result, runs, out)]

@@ -245,6 +245,14 @@ def test_tiny_run_writes_every_output_and_resumes(experiment: ModuleType, tmp_pa
     assert again.stderr.count("done before") == 3 and "reusing" in again.stderr
     assert "`runs/edges-seed0/checkpoints/" in (moved / "results.md").read_text()
 
+    arms = command.index("--variants") + 1  # a report of the runs there, with an arm that never ran: named, not run
+    report_only = [*command[:arms], "edges-soft", *command[arms:], "--report-only"]
+    reported = subprocess.run(report_only, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert reported.returncode == 0, reported.stderr[-4000:]
+    assert not (moved / "runs" / "edges-soft-seed0").exists() and "training 2 steps" not in reported.stderr
+    assert list(json.loads((moved / "results.json").read_text())["summary"]["variants"]) == ["edges", "edges-shuffled", "none"]
+    assert "Not run (--report-only): soft prompt T=3 for edges (empty graphs), seed 0." in (moved / "results.md").read_text()
+
     (moved / "runs" / "edges-shuffled-seed0" / "result.json").unlink()  # a shuffled test still to run on a checkpoint since deleted
     (moved / experiment.run_relative(edges["checkpoint_best"])).unlink()
     gone = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
