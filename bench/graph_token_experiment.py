@@ -21,7 +21,7 @@ Stages (progress lines for each; rerunning the same command resumes):
    question's graph from the same conversation (no training); ``<design>-centered`` for ``mean1`` and ``edges``, the
    design with the reference-centered projector (``model.graph_center: reference``), controlled by the design's soft
    prompt and by its own ``-centered-shuffled`` test; ``lora`` (LoRA r=8, no graph) and ``lora+<design>``
-   (``--lora-readout``); ``text`` (the graph's facts in the prompt, no training); ``none`` (no graph, no training).
+   (``--lora-readout``) with its ``lora+<design>-shuffled`` test; ``text`` (the graph's facts in the prompt, no training); ``none`` (no graph, no training).
    Local graphs carry attribute edges (``graph.attribute_edges``; ``--no-attribute-edges`` for the paper's). Trained arms
    run ``--steps`` optimizer steps (seeded, ``deterministic=True``), validate on the validation conversation every
    ``steps / --val-checks`` steps, keep the best checkpoint by ``--monitor`` (the answer-span loss by default) and the last,
@@ -31,7 +31,7 @@ Stages (progress lines for each; rerunning the same command resumes):
    cosine and between-question variance ratio on the test questions; paired bootstrap 95% intervals over test
    questions (per-question values averaged over seeds) of each design against its soft prompt, its shuffled graphs and
    no graph, of each centered design against the design's soft prompt, its own shuffled graphs, the plain design and
-   no graph, of LoRA + design against LoRA, and of the text path against no graph, on answer-span loss and on F1.
+   no graph, of LoRA + design against LoRA and its shuffled graphs, and of the text path against no graph, on answer-span loss and on F1.
    Written to ``results.json``, ``results.md`` and PNGs (``loss_curves.png``, ``f1.png``, ``f1_per_category.png``) in ``--out``.
 
 Staging (``--variants`` and the resume make rounds): the screening round is one seed of every arm (the default); then
@@ -159,7 +159,9 @@ def variants(edge_tokens: int = 10, query_tokens: int = 4, lora_readout: str = "
                                                        shuffled_of=centered.key)  # fmt: skip
     lora_design = designs[lora_readout]
     arms["lora"] = Variant("lora", "LoRA r=8, no graph", lora_r=8)
-    arms[f"lora+{lora_readout}"] = replace(lora_design, key=f"lora+{lora_readout}", name=f"LoRA r=8 + {lora_design.name}", lora_r=8)
+    lora_graph = arms[f"lora+{lora_readout}"] = replace(lora_design, key=f"lora+{lora_readout}", name=f"LoRA r=8 + {lora_design.name}", lora_r=8)
+    arms[f"{lora_graph.key}-shuffled"] = replace(lora_graph, key=f"{lora_graph.key}-shuffled", name=f"{lora_graph.name}, shuffled test graphs",
+                                                 shuffled_of=lora_graph.key)  # fmt: skip
     arms["text"] = Variant("text", "text path: graph facts in the prompt, no training", text_path=True)
     arms["none"] = Variant("none", "no graph, no training")
     return arms
@@ -625,11 +627,11 @@ def per_question(runs: list[dict[str, Any]], field: str) -> dict[str, float]:
 
 def comparisons(arms: dict[str, Variant]) -> list[tuple[str, str]]:
     """``(arm, control)`` pairs the report bootstraps: each graph design against its soft prompt, its shuffled graphs and no
-    graph; LoRA + a design against LoRA alone; the text path against no graph."""
+    graph; LoRA + a design against LoRA alone and its shuffled graphs; the text path against no graph."""
     pairs = [(key, f"{key}{suffix}") for key in GRAPH_ARMS for suffix in ("-soft", "-shuffled")]
     pairs += [(key, "none") for key in GRAPH_ARMS]
     pairs += [(f"{key}-centered", control) for key in CENTERED_ARMS for control in (f"{key}-soft", f"{key}-centered-shuffled", key, "none")]
-    pairs += [(key, "lora") for key in arms if key.startswith("lora+")]
+    pairs += [(key, control) for key in arms if key.startswith("lora+") and arms[key].trained for control in ("lora", f"{key}-shuffled")]
     return pairs + [("text", "none")]
 
 

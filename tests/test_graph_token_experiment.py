@@ -107,6 +107,11 @@ def test_every_design_has_its_controls(experiment: ModuleType) -> None:
         assert {(centered.key, f"{key}-soft"), (centered.key, shuffled.key), (centered.key, key), (centered.key, "none")} <= set(experiment.comparisons(arms))
     assert {v.graph_center for k, v in arms.items() if "centered" not in k} == {"none"}
     assert arms["lora+query"].lora_r == 8 and arms["lora+query"].graph_readout == "query" and arms["lora"].graph_tokens == 0
+    lora_shuffled = arms["lora+query-shuffled"]  # LoRA + graph against LoRA alone cannot tell the graph from a larger prompt
+    assert lora_shuffled == experiment.replace(arms["lora+query"], key=lora_shuffled.key, name=lora_shuffled.name, shuffled_of="lora+query")
+    assert list(arms).index("lora+query-shuffled") > list(arms).index("lora+query") and not lora_shuffled.trained
+    pairs = experiment.comparisons(arms)
+    assert {("lora+query", "lora"), ("lora+query", "lora+query-shuffled")} <= set(pairs) and ("lora+query-shuffled", "lora") not in pairs
     assert arms["text"].text_path and not arms["none"].trained
 
 
