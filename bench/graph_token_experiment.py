@@ -29,7 +29,7 @@ Stages (progress lines for each; rerunning the same command resumes):
 3. **Report.** Per arm: the answer-span loss (the answer field's tokens alone, primary), the whole-target loss,
    valid-JSON rate, F1, BLEU-1 and exact match (mean ± std over seeds), F1 per category, the graph tokens' mean pairwise
    cosine and between-question variance ratio on the test questions; paired bootstrap 95% intervals over test
-   questions (per-question values averaged over seeds) of each design against its soft prompt, its shuffled graphs and
+   questions (per-question values averaged over the seeds both arms ran) of each design against its soft prompt, its shuffled graphs and
    no graph, of each centered design against the design's soft prompt, its own shuffled graphs, the plain design and
    no graph, of LoRA + design against LoRA and its shuffled graphs, and of the text path against no graph, on answer-span loss and on F1.
    Written to ``results.json``, ``results.md`` and PNGs (``loss_curves.png``, ``f1.png``, ``f1_per_category.png``) in ``--out``.
@@ -637,7 +637,8 @@ def comparisons(arms: dict[str, Variant]) -> list[tuple[str, str]]:
 
 def summarize(runs: dict[str, list[dict[str, Any]]], questions: dict[str, dict[str, str]], args: argparse.Namespace) -> dict[str, Any]:
     """Per-variant means ± std over seeds, per-category F1, graph-token diagnostics, and the paired bootstraps of :func:`comparisons`
-    (F1, and answer-span loss), also seed by seed where both arms ran several."""
+    (F1, and answer-span loss) over the seeds both arms ran (a shuffled test of seed 0 is not paired with seed 1's
+    training), also seed by seed where both ran several."""
     out: dict[str, Any] = {"variants": {}, "bootstrap": {}}
     for key, done in runs.items():
         if not done:
@@ -660,11 +661,14 @@ def summarize(runs: dict[str, list[dict[str, Any]]], questions: dict[str, dict[s
     for arm, control in comparisons(variants(args.edge_tokens, args.query_tokens, args.lora_readout)):
         if runs.get(arm) and runs.get(control):
             pair = f"{arm} - {control}"
+            common = sorted({r["seed"] for r in runs[arm]} & {r["seed"] for r in runs[control]})
+            paired = {k: [r for r in runs[k] if r["seed"] in common] or runs[k] for k in (arm, control)}
             for key, seeds_key, field, better, worse in (("bootstrap", "seeds", "f1", arm, control),
                                                           ("bootstrap_answer_loss", "seeds_answer_loss", "answer_loss", control, arm)):  # fmt: skip
-                out[key][pair] = paired_bootstrap(
-                    per_question(runs[better], field), per_question(runs[worse], field), args.bootstrap_resamples, args.bootstrap_seed
+                boot = paired_bootstrap(
+                    per_question(paired[better], field), per_question(paired[worse], field), args.bootstrap_resamples, args.bootstrap_seed
                 )
+                out[key][pair] = {**boot, "training_seeds": common or None}
                 seeded = per_seed_differences(runs[better], runs[worse], field, args)
                 if seeded is not None:
                     out[seeds_key][pair] = seeded
@@ -737,13 +741,15 @@ def markdown(result: dict[str, Any]) -> str:
         if not boot:
             continue
         lines += ["", f"## Paired bootstrap of the {title}", "",
-                  "| arm − control | questions | mean | 95% interval | resamples above 0 |", "|---|---|---|---|---|"]  # fmt: skip
+                  "| arm − control | seeds | questions | mean | 95% interval | resamples above 0 |", "|---|---|---|---|---|---|"]  # fmt: skip
         for pair, b in boot.items():
+            seeds = ", ".join(map(str, b.get("training_seeds") or [])) or "all"
             lines.append(
-                f"| {pair.replace(' - ', ' − ')} | {b['questions']} | {b['mean_difference']:+.4f} | "
+                f"| {pair.replace(' - ', ' − ')} | {seeds} | {b['questions']} | {b['mean_difference']:+.4f} | "
                 f"[{b['ci95'][0]:+.4f}, {b['ci95'][1]:+.4f}] | {b['share_of_resamples_above_0']:.3f} |"
             )
-        lines += ["", f"Per-question {unit} averaged over seeds; {next(iter(boot.values()))['resamples']} resamples of the test questions, seed {s['bootstrap_seed']}."]
+        lines += ["", f"Per-question {unit} averaged over the seeds both arms ran; {next(iter(boot.values()))['resamples']} resamples of the "
+                  f"test questions, seed {s['bootstrap_seed']}."]  # fmt: skip
     for title, key in (("answer-span loss (control − arm)", "seeds_answer_loss"), ("F1 (arm − control)", "seeds")):
         seeded = result["summary"].get(key) or {}
         if not seeded:

@@ -157,6 +157,7 @@ def test_seeded_comparisons_report_each_seed_and_an_interval_over_seeds(experime
     runs = {
         "query": [_seeded_run("query", s, [3.0 - gain + e for e in noise], 0.2 + 0.1 * s) for s, gain in enumerate((1.0, 0.5, 0.0))],
         "query-soft": [_seeded_run("soft", s, [3.0] * 40, 0.2) for s in range(3)],
+        "query-shuffled": [_seeded_run("shuffled", 0, [2.0 + e for e in noise], 0.2)],  # seed 0's checkpoint alone
     }
     questions = {f"q{i}": {"category": "facts"} for i in range(40)}
     args = argparse.Namespace(edge_tokens=10, query_tokens=4, lora_readout="edges", bootstrap_resamples=200, bootstrap_seed=0)
@@ -170,6 +171,9 @@ def test_seeded_comparisons_report_each_seed_and_an_interval_over_seeds(experime
     half = 4.302653 * 0.5 / 3**0.5  # t(0.975, 2 degrees of freedom) times the standard error of the seeds' mean
     assert seeded["ci95"] == pytest.approx([0.5 - half, 0.5 + half], abs=1e-5)
     assert [round(r["mean_difference"], 6) for r in summary["seeds"]["query - query-soft"]["per_seed"]] == [0.0, 0.1, 0.2]
+    shuffled = summary["bootstrap_answer_loss"]["query - query-shuffled"]  # the seeds both ran: seed 0 against its own checkpoint
+    assert shuffled["training_seeds"] == [0] and shuffled["mean_difference"] == pytest.approx(0.0, abs=1e-12)
+    assert pooled["training_seeds"] == [0, 1, 2] and "query - query-shuffled" not in summary["seeds_answer_loss"]
     result = {"machine": {}, "data": {"source": "d", "split": {s: ["c"] for s in experiment.SPLITS},
               "examples": {s: 1 for s in experiment.SPLITS}, "examples_per_category": {s: {} for s in experiment.SPLITS},
               "data_prep": {"config": "c", "seconds_per_case": 1, "questions_per_hour": 1, "wall_s": 1}},
@@ -178,6 +182,7 @@ def test_seeded_comparisons_report_each_seed_and_an_interval_over_seeds(experime
               "command": "c", "git": {"commit": "x", "dirty_files": 0}, "wall_s": 60, "summary": summary}  # fmt: skip
     report = experiment.markdown(result)
     assert "| query − query-soft | 0, 1, 2 | +1.0000, +0.5000, +0.0000 | +0.5000 ± 0.5000 | [-0.7421, +1.7421] |" in report
+    assert "| query − query-shuffled | 0 | 40 | +0.0000 |" in report
 
 
 def test_tiny_run_writes_every_output_and_resumes(experiment: ModuleType, tmp_path: Path) -> None:
