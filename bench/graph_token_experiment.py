@@ -956,11 +956,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     out = args.out.resolve()
+    if args.report_only and not (out / "data" / "split.json").exists():
+        raise InputError(str(out), "no data prep here to report on; run without --report-only first")
     out.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     settings = check_settings(args, out)
-    if args.report_only and not (out / "data" / "split.json").exists():
-        raise InputError(str(out), "no data prep here to report on; run without --report-only first")
     data = prepare_data(args, out)  # bad data is refused here, before Lightning's import
     import lightning  # noqa: F401  (sets its own log level on import; quieted below)
 

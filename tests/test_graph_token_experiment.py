@@ -281,6 +281,14 @@ def test_bad_arms_are_one_line_and_exit_2(tmp_path: Path, arms: list[str], messa
     assert len(lines) == 1 and message in lines[0] and not (tmp_path / "out").exists(), "refused before any work"
 
 
+def test_a_report_of_a_folder_without_runs_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    command = [sys.executable, str(SCRIPT), "--data", str(SAMPLE), "--out", str(tmp_path / "out"), "--report-only"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no data prep here to report on" in lines[0] and not (tmp_path / "out").exists(), "refused before any work"
+
+
 def test_the_quick_benchmark_run_names_known_arms(experiment: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     run_all = importlib.import_module("run_all")
     quick = run_all.quick_arguments(tmp_path, tmp_path, None)["graph_token_experiment"]
