@@ -64,6 +64,7 @@ class ScoreOnce:
     def __init__(self, reranker: Reranker):
         self.reranker = reranker
         self.model_id = reranker.model_id
+        self.document_layout = reranker.document_layout
         self.pool_size = 0
         """Units in the fused pool of the question being scored (set by the caller): calls are timed per pool of that size."""
         self.calls: list[tuple[int, float]] = []

