@@ -166,16 +166,29 @@ def summarise(records: list[dict], rerankers: dict[str, ScoreOnce]) -> dict:
         "n_questions": means[f"n_questions/cat{c}"],
         **{name: {key: round(means[f"{name}/{key}/cat{c}"], 4) for key in KEYS} for name in names}} for c in categories}
     return {"n_questions": len(records), "pool_recall@100": round(means["pool_recall@100"], 4), "rankings": table,
-            "recall_gain_over_fused": recall_gains(records, names[1:]), "per_category": per_category, "latency": latency}
+            "recall_gain_over_fused": recall_gains(records, names[1:]), "gain_over_first_model": gains_over_first_model(records, list(rerankers)),
+            "per_category": per_category, "latency": latency}
 
 
-def recall_gains(records: list[dict], names: Sequence[str]) -> dict[str, dict]:
-    """Each ranking's recall@10 minus the fused order's, per question, with a paired bootstrap 95% interval over questions."""
+def recall_gains(records: list[dict], names: Sequence[str], reference: str = "fused", key: str = f"recall@{K}") -> dict[str, dict]:
+    """Each ranking's ``key`` (recall@10) minus ``reference``'s (the fused order), per question, with a paired bootstrap 95% interval over questions."""
     def per_question(name: str) -> dict[str, float]:
-        return {f"{r['conversation']}:{r['qa_index']}": r[f"{name}/recall@{K}"] for r in records}
+        return {f"{r['conversation']}:{r['qa_index']}": r[f"{name}/{key}"] for r in records}
 
-    fused = per_question("fused")
-    return {name: paired_bootstrap(per_question(name), fused, resamples=BOOTSTRAP_RESAMPLES, seed=0) for name in names}
+    base = per_question(reference)
+    return {name: paired_bootstrap(per_question(name), base, resamples=BOOTSTRAP_RESAMPLES, seed=0) for name in names}
+
+
+def gains_over_first_model(records: list[dict], models: Sequence[str]) -> dict[str, dict[str, dict]]:
+    """Each later model's recall@10 and nDCG@10 minus the first model's in the same rerank mode, per question, with paired intervals.
+
+    Two models scored on the same pools differ by less than either differs from the fused order; only the
+    paired difference says whether that is more than the questions drawn.
+    """
+    first, *others = models
+    return {f"{name}, {mode}": {key: recall_gains(records, [f"{name}, {mode}"], f"{first}, {mode}", key)[f"{name}, {mode}"]
+                                for key in (f"recall@{K}", f"ndcg@{K}")}
+            for name in others for mode in MODES}
 
 
 def markdown(report: dict) -> str:
@@ -185,11 +198,11 @@ def markdown(report: dict) -> str:
     lines = [f"# Trained cross-encoder rerankers on held-out LoCoMo conversations ({', '.join(report['conversations'])})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m.get('torch_threads')}, load average at start "
              f"{m.get('load_average_1m')}. Turns-mode store embedded with `{report['embedder']}`, rule-based intents, fused pool of 100 "
-             f"(RRF of BM25, dense, attributes), every ranking side by side in one run.", "", "| model | folder | runtime | quantization | layers | max length | scored | negatives | trained on | steps | training s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"(RRF of BM25, dense, attributes), every ranking side by side in one run.", "", "| model | folder | runtime | quantization | layers | max length | document | scored | negatives | trained on | steps | training s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, model in report["models"].items():
         training = model["training"]
-        lines.append(f"| {name} | `{model['folder']}` | {model['runtime']} | {model['quantization']} | {model['layers']} | {model['max_length']} | "
+        lines.append(f"| {name} | `{model['folder']}` | {model['runtime']} | {model['quantization']} | {model['layers']} | {model['max_length']} | {model['document_layout']} | "
                      f"{'top ' + str(model['rerank_top']) if model.get('rerank_top') else 'all'} | {training.get('negatives')} | "
                      f"{', '.join(training.get('train_conversations', []))} ({training.get('train_questions')} questions) | "
                      f"{training.get('steps')} | {training.get('seconds')} |")
@@ -197,6 +210,11 @@ def markdown(report: dict) -> str:
               "| ranking | " + " | ".join(KEYS) + f" | recall@{K} gain over fused [95% interval over questions] |", "|---" * (len(KEYS) + 2) + "|"]
     lines += [f"| {name} | " + " | ".join(f"{row[k]:.3f}" for k in KEYS) + f" | {gain_cell(s['recall_gain_over_fused'].get(name))} |"
               for name, row in s["rankings"].items()]
+    first = next(iter(report["models"]))
+    if s["gain_over_first_model"]:
+        lines += ["", f"## Against {first}, in the same mode (paired over questions)", "",
+                  f"| ranking | recall@{K} difference [95%] | ndcg@{K} difference [95%] |", "|---|---|---|"]
+        lines += [f"| {name} | {gain_cell(gain[f'recall@{K}'])} | {gain_cell(gain[f'ndcg@{K}'])} |" for name, gain in s["gain_over_first_model"].items()]
     lines += ["", "## Per category", "", "| category | n | ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 3) + "|"]
     for category, part in s["per_category"].items():
         for name in names:
@@ -284,6 +302,7 @@ def main() -> None:
         "models": {name: {"folder": str(folder), "runtime": runtime, "quantization": quantization, "rerank_top": top,
                           "layers": rerankers[name].reranker.cross_encoder.model.config.num_hidden_layers,
                           "max_length": rerankers[name].reranker.cross_encoder.max_seq_length,
+                          "document_layout": rerankers[name].document_layout,
                           "training": {k: trainings[model_name(folder)].get(k) for k in (
                               "train_conversations", "val_conversations", "train_questions", "negatives", "steps", "seconds",
                               "validation_before", "validation_after", "hyperparameters")}}
