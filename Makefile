@@ -39,14 +39,15 @@ EXPERIMENT_ARGS ?=
 graph-token-experiment: setup
 	$(PY) bench/graph_token_experiment.py --out out/graph_token $(EXPERIMENT_ARGS)
 
-# The cross-encoder reranker (configs/reranker-cpu.yaml): builds the LoCoMo dev turns-mode store and pools on the first run,
-# then trains two epochs (from a fresh clone, setup included: 19 minutes on one idle 2-core machine, 74 on a slower one; see configs/reranker-cpu.yaml) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--data.negatives 15'.
+# The six-layer cross-encoder reranker (configs/reranker-cpu.yaml): builds the LoCoMo dev turns-mode store and pools on the
+# first run, then trains two epochs on compact documents (store 7 and training 15 minutes on 2 cores here; earlier recipes
+# in bench/results/make_reranker_time.md) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--data.negatives 15'.
 RERANKER_ARGS ?=
 reranker: setup
 	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu.yaml $(RERANKER_ARGS)
 
-# A three-layer reranker distilled from that one (configs/reranker-cpu-small.yaml), which it trains first when missing:
-# about 15 minutes on 2 cores into checkpoints/reranker-cpu-small/model, a pool of 100 in 215 ms in ONNX Runtime int8.
+# The demo's reranker: four layers distilled from that one (configs/reranker-cpu-small.yaml), which it trains first when
+# missing: 16 minutes more on 2 cores into checkpoints/reranker-cpu-small/model, a pool of 100 in 286 ms in ONNX Runtime int8.
 RERANKER_SMALL_ARGS ?=
 reranker-small: setup
 	test -f checkpoints/reranker-cpu/model/model.safetensors || $(MAKE) reranker

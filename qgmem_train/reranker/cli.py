@@ -27,7 +27,7 @@ from qgmem_train.fileio import replace_folder
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.reranker.datamodule import RerankDataModule
 from qgmem_train.reranker.module import CrossEncoderModule
-from qgmem_train.retrieval.rerank import trained_document_layout
+from qgmem_train.retrieval.rerank import build_command, trained_document_layout
 
 DEFAULT_OUT = "checkpoints/reranker-cpu/model"
 TRAINING_RECORD = "training.json"
@@ -87,7 +87,8 @@ def check_teacher_layout(model: CrossEncoderModule, data: RerankDataModule) -> N
     taught = trained_document_layout(model.teacher, Path(model.hparams.teacher))
     if taught != data.document_layout:
         raise InputError("model.teacher", f"{model.hparams.teacher} was trained on {taught} documents and data.document_layout is "
-                                          f"{data.document_layout}: set data.document_layout to {taught}")
+                                          f"{data.document_layout}: retrain the teacher with {data.document_layout} documents "
+                                          f"(`{build_command(model.hparams.teacher)}`) or set data.document_layout to {taught}")
 
 
 def main(argv: list[str]) -> int:
