@@ -279,7 +279,8 @@ def test_a_teacher_trained_on_another_document_layout_is_refused_in_one_line(sam
     source, store, _ = sample_data
     result = _run("fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu-small.yaml"), "--out", str(tmp_path / "model"),
                   "--model.base_model", str(trained), "--model.teacher", str(trained), "--data.input", str(source), "--data.store", str(store),
-                  "--data.cache", str(tmp_path / "pools.json"), "--data.val_conversations", f"[{VAL}]", "--trainer.max_epochs", "1")
+                  "--data.cache", str(tmp_path / "pools.json"), "--data.val_conversations", f"[{VAL}]", "--data.document_layout", "fields",
+                  "--trainer.max_epochs", "1")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "model.teacher" in result.stderr and "compact" in result.stderr and "fields" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "model").exists()
