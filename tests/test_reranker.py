@@ -20,7 +20,7 @@ import pytest
 
 from qgmem_train.config import ModelsConfig, PipelineConfig, load_pipeline_config
 from qgmem_train.errors import InputError, ModelUnavailableError
-from qgmem_train.memory.types import MemoryUnit, TimeSpan
+from qgmem_train.memory.types import MemoryUnit, TimeSpan, Turn
 from qgmem_train.reranker.data import RerankData, ensure_turns_store, load_or_build, rerank_groups, sample_negatives
 from qgmem_train.retrieval.rerank import build_reranker, quantize_linear_int8, rerank_document, reranker_line
 
@@ -152,6 +152,23 @@ def test_a_compact_document_says_what_the_fields_say_in_fewer_tokens() -> None:
         assert compact < 0.75 * fields, (unit.id, compact, fields)
     with pytest.raises(InputError, match="document layout 'short'"):
         rerank_document(full, layout="short")
+
+
+def test_a_context_document_is_the_compact_one_and_the_end_of_the_turn_before() -> None:
+    """What a reply means often sits in the turn it answers ("Yes, I did!"): the context layout adds that turn's last words."""
+    from qgmem_train.retrieval.rerank import CONTEXT_WORDS
+
+    unit = MemoryUnit(id="v", session_id="s", fact_text="Mel: Yes, and it was great!", subject="Mel", predicate="says", object="x",
+                      source_turn_ids=["D1:2"], source_text="Mel: Yes, and it was great!", utterance_time="2023-05-08", serial=1)
+    opening = [f"w{i}" for i in range(CONTEXT_WORDS)]
+    long_turn = Turn("D1:1", "Caroline", " ".join(opening + "did you go to the pottery class".split()))
+    lines = rerank_document(unit, layout="context", before=long_turn).splitlines()
+    assert lines[:-1] == rerank_document(unit, layout="compact").splitlines()
+    kept = " ".join((opening + "did you go to the pottery class".split())[-CONTEXT_WORDS:])
+    assert lines[-1] == f"Turn before: Caroline: ... {kept}"
+    assert rerank_document(unit, layout="context", before=Turn("D1:1", "Caroline", "Did you go?")).splitlines()[-1] == "Turn before: Caroline: Did you go?"
+    assert rerank_document(unit, layout="context") == rerank_document(unit, layout="compact")
+    assert rerank_document(unit, layout="compact", before=long_turn) == rerank_document(unit, layout="compact")
 
 
 def test_pools_are_built_in_the_data_modules_document_layout_and_rebuilt_when_it_changes(sample_data, tmp_path: Path) -> None:

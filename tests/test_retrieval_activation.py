@@ -248,6 +248,16 @@ def test_the_reranker_is_given_documents_in_the_layout_it_was_trained_on(memory,
     assert compact.documents != [index.document(units[uid]) for uid in wm.fused] and fields.sizes == [6]
 
 
+def test_a_context_document_carries_the_turn_before_in_the_units_session(memory, minilm) -> None:
+    cfg = RetrievalConfig(n=6, k=6)
+    index = ActivationIndex(replace(memory, previous_turn={"D1:2": "D1:1", "D2:2": "D2:1"}), cfg, minilm)
+    units = {u.id: u for u in memory.units}
+    assert index.document(units["u1"], "context") == rerank_document(units["u1"], layout="context", before=memory.turns["D1:1"])
+    assert index.document(units["u1"], "context").endswith("Turn before: Caroline: Caroline went to an LGBTQ support group yesterday.")
+    assert index.document(units["u0"], "context") == index.document(units["u0"], "compact")
+    assert "Turn before" not in index.document(units["u1"], "compact")
+
+
 @pytest.mark.parametrize("mode", ["replace", "rrf", "blend"])
 def test_rerank_top_scores_only_the_first_m_of_the_pool_and_leaves_the_rest_in_fused_order(memory, minilm, mode: str) -> None:
     def run(top: int | None):

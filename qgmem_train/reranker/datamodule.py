@@ -40,7 +40,7 @@ class RerankDataModule(pl.LightningDataModule):
         seed: int = 0,
         embedder: str = BUNDLED_EMBEDDER,
         device: str = "cpu",
-        document_layout: Literal["fields", "compact"] = "fields",
+        document_layout: Literal["fields", "compact", "context"] = "fields",
     ) -> None:
         """
         Args:
@@ -54,8 +54,8 @@ class RerankDataModule(pl.LightningDataModule):
             embedder: sentence embedder of the store and the dense channel.
             device: torch device of the embedder while pools are built.
             document_layout: how each unit's document is written (``fields`` labels every field, ``compact`` puts the known
-                ones on one line, dates in words: about a quarter fewer tokens); recorded in the saved model, whose reranker
-                then reads documents in it.
+                ones on one line, dates in words: about a quarter fewer tokens; ``context`` adds the end of the turn before);
+                recorded in the saved model, whose reranker then reads documents in it.
         """
         super().__init__()
         if not val_conversations:

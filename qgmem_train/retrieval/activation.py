@@ -21,7 +21,7 @@ from qgmem_train.memory.columns import ranges
 from qgmem_train.memory.search_terms import TermLists, turn_term_lists, unit_term_lists
 from qgmem_train.memory.store import NamespaceMemory
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap
-from qgmem_train.memory.types import MemoryUnit, Trace
+from qgmem_train.memory.types import MemoryUnit, Trace, Turn
 from qgmem_train.memory.unit_table import UnitView, first_source_turn_ids, unit_texts
 from qgmem_train.retrieval.attributes import AttributeScorer, with_subject_entities
 from qgmem_train.retrieval.dense import DenseIndex
@@ -149,9 +149,16 @@ class ActivationIndex:
         row = self.current_row[self._row_of[unit.id]]
         return self.memory.units[row] if row >= 0 else None
 
+    def turn_before(self, unit: MemoryUnit) -> Turn | None:
+        """The turn before the unit's first source turn in its session, if any."""
+        previous = self.memory.previous_turn.get(unit.source_turn_ids[0]) if unit.source_turn_ids else None
+        return self.memory.turns.get(previous) if previous is not None else None
+
     def document(self, unit: MemoryUnit, layout: str = "fields") -> str:
-        """The unit's rerank document in ``layout``, with its trace's trajectory and current state."""
-        return rerank_document(unit, self.trajectory_of(unit), self.current_of(unit), layout)
+        """The unit's rerank document in ``layout``, with its trace's trajectory and current state (and, in the
+        ``context`` layout, the turn before it)."""
+        before = self.turn_before(unit) if layout == "context" else None
+        return rerank_document(unit, self.trajectory_of(unit), self.current_of(unit), layout, before)
 
     def without_superseded(self, rows: np.ndarray) -> np.ndarray:
         """Whether each of ``rows`` stays: False for a superseded unit whose trace's current member is among ``rows``."""

@@ -5,7 +5,8 @@ utterance time, and the trace trajectory when the unit belongs to one; a trace m
 it is the trace's current state or which unit superseded it. The short structured fields
 come first and the free text last, so a reranker that cuts its input to a token budget loses the end
 of the dialogue, never the times or entities. A cross-encoder reads the document layout it was trained
-on (``fields``, every field labelled, or ``compact``), recorded in its folder's ``config.json``. Rerankers:
+on (``fields``, every field labelled; ``compact``; or ``context``, compact with the turn before), recorded
+in its folder's ``config.json``. Rerankers:
 
 - ``llm``: yes/no scoring in the Qwen3-Reranker formulation, p(yes) / (p(yes) + p(no)), batched;
 - ``cross``: a sentence-transformers CrossEncoder (``models.reranker_model``), e.g. the one
@@ -31,14 +32,16 @@ from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import RERANK, RERANK_INSTRUCTION
-from qgmem_train.memory.types import MemoryUnit, TimeSpan
+from qgmem_train.memory.types import MemoryUnit, TimeSpan, Turn
 
 if TYPE_CHECKING:
     import torch
 
 RERANKER_KINDS = ("llm", "cross", "none")
-DOCUMENT_LAYOUTS = ("fields", "compact")
+DOCUMENT_LAYOUTS = ("fields", "compact", "context")
 """How a rerank document is written (:func:`rerank_document`); a cross-encoder reads the layout it was trained on."""
+CONTEXT_WORDS = 24
+"""Words of the turn before that a ``context`` document keeps, its last ones (where the question a reply answers sits)."""
 LAYOUT_CONFIG_KEY = "qgmem_document_layout"
 """Key of a trained CrossEncoder's ``config.json`` naming its document layout; folders without it read ``fields``."""
 BUILD_COMMANDS = {"reranker-cpu-small": "make reranker-small"}
@@ -58,17 +61,21 @@ def state_line(unit: MemoryUnit, current: MemoryUnit) -> str:
     return f"State: superseded by {current.id}: {current.fact_text}"
 
 
-def rerank_document(unit: MemoryUnit, trajectory: str | None = None, current: MemoryUnit | None = None, layout: str = "fields") -> str:
+def rerank_document(
+    unit: MemoryUnit, trajectory: str | None = None, current: MemoryUnit | None = None, layout: str = "fields", before: Turn | None = None
+) -> str:
     """The structured document of one unit, as the reranker reads it; ``trajectory`` and ``current`` member of its trace if any.
 
     Times, entities, locations and the unit's state in its trace first (current, or superseded and by
     which unit: the reranker can pass over a state that no longer holds), then the fact, the trajectory
     and the source dialogue. ``fields`` labels every field, ``unknown`` or ``none`` included;
-    ``compact`` puts the known ones on one header line, dates in words (see :func:`compact_header`).
+    ``compact`` puts the known ones on one header line, dates in words (see :func:`compact_header`);
+    ``context`` is ``compact`` ending with the last :data:`CONTEXT_WORDS` words of ``before``, the turn
+    before the unit's in its session (last, so a token budget cuts it before the unit's own text).
     """
     if layout not in DOCUMENT_LAYOUTS:
         raise InputError("document layout", f"document layout {layout!r} is not one of {', '.join(DOCUMENT_LAYOUTS)}")
-    if layout == "compact":
+    if layout != "fields":
         lines = [header] if (header := compact_header(unit)) else []
     else:
         lines = [
@@ -79,11 +86,15 @@ def rerank_document(unit: MemoryUnit, trajectory: str | None = None, current: Me
         ]
     if current is not None:
         lines.append(state_line(unit, current))
-    lines.append(unit.fact_text if layout == "compact" else f"Fact: {unit.fact_text}")
+    lines.append(f"Fact: {unit.fact_text}" if layout == "fields" else unit.fact_text)
     if trajectory:
         lines.append(f"Trajectory: {trajectory}")
     if unit.source_text.strip() and unit.source_text.strip() != unit.fact_text.strip():
         lines.append(f"Source dialogue: {unit.source_text}")
+    if layout == "context" and before is not None:
+        words = before.text.split()
+        kept = " ".join(words[-CONTEXT_WORDS:])
+        lines.append(f"Turn before: {before.speaker}: {'... ' if len(words) > CONTEXT_WORDS else ''}{kept}")
     return "\n".join(lines)
 
 
