@@ -25,6 +25,7 @@ import numpy as np
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig, RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import read_text, write_json_atomic
+from qgmem_train.retrieval.rerank import UNRECORDED_LAYOUT
 
 HARD_TOP = 50
 """Pool ranks above this count as the hard half of the negatives."""
@@ -132,7 +133,7 @@ def data_source(input_path: Path, store: Path, embedder: str, retrieval: Retriev
 
 
 def build_rerank_data(input_path: Path, store: Path, cfg: PipelineConfig, conversations: Sequence[str] | None = None,
-                      document_layout: str = "fields") -> RerankData:
+                      document_layout: str = UNRECORDED_LAYOUT) -> RerankData:
     """Fused pools and gold units of every LoCoMo question of the stored conversations (rule-based intents, no reranker), documents in ``document_layout``."""
     from qgmem_train.eval.question_batches import locomo_question_batches
     from qgmem_train.llm.factory import build_embedder
@@ -163,7 +164,7 @@ def build_rerank_data(input_path: Path, store: Path, cfg: PipelineConfig, conver
     return RerankData(examples, documents, data_source(Path(input_path), Path(store), embedder.model_id, cfg.retrieval, document_layout))
 
 
-def load_or_build(input_path: Path, store: Path, cache: Path | None, cfg: PipelineConfig, document_layout: str = "fields") -> RerankData:
+def load_or_build(input_path: Path, store: Path, cache: Path | None, cfg: PipelineConfig, document_layout: str = UNRECORDED_LAYOUT) -> RerankData:
     """The data of ``cache`` when it was built from the same input, store, settings and document layout; else built (and cached).
 
     The turns-mode store is built first when it lacks conversations of the input.

@@ -25,7 +25,7 @@ from qgmem_train.config import BUNDLED_EMBEDDER
 from qgmem_train.errors import InputError
 from qgmem_train.model.schedule import warmup_cosine
 from qgmem_train.reranker.data import RerankGroup
-from qgmem_train.retrieval.rerank import LAYOUT_CONFIG_KEY, build_command, names_missing_folder
+from qgmem_train.retrieval.rerank import LAYOUT_CONFIG_KEY, UNRECORDED_LAYOUT, build_command, names_missing_folder
 
 SCORE_ACTIVATION = "torch.nn.modules.linear.Identity"
 """Saved activation: raw logits, which never tie the way saturated sigmoids do."""
@@ -177,7 +177,7 @@ class CrossEncoderModule(pl.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def save(self, folder: Path, document_layout: str = "fields") -> None:
+    def save(self, folder: Path, document_layout: str = UNRECORDED_LAYOUT) -> None:
         """Write the CrossEncoder folder (config naming the document layout it trained on, safetensors weights, tokenizer) into ``folder``."""
         save_cross_encoder(self.cross_encoder, folder, document_layout)
 
@@ -207,7 +207,7 @@ def load_cross_encoder(
         return CrossEncoder(str(folder), num_labels=1, max_length=max_length, device=device, activation_fn=nn.Identity(), config_kwargs=config_kwargs)
 
 
-def save_cross_encoder(cross_encoder: Any, folder: Path, document_layout: str = "fields") -> None:
+def save_cross_encoder(cross_encoder: Any, folder: Path, document_layout: str = UNRECORDED_LAYOUT) -> None:
     """Save in sentence-transformers' format, the activation also named in config.json (older loaders read it there), with the
     document layout its reranker reads (:data:`~qgmem_train.retrieval.rerank.LAYOUT_CONFIG_KEY`)."""
     import sentence_transformers

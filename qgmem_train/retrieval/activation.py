@@ -29,7 +29,7 @@ from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.intent import QueryIntent, parse_intent_rules, parse_intents
 from qgmem_train.retrieval.lexical import BM25Index
 from qgmem_train.retrieval.ranking import top_n, top_positive
-from qgmem_train.retrieval.rerank import Reranker, rerank_document
+from qgmem_train.retrieval.rerank import UNRECORDED_LAYOUT, Reranker, rerank_document
 from qgmem_train.text import tokenize
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class ActivationIndex:
         previous = self.memory.previous_turn.get(unit.source_turn_ids[0]) if unit.source_turn_ids else None
         return self.memory.turns.get(previous) if previous is not None else None
 
-    def document(self, unit: MemoryUnit, layout: str = "fields") -> str:
+    def document(self, unit: MemoryUnit, layout: str = UNRECORDED_LAYOUT) -> str:
         """The unit's rerank document in ``layout``, with its trace's trajectory and current state (and, in the
         ``context`` layout, the turn before it)."""
         before = self.turn_before(unit) if layout == "context" else None
@@ -250,7 +250,7 @@ def activate(
         order, scores = pool, fused_scores
     else:
         scored = len(pool) if cfg.rerank_top is None else min(cfg.rerank_top, len(pool))
-        layout = getattr(reranker, "document_layout", "fields")
+        layout = getattr(reranker, "document_layout", UNRECORDED_LAYOUT)
         order, scores = rerank_head(pool[:scored], question, [index.document(units[row], layout) for row in pool[:scored]], reranker, cfg)
         order, scores = np.concatenate([order, pool[scored:]]), np.concatenate([scores, fused_scores[scored:]])
     timings["rerank"] = time.perf_counter() - start

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 RERANKER_KINDS = ("llm", "cross", "none")
 DOCUMENT_LAYOUTS = ("fields", "compact", "context")
 """How a rerank document is written (:func:`rerank_document`); a cross-encoder reads the layout it was trained on."""
+UNRECORDED_LAYOUT = "fields"
+"""The layout of a reranker that records none (every model trained before layouts) and the default of a document."""
 CONTEXT_WORDS = 24
 """Words of the turn before that a ``context`` document keeps, its last ones (where the question a reply answers sits)."""
 LAYOUT_CONFIG_KEY = "qgmem_document_layout"
@@ -62,7 +64,8 @@ def state_line(unit: MemoryUnit, current: MemoryUnit) -> str:
 
 
 def rerank_document(
-    unit: MemoryUnit, trajectory: str | None = None, current: MemoryUnit | None = None, layout: str = "fields", before: Turn | None = None
+    unit: MemoryUnit, trajectory: str | None = None, current: MemoryUnit | None = None, layout: str = UNRECORDED_LAYOUT,
+    before: Turn | None = None,
 ) -> str:
     """The structured document of one unit, as the reranker reads it; ``trajectory`` and ``current`` member of its trace if any.
 
@@ -73,8 +76,7 @@ def rerank_document(
     ``context`` is ``compact`` ending with the last :data:`CONTEXT_WORDS` words of ``before``, the turn
     before the unit's in its session (last, so a token budget cuts it before the unit's own text).
     """
-    if layout not in DOCUMENT_LAYOUTS:
-        raise InputError("document layout", f"document layout {layout!r} is not one of {', '.join(DOCUMENT_LAYOUTS)}")
+    check_layout(layout, "document layout")
     if layout != "fields":
         lines = [header] if (header := compact_header(unit)) else []
     else:
@@ -96,6 +98,13 @@ def rerank_document(
         kept = " ".join(words[-CONTEXT_WORDS:])
         lines.append(f"Turn before: {before.speaker}: {'... ' if len(words) > CONTEXT_WORDS else ''}{kept}")
     return "\n".join(lines)
+
+
+def check_layout(layout: str, where: str) -> str:
+    """``layout`` when it is one of :data:`DOCUMENT_LAYOUTS`; else an :class:`InputError` at ``where``."""
+    if layout not in DOCUMENT_LAYOUTS:
+        raise InputError(where, f"document layout {layout!r} is not one of {', '.join(DOCUMENT_LAYOUTS)}")
+    return layout
 
 
 def compact_header(unit: MemoryUnit) -> str:
@@ -139,7 +148,7 @@ class LLMReranker:
     """Yes/no relevance from a chat LLM: the Qwen3-Reranker prompt, scored in batches."""
 
     name = "llm"
-    document_layout = "fields"
+    document_layout = UNRECORDED_LAYOUT
 
     def __init__(self, llm: ChatLLM, *, batch_size: int = 8, instruction: str = RERANK_INSTRUCTION):
         self.llm = llm
@@ -190,10 +199,7 @@ class CrossEncoderReranker:
 
 def trained_document_layout(cross_encoder: Any, folder: Path) -> str:
     """The document layout the CrossEncoder of ``folder`` was trained on: its ``config.json`` record, ``fields`` without one."""
-    layout = getattr(cross_encoder.model.config, LAYOUT_CONFIG_KEY, "fields")
-    if layout not in DOCUMENT_LAYOUTS:
-        raise InputError(str(Path(folder) / "config.json"), f"{LAYOUT_CONFIG_KEY}: document layout {layout!r} is not one of {', '.join(DOCUMENT_LAYOUTS)}")
-    return layout
+    return check_layout(getattr(cross_encoder.model.config, LAYOUT_CONFIG_KEY, UNRECORDED_LAYOUT), f"{Path(folder) / 'config.json'}: {LAYOUT_CONFIG_KEY}")
 
 
 def quantize_linear_int8(model: torch.nn.Module) -> None:
