@@ -306,12 +306,13 @@ def test_a_pickled_checkpoint_that_runs_code_is_refused_without_running_it(train
 
 @pytest.fixture(scope="module")
 def cross_encoder_dir(tmp_path_factory) -> Path:
-    """A CrossEncoder folder as fit-reranker writes it: the bundled MiniLM with a fresh scoring head (seeded)."""
+    """A CrossEncoder folder as fit-reranker writes it: the bundled MiniLM with a fresh scoring head (seeded), trained on
+    context documents."""
     from qgmem_train.reranker.module import load_cross_encoder, save_cross_encoder
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("reranker") / "model"
-    save_cross_encoder(load_cross_encoder(BUNDLED_EMBEDDER, max_length=64), folder)
+    save_cross_encoder(load_cross_encoder(BUNDLED_EMBEDDER, max_length=64), folder, "context")
     return folder
 
 
@@ -335,7 +336,7 @@ def test_export_bundles_a_local_cross_encoder_and_the_predictor_reranks_with_it(
     assert str(cross_encoder_dir) not in (out / "config.json").read_text() and str(tmp_path) not in (out / "README.md").read_text()
 
     predictor = QGMemPredictor.from_pretrained(out, intent="rules", device="cpu")
-    assert isinstance(predictor.reranker, CrossEncoderReranker)
+    assert isinstance(predictor.reranker, CrossEncoderReranker) and predictor.reranker.document_layout == "context"
     pairs = [(QUESTION, "Fact: Melanie painted a sunrise over the lake."), (QUESTION, "Fact: Caroline went to a support group.")]
     original = CrossEncoderReranker(str(cross_encoder_dir), device="cpu")
     assert np.allclose(predictor.reranker.cross_encoder.predict(pairs), original.cross_encoder.predict(pairs), atol=1e-5)
