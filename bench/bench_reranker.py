@@ -163,7 +163,7 @@ def summarise(records: list[dict], rerankers: dict[str, ScoreOnce]) -> dict:
     categories = sorted({r["category"] for r in records})
     table = {name: {key: round(means[f"{name}/{key}"], 4) for key in KEYS} for name in names}
     per_category = {f"cat{c} {LOCOMO_CATEGORY_NAMES.get(c, '')}".strip(): {
-        "n_questions": means[f"n_questions/cat{c}"],
+        "n_questions": means[f"n_questions/cat{c}"], "pool_recall@100": round(means[f"pool_recall@100/cat{c}"], 4),
         **{name: {key: round(means[f"{name}/{key}/cat{c}"], 4) for key in KEYS} for name in names}} for c in categories}
     return {"n_questions": len(records), "pool_recall@100": round(means["pool_recall@100"], 4), "rankings": table,
             "recall_gain_over_fused": recall_gains(records, names[1:]), "gain_over_first_model": gains_over_first_model(records, list(rerankers)),
@@ -215,10 +215,12 @@ def markdown(report: dict) -> str:
         lines += ["", f"## Against {first}, in the same mode (paired over questions)", "",
                   f"| ranking | recall@{K} difference [95%] | ndcg@{K} difference [95%] |", "|---|---|---|"]
         lines += [f"| {name} | {gain_cell(gain[f'recall@{K}'])} | {gain_cell(gain[f'ndcg@{K}'])} |" for name, gain in s["gain_over_first_model"].items()]
-    lines += ["", "## Per category", "", "| category | n | ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 3) + "|"]
+    lines += ["", "## Per category", "", "Pool recall@100: the share of the category's gold in the fused pool of 100, all a reranker can reach.", "",
+              "| category | n | pool recall@100 | ranking | " + " | ".join(KEYS) + " |", "|---" * (len(KEYS) + 4) + "|"]
     for category, part in s["per_category"].items():
         for name in names:
-            lines.append(f"| {category} | {part['n_questions']} | {name} | " + " | ".join(f"{part[name][k]:.3f}" for k in KEYS) + " |")
+            lines.append(f"| {category} | {part['n_questions']} | {part['pool_recall@100']:.3f} | {name} | "
+                         + " | ".join(f"{part[name][k]:.3f}" for k in KEYS) + " |")
     lines += ["", f"Latency of scoring a pool of 100 candidates ({report['batch_size']} pairs a forward pass):", ""]
     lines += [f"- {name}: p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms ({lat['pools_of_100']} pools)" for name, lat in s["latency"].items()]
     lines += ["", "Targets: " + "; ".join(f"{k} {v}" for k, v in report["targets"].items()) + ".", ""]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -32,3 +32,18 @@ def test_a_later_model_is_compared_with_the_first_one_per_question_in_the_same_m
     assert gains["b, blend"]["ndcg@10"]["mean_difference"] == 0.0 and gains["b, replace"]["recall@10"]["mean_difference"] == 0.0
     assert gains["b, rrf"]["ndcg@10"]["mean_difference"] == pytest.approx(-0.4 / 4)
     assert gains["b, blend"]["recall@10"]["questions"] == 4 and bench.gains_over_first_model(records, ["a"]) == {}
+
+
+def test_each_category_reports_how_much_of_its_gold_the_pool_holds(bench: ModuleType) -> None:
+    """What a reranker can reach in a category is its pool's recall: a miss outside the pool is the fused channels' miss."""
+    records = [{"conversation": "c", "qa_index": q, "category": category, "pool_recall@100": pool,
+                **{f"{name}/{key}": 0.0 for name in bench.rankings(["a"]) for key in bench.KEYS}}
+               for q, (category, pool) in enumerate([(1, 1.0), (1, 0.5), (3, 0.0)])]
+    summary = bench.summarise(records, {"a": SimpleNamespace(calls=[])})
+    assert summary["per_category"]["cat1 multi-hop"]["pool_recall@100"] == pytest.approx(0.75)
+    assert summary["per_category"]["cat3 open-domain"]["pool_recall@100"] == 0.0
+    model = {"folder": "m", "runtime": "torch", "quantization": "none", "layers": 6, "max_length": None, "document_layout": "compact",
+             "training": {}}
+    report = {"summary": summary, "machine": {"cpu": "x", "cores": 2}, "conversations": ["c"], "embedder": "e", "models": {"a": model},
+              "batch_size": 8, "targets": {}, "met": {}}
+    assert "| cat1 multi-hop | 2 | 0.750 | fused |" in bench.markdown(report)
