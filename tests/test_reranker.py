@@ -21,7 +21,7 @@ import pytest
 from qgmem_train.config import ModelsConfig, PipelineConfig, load_pipeline_config
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.memory.types import MemoryUnit, TimeSpan, Turn
-from qgmem_train.reranker.data import RerankData, ensure_turns_store, load_or_build, rerank_groups, sample_negatives
+from qgmem_train.reranker.data import RerankData, RerankExample, ensure_turns_store, load_or_build, mined_pools, rerank_groups, sample_negatives
 from qgmem_train.retrieval.rerank import build_reranker, quantize_linear_int8, rerank_document, reranker_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,6 +184,26 @@ def test_pools_are_built_in_the_data_modules_document_layout_and_rebuilt_when_it
     assert load_or_build(source, store, cache, PipelineConfig()).documents == fields.documents
 
 
+class _ScoresByNumber:
+    """A reranker that scores a document ``d<i>`` as ``i``: it ranks the fused pool ``d0..d59`` backwards."""
+
+    name, model_id, document_layout = "cross", "by-number", "compact"
+
+    def score(self, query: str, documents: list[str]) -> np.ndarray:
+        return np.array([float(d[1:]) for d in documents])
+
+
+def test_mined_pools_are_in_the_models_order_so_the_hard_negatives_are_its_top() -> None:
+    """A second round of hard negatives: the pool's head is what a trained model ranks highest, not what the fusion did."""
+    pool = [f"u{i}" for i in range(60)]
+    data = RerankData([RerankExample("c", 0, 1, "q?", pool, ["u0"])], {"c": {uid: f"d{uid[1:]}" for uid in pool}})
+    mined = mined_pools(data, _ScoresByNumber())
+    assert mined.examples[0].pool == pool[::-1] and mined.examples[0].gold == ["u0"] and data.examples[0].pool == pool
+    assert mined.documents == data.documents and mined.source["mined_with"] == "by-number"
+    drawn = sample_negatives(mined.examples[0], 8, np.random.default_rng(0))
+    assert sum(int(uid[1:]) >= 10 for uid in drawn[:4]) == 4 and all(int(uid[1:]) < 10 for uid in drawn[4:])
+
+
 def test_group_losses_match_their_definitions_and_ignore_padding() -> None:
     import torch
 
@@ -289,6 +309,25 @@ def test_a_folder_with_an_unknown_document_layout_is_refused_by_its_config_file(
     with pytest.raises(InputError, match="document layout 'short'") as error:
         build_reranker(PipelineConfig(models=ModelsConfig(reranker="cross", reranker_model=str(folder), device="cpu")))
     assert str(folder / "config.json") in str(error.value)
+
+
+@pytest.mark.slow
+def test_training_pools_mined_by_a_trained_model_are_recorded_and_a_model_of_another_layout_is_refused(sample_data, trained: Path, tmp_path: Path) -> None:
+    source, store, _ = sample_data
+    common = ("--data.input", str(source), "--data.store", str(store), "--data.cache", str(tmp_path / "pools.json"),
+              "--data.val_conversations", f"[{VAL}]", "--data.mine_with", str(trained), "--model.max_length", "64",
+              "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
+              "--trainer.logger", "false")
+    refused = _run("fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu.yaml"), "--out", str(tmp_path / "refused"), *common,
+                   "--data.document_layout", "fields")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert "data.mine_with" in refused.stderr and "compact" in refused.stderr and not (tmp_path / "refused").exists()
+    out = tmp_path / "model"
+    mined = _run("fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu.yaml"), "--out", str(out), *common,
+                 "--data.document_layout", "compact")
+    assert mined.returncode == 0, mined.stderr[-3000:]
+    record = json.loads((out / "training.json").read_text())
+    assert record["mined_with"] == str(trained) and record["train_conversations"] == [TRAIN]
 
 
 @pytest.mark.slow

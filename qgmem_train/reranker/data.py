@@ -16,16 +16,17 @@ import hashlib
 import json
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig, RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import read_text, write_json_atomic
-from qgmem_train.retrieval.rerank import UNRECORDED_LAYOUT
+from qgmem_train.retrieval.rerank import UNRECORDED_LAYOUT, Reranker
 
 HARD_TOP = 50
 """Pool ranks above this count as the hard half of the negatives."""
@@ -208,6 +209,19 @@ class RerankGroup:
 
     question: str
     documents: list[str]
+
+
+def mined_pools(data: RerankData, reranker: Reranker) -> RerankData:
+    """The examples with each pool in ``reranker``'s order, best first: a second round of hard negatives.
+
+    :func:`sample_negatives` draws its hard half from a pool's first ranks, so after this it draws what a
+    trained model ranks highest among the units that are not gold, rather than what the fusion did.
+    """
+    examples = []
+    for example in tqdm(data.examples, desc="mining hard negatives", unit="question"):
+        scores = np.asarray(reranker.score(example.question, [data.document(example, uid) for uid in example.pool]))
+        examples.append(replace(example, pool=[example.pool[i] for i in np.argsort(-scores, kind="stable")]))
+    return RerankData(examples, data.documents, {**data.source, "mined_with": reranker.model_id})
 
 
 def rerank_groups(data: RerankData, negatives: int, seed: int, epoch: int = 0) -> list[RerankGroup]:

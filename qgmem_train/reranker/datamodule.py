@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader
 
 from qgmem_train.config import BUNDLED_EMBEDDER, ModelsConfig, PipelineConfig
 from qgmem_train.errors import InputError
-from qgmem_train.reranker.data import RerankData, RerankGroup, load_or_build, rerank_groups
+from qgmem_train.reranker.data import RerankData, RerankGroup, load_or_build, mined_pools, rerank_groups
+from qgmem_train.retrieval.rerank import Reranker, build_command, build_reranker, names_missing_folder
 
 DEFAULT_INPUT = "../shared/data/locomo/locomo_dev.json"
 VALIDATION_SEED_OFFSET = 1_000_003
@@ -41,6 +42,7 @@ class RerankDataModule(pl.LightningDataModule):
         embedder: str = BUNDLED_EMBEDDER,
         device: str = "cpu",
         document_layout: Literal["fields", "compact", "context"] = "fields",
+        mine_with: str | None = None,
     ) -> None:
         """
         Args:
@@ -56,6 +58,8 @@ class RerankDataModule(pl.LightningDataModule):
             document_layout: how each unit's document is written (``fields`` labels every field, ``compact`` puts the known
                 ones on one line, dates in words: about a quarter fewer tokens; ``context`` adds the end of the turn before);
                 recorded in the saved model, whose reranker then reads documents in it.
+            mine_with: a trained cross-encoder folder (same document layout) whose scores reorder the training pools, so the
+                hard half of the negatives is what it ranks highest (a second round of hard negatives); null: the fused order.
         """
         super().__init__()
         if not val_conversations:
@@ -67,6 +71,7 @@ class RerankDataModule(pl.LightningDataModule):
         self.val_conversations = list(val_conversations)
         self.negatives, self.batch_size, self.seed = negatives, batch_size, seed
         self.document_layout = document_layout
+        self.mine_with = mine_with
         self.pipeline = PipelineConfig(models=ModelsConfig(embedder=embedder, device=device))
         self.train_data: RerankData | None = None
         self.val_data: RerankData | None = None
@@ -76,6 +81,21 @@ class RerankDataModule(pl.LightningDataModule):
         if self.train_data is None:
             data = load_or_build(self.input, self.store, self.cache, self.pipeline, self.document_layout)
             self.train_data, self.val_data = data.split(self.val_conversations)
+            if self.mine_with:
+                self.train_data = mined_pools(self.train_data, self.mining_reranker())
+
+    def mining_reranker(self) -> Reranker:
+        """The ``mine_with`` cross-encoder as the pipeline runs it (ONNX Runtime int8 on the CPU), refused when it is missing
+        or reads another document layout than the data's."""
+        models = ModelsConfig(reranker="cross", reranker_model=self.mine_with, reranker_runtime="onnxruntime", reranker_quantization="int8",
+                              device=self.pipeline.models.device)
+        if names_missing_folder(self.mine_with):
+            raise InputError("data.mine_with", f"no cross-encoder folder at {self.mine_with} (build it with `{build_command(self.mine_with)}`)")
+        reranker = build_reranker(PipelineConfig(models=models))
+        if reranker.document_layout != self.document_layout:
+            raise InputError("data.mine_with", f"{self.mine_with} was trained on {reranker.document_layout} documents and data.document_layout is "
+                                               f"{self.document_layout}: mine with a model of {self.document_layout} documents")
+        return reranker
 
     def train_dataloader(self) -> DataLoader:
         """This epoch's groups, shuffled (the order follows Lightning's seed)."""
