@@ -498,6 +498,16 @@ def test_small_reranker_config_distils_the_trained_reranker_on_the_same_split() 
     assert small.data == full.data and small.seed_everything == full.seed_everything and small.trainer.deterministic is True
 
 
+def test_context_reranker_config_is_the_reranker_config_on_context_documents() -> None:
+    """The most accurate CPU reranker: the same recipe, data and split, documents with the turn before, its own pools and folder."""
+    full, context = _parse_reranker_config("reranker-cpu.yaml"), _parse_reranker_config("reranker-cpu-context.yaml")
+    assert context.data.document_layout == "context" and context.data.cache != full.data.cache and context.out != full.out
+    assert {k: v for k, v in vars(context.data).items() if k not in ("document_layout", "cache")} == {
+        k: v for k, v in vars(full.data).items() if k not in ("document_layout", "cache")}
+    assert context.model == full.model and context.seed_everything == full.seed_everything
+    assert context.trainer.default_root_dir == str(Path(context.out).parent)
+
+
 def test_num_layers_keeps_the_first_layers_of_the_base_in_a_folder_that_loads_alone(tmp_path: Path) -> None:
     """A smaller reranker: the base's first layers (its weights, not fresh ones), saved so sentence-transformers loads it as is."""
     import torch
