@@ -204,6 +204,15 @@ def test_mined_pools_are_in_the_models_order_so_the_hard_negatives_are_its_top()
     assert sum(int(uid[1:]) >= 10 for uid in drawn[:4]) == 4 and all(int(uid[1:]) < 10 for uid in drawn[4:])
 
 
+def test_a_mining_model_not_built_yet_is_refused_with_the_command_that_builds_it(tmp_path: Path) -> None:
+    from qgmem_train.reranker.datamodule import RerankDataModule
+
+    folder = tmp_path / "reranker-cpu" / "model"
+    with pytest.raises(InputError, match="make reranker") as error:
+        RerankDataModule(val_conversations=["conv-30"], mine_with=str(folder)).mining_reranker()
+    assert error.value.where == "data.mine_with" and str(folder) in error.value.message
+
+
 def test_group_losses_match_their_definitions_and_ignore_padding() -> None:
     import torch
 
