@@ -54,7 +54,8 @@ reranker-small: setup
 	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu-small.yaml $(RERANKER_SMALL_ARGS)
 
 # The most accurate CPU reranker (configs/reranker-cpu-context.yaml): the six-layer recipe on documents that end with the
-# turn before (35 minutes on 2 cores here, beside a test run for the first 20; a pool of 100 in 691 ms against 454),
+# turn before (two epochs in 35 minutes on 2 cores here, beside a test run for the first 20, store and pools already
+# built; a pool of 100 in 691 ms against 454),
 # into checkpoints/reranker-cpu-context/model.
 RERANKER_CONTEXT_ARGS ?=
 reranker-context: setup
