@@ -22,12 +22,11 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from qgmem_train.errors import InputError
 from qgmem_train.fileio import replace_folder
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.reranker.datamodule import RerankDataModule
 from qgmem_train.reranker.module import CrossEncoderModule
-from qgmem_train.retrieval.rerank import build_command, trained_document_layout
+from qgmem_train.retrieval.rerank import trained_document_layout
 
 DEFAULT_OUT = "checkpoints/reranker-cpu/model"
 TRAINING_RECORD = "training.json"
@@ -85,11 +84,7 @@ def check_teacher_layout(model: CrossEncoderModule, data: RerankDataModule) -> N
     """Refuse a teacher trained on another document layout than the data's: it would score documents it never read."""
     if model.teacher is None:
         return
-    taught = trained_document_layout(model.teacher, Path(model.hparams.teacher))
-    if taught != data.document_layout:
-        raise InputError("model.teacher", f"{model.hparams.teacher} was trained on {taught} documents and data.document_layout is "
-                                          f"{data.document_layout}: retrain the teacher with {data.document_layout} documents "
-                                          f"(`{build_command(model.hparams.teacher)}`) or set data.document_layout to {taught}")
+    data.check_layout_of("model.teacher", model.hparams.teacher, trained_document_layout(model.teacher, Path(model.hparams.teacher)))
 
 
 def main(argv: list[str]) -> int:

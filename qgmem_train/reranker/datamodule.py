@@ -92,10 +92,16 @@ class RerankDataModule(pl.LightningDataModule):
         if names_missing_folder(self.mine_with):
             raise InputError("data.mine_with", f"no cross-encoder folder at {self.mine_with} (build it with `{build_command(self.mine_with)}`)")
         reranker = build_reranker(PipelineConfig(models=models))
-        if reranker.document_layout != self.document_layout:
-            raise InputError("data.mine_with", f"{self.mine_with} was trained on {reranker.document_layout} documents and data.document_layout is "
-                                               f"{self.document_layout}: mine with a model of {self.document_layout} documents")
+        self.check_layout_of("data.mine_with", self.mine_with, reranker.document_layout)
         return reranker
+
+    def check_layout_of(self, field: str, folder: str, trained: str) -> None:
+        """Refuse the model of ``folder`` (named by ``field``) when it was ``trained`` on another document layout than the
+        data's: it would score documents it never read."""
+        if trained != self.document_layout:
+            raise InputError(field, f"{folder} was trained on {trained} documents and data.document_layout is {self.document_layout}: "
+                                    f"retrain it with {self.document_layout} documents (`{build_command(folder)}`) or set "
+                                    f"data.document_layout to {trained}")
 
     def train_dataloader(self) -> DataLoader:
         """This epoch's groups, shuffled (the order follows Lightning's seed)."""
