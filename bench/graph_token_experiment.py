@@ -51,7 +51,9 @@ Layout of ``--out``: ``data/`` (staged cases, data-prep output, ``trajectories/`
 A run whose ``result.json`` exists is skipped, so a killed experiment resumes at the run it was in; a run killed in
 training or in its test resumes from its ``last.ckpt`` (its last validation; after the last one it goes straight to
 its test). Settings that change the data or the runs are recorded in ``settings.json``; rerunning with other ones into
-the same ``--out`` is refused.
+the same ``--out`` is refused. ``--max-f1-questions`` may change: the finished runs then answer the questions the new
+sample adds (a larger sample holds a smaller one) with the checkpoint each was tested with, saving answers as they come
+(``answers.partial.json``), and drop answers outside it; nothing trains again.
 
 Measured speeds (SmolLM2-135M in float32, one torch thread, 2 shared cores, before the prefix cache): a training step of
 one example of about 500 tokens 3.9 s; a schema-constrained answer 2.3 s per question in batches of 8; building one
@@ -451,11 +453,44 @@ def answered_subset(examples: list[Any], limit: int | None, seed: int) -> list[A
     """The test questions whose answers are generated and scored: all of them, or a seeded sample of ``limit`` in test order.
 
     Losses are computed on every test question; generation costs far more (seconds an answer on 2 cores), hence the cap.
+    The sample is the first ``limit`` of one seeded order, so a larger one holds a smaller one and raising the cap
+    only answers the questions added.
     """
     if limit is None or limit >= len(examples):
         return list(examples)
-    chosen = set(random.Random(seed).sample(range(len(examples)), limit))
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    chosen = set(order[:limit])
     return [ex for i, ex in enumerate(examples) if i in chosen]
+
+
+ANSWER_CHUNK = 10
+"""Questions answered per predict call when answers are saved as they come (:func:`answer_questions`)."""
+
+
+def answer_questions(trainer: Any, model: Any, data: Any, examples: list[Any], ckpt: str | None, partial: Path) -> dict[str, dict[str, Any]]:
+    """Answers (with their F1, BLEU-1 and EM) of ``examples`` by ``model`` with the weights of ``ckpt`` (its own when None), by
+    question id; written to ``partial`` after every :data:`ANSWER_CHUNK` questions, whose answers a rerun does not generate
+    again (an answer costs seconds on 2 cores)."""
+    answers: dict[str, dict[str, Any]] = json.loads(partial.read_text()) if partial.exists() else {}
+    todo = [ex for ex in examples if ex.question_id not in answers]
+    tested = data.splits["test"]
+    try:
+        for start in range(0, len(todo), ANSWER_CHUNK):
+            data.splits["test"] = todo[start : start + ANSWER_CHUNK]
+            answers.update((r["question_id"], r) for batch in trainer.predict(model, datamodule=data, ckpt_path=ckpt) for r in batch)
+            write_json_atomic(partial, answers)
+            log.info("    answered %d of %d", min(start + ANSWER_CHUNK, len(todo)), len(todo))
+    finally:
+        data.splits["test"] = tested
+    return answers
+
+
+def answer_scores(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Valid-JSON rate, F1, BLEU-1 and exact match over the answered records."""
+    answered = [r for r in records if "f1" in r]
+    return {key: statistics.fmean(float(r[field]) for r in answered) for key, field in
+            (("json_valid", "valid_json"), ("f1", "f1"), ("bleu1", "bleu1"), ("exact_match", "exact_match"))}  # fmt: skip
 
 
 def per_question_losses(model: Any, data: Any) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
@@ -497,20 +532,15 @@ def build_module(args: argparse.Namespace, variant: Variant, feature_dim: int, *
     )  # fmt: skip
 
 
-def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path: Path, run_dir: Path, source: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train (when the variant has something to train), validate, then test and predict the test conversations.
-
-    A shuffled-graph arm trains nothing: it tests ``source``'s best checkpoint (its arm, same seed) on shuffled test graphs.
-    """
+def arm_data_and_module(args: argparse.Namespace, variant: Variant, seed: int, data_path: Path) -> tuple[Any, Any]:
+    """The arm's data module, set up (empty graphs for a soft prompt, shuffled test graphs for a shuffled-graph test), and its
+    module, seeded as every run of the arm is, so an untrained arm is the same model each time it is built."""
     import lightning as L
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
 
     from qgmem_train.graph.local_graph import LocalGraph
     from qgmem_train.model.datamodule import TrajectoryDataModule
 
-    started = time.perf_counter()
     L.seed_everything(seed, verbose=False)
     data = TrajectoryDataModule(
         str(data_path), embedder=args.embedder, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, shuffle_seed=seed
@@ -521,7 +551,61 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
     if variant.shuffled_of is not None:
         data.splits["test"] = shuffled_graphs(data.splits["test"], seed)
     torch.manual_seed(seed)
-    model = build_module(args, variant, data.feature_dim)
+    return data, build_module(args, variant, data.feature_dim)
+
+
+def extend_answers(args: argparse.Namespace, variant: Variant, seed: int, data_path: Path, run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """A finished run's answers made those of today's ``--max-f1-questions`` sample, without training or a test pass: the
+    questions its answers lack are answered with the checkpoint it was tested with (saved as they come, in
+    ``answers.partial.json``), answers outside the sample are dropped, and the answer scores are recomputed."""
+    import lightning as L
+
+    records = result["predictions"]
+    wanted = set(answered_subset([r["question_id"] for r in records], args.max_f1_questions, args.split_seed))
+    missing = wanted - answered_ids(result)
+    started = time.perf_counter()
+    answers: dict[str, dict[str, Any]] = {}
+    if missing:
+        ckpt = result["checkpoint_best"] and str(args.out.resolve() / run_relative(result["checkpoint_best"]))
+        if ckpt and not Path(ckpt).is_file():
+            raise InputError(ckpt, f"the checkpoint {variant.key}, seed {seed} was tested with is gone; remove {run_dir / 'result.json'} to run it again")
+        log.info("  answering the %d question(s) its answers lack (the sample of %s), with %s", len(missing), args.max_f1_questions,
+                 ckpt or "its untrained weights")  # fmt: skip
+        data, model = arm_data_and_module(args, variant, seed, data_path)
+        trainer = L.Trainer(accelerator="cpu", devices=1, precision="32-true", logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, deterministic=True)  # fmt: skip
+        asked = [ex for ex in data.splits["test"] if ex.question_id in missing]
+        answers = answer_questions(trainer, model, data, asked, ckpt, run_dir / "answers.partial.json")
+    extended = []
+    for record in records:
+        qid, losses = record["question_id"], {k: record[k] for k in ("loss", "answer_loss")}
+        if qid in missing:
+            extended.append({**answers[qid], **losses})
+        else:
+            extended.append(record if qid in wanted else {"question_id": qid, **losses})
+    result = {**result, **answer_scores(extended), "predictions": extended,
+              "answers_extended_s": round(result.get("answers_extended_s", 0.0) + time.perf_counter() - started, 1)}  # fmt: skip
+    write_json_atomic(run_dir / "result.json", result)
+    (run_dir / "answers.partial.json").unlink(missing_ok=True)
+    return result
+
+
+def answered_ids(result: dict[str, Any]) -> set[str]:
+    """The test questions a finished run has answers for."""
+    return {r["question_id"] for r in result["predictions"] if "f1" in r}
+
+
+def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path: Path, run_dir: Path, source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train (when the variant has something to train), validate, then test and predict the test conversations.
+
+    A shuffled-graph arm trains nothing: it tests ``source``'s best checkpoint (its arm, same seed) on shuffled test graphs.
+    """
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    started = time.perf_counter()
+    data, model = arm_data_and_module(args, variant, seed, data_path)
     every = max(1, math.ceil(args.steps / args.val_checks))
     curve = loss_curve_callback(max(1, args.steps // 10), args.monitor)
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best-{step}", monitor=args.monitor, mode="min", save_top_k=1)
@@ -568,9 +652,6 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
     test_loss = statistics.fmean(loss["loss"] for loss in losses.values())
     records = [{"question_id": ex.question_id, **answers.get(ex.question_id, {}), **losses[ex.question_id]} for ex in tested_questions]
     eval_s = time.perf_counter() - eval_started
-    answered = [r for r in records if "f1" in r]
-    scores = {key: statistics.fmean(float(r[field]) for r in answered) for key, field in
-              (("json_valid", "valid_json"), ("f1", "f1"), ("bleu1", "bleu1"), ("exact_match", "exact_match"))}  # fmt: skip
     result = {
         "variant": variant.key,
         "name": variant.name,
@@ -591,7 +672,7 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         "test_loss": float(test_loss),
         "test_answer_loss": statistics.fmean(r["answer_loss"] for r in records),
         **diagnostics,
-        **scores,
+        **answer_scores(records),
         "predictions": records,
     }
     write_json_atomic(run_dir / "result.json", result)
@@ -908,10 +989,12 @@ def parser() -> argparse.ArgumentParser:
 
 RUN_SETTINGS = (
     "steps", "batch_size", "val_checks", "lr", "gnn_hidden", "edge_tokens", "query_tokens", "monitor",
-    "max_context_tokens", "max_new_tokens", "llm", "max_f1_questions",
+    "max_context_tokens", "max_new_tokens", "llm",
 )  # fmt: skip
 """Settings that change a run's result: rerunning into the same --out with others is refused (``--lora-readout`` is not
 one: it names its arm, ``lora+<design>``, so rounds with different ones share a folder)."""
+ANSWER_SETTINGS = ("max_f1_questions",)
+"""Settings recorded but free to change: another answer sample extends (or trims) the answers of the finished runs."""
 DATA_SETTINGS = (
     "data", "max_train_questions", "max_val_questions", "max_test_questions", "split_seed", "test_conversation",
     "validation_conversation", "sentence_vectors", "embedder", "attribute_edges", "test_count",
@@ -921,11 +1004,11 @@ DATA_SETTINGS = (
 
 def check_settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Record the settings in ``out/settings.json``, refusing to mix runs made with other ones."""
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k in RUN_SETTINGS + DATA_SETTINGS}
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k in RUN_SETTINGS + DATA_SETTINGS + ANSWER_SETTINGS}
     file = out / "settings.json"
     if file.exists():
         before = json.loads(file.read_text())
-        changed = sorted(k for k in settings if before.get(k) != settings[k])
+        changed = sorted(k for k in settings if k not in ANSWER_SETTINGS and before.get(k) != settings[k])
         if changed:
             raise InputError(str(file), f"this folder holds runs made with other {', '.join(changed)}; pass another --out")
     write_json_atomic(file, settings)
@@ -978,7 +1061,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         result_file = run_dir / "result.json"
         if result_file.exists():
             log.info("[run %d/%d] %s, seed %d: done before, reusing %s", number, len(plan), variant.name, seed, result_file)
-            runs[variant.key].append(json.loads(result_file.read_text()))
+            done = json.loads(result_file.read_text())
+            wanted = answered_subset([r["question_id"] for r in done["predictions"]], args.max_f1_questions, args.split_seed)
+            if answered_ids(done) != set(wanted):
+                if args.report_only:
+                    log.info("  its answers are not the sample of --max-f1-questions %s; reported as they are", args.max_f1_questions)
+                else:
+                    done = extend_answers(args, variant, seed, out / "data" / "trajectories", run_dir, done)
+            runs[variant.key].append(done)
             continue
         if args.report_only:
             log.info("[run %d/%d] %s, seed %d: not run (--report-only)", number, len(plan), variant.name, seed)

@@ -127,7 +127,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, data: str, message: st
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
 
 
-@pytest.mark.slow
 def results_predictions(out: Path, run: str) -> list[dict]:
     """The per-question records of one finished run."""
     return json.loads((out / "runs" / run / "result.json").read_text())["predictions"]
@@ -139,6 +138,42 @@ def test_answers_are_scored_on_a_seeded_sample_in_test_order(experiment: ModuleT
     assert len(sample) == 5 and sample == sorted(sample, key=questions.index)
     assert sample == experiment.answered_subset(questions, 5, seed=0) != experiment.answered_subset(questions, 5, seed=1)
     assert experiment.answered_subset(questions, None, seed=0) == questions == experiment.answered_subset(questions, 50, seed=0)
+
+
+def test_a_larger_answer_sample_holds_the_smaller_one(experiment: ModuleType) -> None:
+    """Raising --max-f1-questions extends the answers a finished run has (60 of 300 test questions, then 150)."""
+    questions = [f"q{i}" for i in range(300)]
+    smaller = experiment.answered_subset(questions, 60, seed=0)
+    larger = experiment.answered_subset(questions, 150, seed=0)
+    assert len(smaller) == 60 and len(larger) == 150 and set(smaller) < set(larger)
+
+
+class ScriptedTrainer:
+    """Answers whatever test questions the data module holds, one record each, counting the predict calls."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    def predict(self, model: object, datamodule: object, ckpt_path: str | None) -> list[list[dict]]:
+        ids = [ex.question_id for ex in datamodule.splits["test"]]
+        self.asked.append(ids)
+        return [[{"question_id": qid, "f1": 1.0, "ckpt": ckpt_path} for qid in ids]]
+
+
+def test_answers_are_saved_chunk_by_chunk_and_a_killed_answering_resumes(experiment: ModuleType, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    examples = [SimpleNamespace(question_id=f"q{i}") for i in range(25)]
+    data = SimpleNamespace(splits={"test": ["all test questions"]})
+    partial = tmp_path / "answers.partial.json"
+    partial.write_text(json.dumps({"q3": {"question_id": "q3", "f1": 0.5}}))  # answered before the kill
+    trainer = ScriptedTrainer()
+    answers = experiment.answer_questions(trainer, None, data, examples, "best.ckpt", partial)
+    assert sorted(answers, key=lambda q: int(q[1:])) == [ex.question_id for ex in examples]
+    assert answers["q3"]["f1"] == 0.5 and answers["q4"]["ckpt"] == "best.ckpt"
+    assert [len(ids) for ids in trainer.asked] == [10, 10, 4] and "q3" not in sum(trainer.asked, [])
+    assert json.loads(partial.read_text()) == answers, "every chunk is on disk once answered"
+    assert data.splits["test"] == ["all test questions"], "the data module's test split is given back"
 
 
 def _seeded_run(name: str, seed: int, answer_losses: list[float], f1: float) -> dict:
@@ -185,6 +220,7 @@ def test_seeded_comparisons_report_each_seed_and_an_interval_over_seeds(experime
     assert "| query − query-shuffled | 0 | 40 | +0.0000 |" in report
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_every_output_and_resumes(experiment: ModuleType, tmp_path: Path) -> None:
     out = tmp_path / "out"
     command = [
@@ -246,6 +282,18 @@ def test_tiny_run_writes_every_output_and_resumes(experiment: ModuleType, tmp_pa
     assert 0 < tested["train_s"] <= trained["train_s"], "the training time the checkpoint recorded, not the resumed call's"
     assert tested["test_answer_loss"] == pytest.approx(trained["test_answer_loss"], rel=1e-6)
     assert (out / "runs" / "edges-seed0" / "logs" / "version_0" / "metrics.csv").exists(), "the resumed run keeps the first one's log"
+
+    before = {run: results_predictions(out, run) for run in ("edges-seed0", "edges-shuffled-seed0", "none-seed0")}
+    more = [*command[: command.index("--max-f1-questions") + 1], "3", *command[command.index("--max-f1-questions") + 2 :]]
+    extended = subprocess.run(more, cwd=ROOT, capture_output=True, text=True, timeout=900)  # a larger answer sample: no retraining
+    assert extended.returncode == 0, extended.stderr[-4000:]
+    assert extended.stderr.count("answering the 1 question(s) its answers lack") == 3 and "training 2 steps" not in extended.stderr
+    for run, records in before.items():
+        now = results_predictions(out, run)
+        assert sum("f1" in r for r in now) == 3, run
+        assert [r for r in now if r["question_id"] in {b["question_id"] for b in records if "f1" in b}] == [r for r in records if "f1" in r], run
+    assert json.loads((out / "results.json").read_text())["summary"]["bootstrap"]["edges - none"]["questions"] == 3
+    assert not list(out.glob("runs/*/answers.partial.json")), "the partial answers are folded into result.json"
 
     moved = tmp_path / "moved"  # the runs resume, and report, from a folder that was moved since they ran
     out.rename(moved)
