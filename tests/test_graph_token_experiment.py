@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -146,6 +147,8 @@ def test_a_larger_answer_sample_holds_the_smaller_one(experiment: ModuleType) ->
     smaller = experiment.answered_subset(questions, 60, seed=0)
     larger = experiment.answered_subset(questions, 150, seed=0)
     assert len(smaller) == 60 and len(larger) == 150 and set(smaller) < set(larger)
+    earlier = {questions[i] for i in random.Random(0).sample(range(300), 60)}  # how runs of earlier commits drew their 60
+    assert len(earlier & set(larger)) == 50, "runs answered on the earlier sample keep most of their answers"
 
 
 class ScriptedTrainer:
