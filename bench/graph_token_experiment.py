@@ -571,8 +571,8 @@ def extend_answers(args: argparse.Namespace, variant: Variant, seed: int, data_p
         ckpt = result["checkpoint_best"] and str(args.out.resolve() / run_relative(result["checkpoint_best"]))
         if ckpt and not Path(ckpt).is_file():
             raise InputError(ckpt, f"the checkpoint {variant.key}, seed {seed} was tested with is gone; remove {run_dir / 'result.json'} to run it again")
-        log.info("  answering the %d question(s) its answers lack (the sample of %s), with %s", len(missing), args.max_f1_questions,
-                 ckpt or "its untrained weights")  # fmt: skip
+        sample = f"the sample of {args.max_f1_questions}" if args.max_f1_questions else "every test question"
+        log.info("  answering the %d question(s) its answers lack (%s), with %s", len(missing), sample, ckpt or "its untrained weights")
         data, model = arm_data_and_module(args, variant, seed, data_path)
         trainer = L.Trainer(accelerator="cpu", devices=1, precision="32-true", logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False, deterministic=True)  # fmt: skip
