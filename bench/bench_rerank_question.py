@@ -1,12 +1,14 @@
-"""End-to-end seconds a question of ``activate`` with the ONNX Runtime cross-encoder: where they go, and spinning threads or not.
+"""End-to-end seconds a question of ``activate`` with the ONNX Runtime cross-encoder: how its threads are used.
 
 Each question of a stored LoCoMo conversation is activated by every variant in turn (the order rotating per
-question), in one process, so the variants meet the same load: the reranker's session with ONNX Runtime's
-default spinning threads, the pipeline's session (threads sleep between operators), and the same in int8.
-The report gives the mean wall and CPU seconds a question, the share of ``activate``'s time spent in the
-reranker, and the load average before and after.
+question), in one process, so the variants meet the same load, all in int8: one batch at a time on all of
+torch's threads as intra-op threads (before batches ran side by side), the pipeline's reranker (batches side by
+side, one intra-op thread each) with ONNX Runtime's default spinning threads, and the pipeline's reranker
+(threads sleep between operators). The report gives the mean and median wall and CPU seconds a question, the
+share of ``activate``'s time spent in the reranker, whether every variant ranked every question the same, and the
+load average before and after.
 
-    python bench/bench_rerank_question.py --store STORE --model checkpoints/reranker-cpu/model --conversation conv-30 --limit 12
+    python bench/bench_rerank_question.py --store STORE --model checkpoints/reranker-cpu-small/model --conversation conv-30 --limit 40
 """
 
 from __future__ import annotations
@@ -31,18 +33,24 @@ from qgmem_train.retrieval.onnx_rerank import OnnxCrossEncoderReranker, onnx_gra
 DEFAULT_INPUT = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
 
 
-def spinning(reranker: OnnxCrossEncoderReranker, folder: Path, quantization: str) -> OnnxCrossEncoderReranker:
-    """The same reranker with a session whose threads spin between operators (ONNX Runtime's default)."""
+def with_session(reranker: OnnxCrossEncoderReranker, folder: Path, *, spinning: bool = False, one_batch_at_a_time: bool = False) -> OnnxCrossEncoderReranker:
+    """The same int8 reranker with another session: threads that spin between operators (ONNX Runtime's default), or
+    one batch at a time on all of torch's threads (the schedule before batches ran side by side)."""
     import onnxruntime
+    import torch
 
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = reranker.session.get_session_options().intra_op_num_threads
+    options.intra_op_num_threads = torch.get_num_threads() if one_batch_at_a_time else 1
     options.inter_op_num_threads = 1
-    spun = OnnxCrossEncoderReranker.__new__(OnnxCrossEncoderReranker)
-    spun.__dict__.update(reranker.__dict__)
-    spun.session = onnxruntime.InferenceSession(onnx_graph(reranker.cross_encoder, folder, quantization, None), options,
-                                                providers=["CPUExecutionProvider"])
-    return spun
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    variant = OnnxCrossEncoderReranker.__new__(OnnxCrossEncoderReranker)
+    variant.__dict__.update(reranker.__dict__)
+    if one_batch_at_a_time:
+        variant.workers, variant.batch_threads = 1, None
+    variant.session = onnxruntime.InferenceSession(onnx_graph(reranker.cross_encoder, folder, "int8", None), options,
+                                                   providers=["CPUExecutionProvider"])
+    return variant
 
 
 def main() -> None:
@@ -52,17 +60,16 @@ def main() -> None:
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--conversation", default="conv-30")
     parser.add_argument("--limit", type=int, default=12, help="evenly spaced questions")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "rerank_question_time.json")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "rerank_batch_threads.json")
     args = parser.parse_args()
 
     cfg = PipelineConfig()
     cfg.retrieval.rerank_mode = "blend"
     load_before = os.getloadavg()
     embedder = build_embedder(cfg)
-    fp32 = OnnxCrossEncoderReranker(str(args.model))
     int8 = OnnxCrossEncoderReranker(str(args.model), quantization="int8")
-    variants = {"fp32, spinning threads (before)": spinning(fp32, args.model, "none"), "fp32 (after)": fp32,
-                "int8, spinning threads": spinning(int8, args.model, "int8"), "int8": int8}
+    variants = {"one batch at a time (before)": with_session(int8, args.model, one_batch_at_a_time=True),
+                "batches side by side, spinning threads": with_session(int8, args.model, spinning=True), "batches side by side (after)": int8}
     [conversation] = load_conversations("locomo", args.input, [args.conversation])
     questions = spread_subset(load_locomo_questions(args.input, [args.conversation]), args.limit)
     when = last_session_time(conversation)
@@ -70,21 +77,26 @@ def main() -> None:
         memory = store.load_namespace(args.conversation, embedder_id=embedder.model_id)
     index = ActivationIndex(memory, cfg.retrieval, embedder)
     times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
+    rankings: dict[str, list[list[str]]] = {name: [] for name in variants}
     names = list(variants)
     for i, q in enumerate(questions):
         for name in names[i % len(names):] + names[: i % len(names)]:
             wall, cpu = time.perf_counter(), time.process_time()
             wm = activate(q.question, when, memory, cfg=cfg.retrieval, llm=None, embedder=embedder, reranker=variants[name], index=index)
             times[name].append((time.perf_counter() - wall, time.process_time() - cpu, wm.timings["rerank"]))
-    summary = {name: {"wall_s": round(float(np.mean([t[0] for t in values])), 3), "cpu_s": round(float(np.mean([t[1] for t in values])), 3),
+            rankings[name].append([unit.id for unit in wm.units])
+    summary = {name: {"wall_s": round(float(np.mean([t[0] for t in values])), 3), "wall_p50_s": round(float(np.median([t[0] for t in values])), 3),
+                      "cpu_s": round(float(np.mean([t[1] for t in values])), 3),
                       "rerank_share": round(float(np.sum([t[2] for t in values]) / np.sum([t[0] for t in values])), 3)}
                for name, values in times.items()}
-    before = summary["fp32, spinning threads (before)"]["wall_s"]
+    before = summary[names[0]]
     for values in summary.values():
-        values["wall_ratio_to_before"] = round(values["wall_s"] / before, 3)
+        values["wall_ratio_to_before"] = round(values["wall_s"] / before["wall_s"], 3)
+        values["wall_p50_ratio_to_before"] = round(values["wall_p50_s"] / before["wall_p50_s"], 3)
     report = {"machine": machine_info(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "model": str(args.model), "conversation": args.conversation, "questions": len(questions), "pool": cfg.retrieval.n,
-              "rerank_mode": cfg.retrieval.rerank_mode, "variants": summary}
+              "rerank_mode": cfg.retrieval.rerank_mode, "same_rankings": all(rankings[name] == rankings[names[0]] for name in names),
+              "variants": summary}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 

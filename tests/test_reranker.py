@@ -441,6 +441,7 @@ def test_onnxruntime_reranker_batches_pairs_by_token_count_and_pads_no_batch_bey
     reranker.session = Recording()
     reranker.score("Who?", documents)
     assert [width for width, longest, _ in widths] == [longest for _, longest, _ in widths]
+    widths.sort(key=lambda w: -w[1])  # batches run side by side, so they may finish in any order
     assert all(widths[i][2] >= widths[i + 1][1] for i in range(len(widths) - 1)), (widths, tokens)
 
 

@@ -339,10 +339,42 @@ def test_onnxruntime_reranker_threads_sleep_between_operators_instead_of_spinnin
     reranker = OnnxCrossEncoderReranker(str(folder), cache_dir=str(tmp_path / "cache"))
     options = reranker.session.get_session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
-    assert options.intra_op_num_threads == torch.get_num_threads()
+    assert options.intra_op_num_threads == 1 and reranker.workers == torch.get_num_threads(), "one thread a batch, batches side by side"
     documents = ["melanie paint sunrise", "caroline group", "what did caroline paint"]
     np.testing.assert_allclose(reranker.score("what did melanie paint?", documents),
                                CrossEncoderReranker(str(folder), device="cpu").score("what did melanie paint?", documents), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_onnxruntime_reranker_scores_batches_side_by_side_with_the_scores_of_one_at_a_time(tmp_path) -> None:
+    """Small batches use one core each better than two cores together; each pair keeps the score its batch gives it."""
+    import threading
+    import time
+
+    from qgmem_train.retrieval.onnx_rerank import OnnxCrossEncoderReranker
+
+    (tmp_path / "model").mkdir()
+    folder = tiny_cross_encoder(tmp_path / "model")
+    documents = [" ".join(["melanie paint sunrise caroline group"] * (i % 5 + 1)) for i in range(20)]
+    alone = OnnxCrossEncoderReranker(str(folder), batch_size=4, cache_dir=str(tmp_path / "cache"), workers=1)
+    together = OnnxCrossEncoderReranker(str(folder), batch_size=4, cache_dir=str(tmp_path / "cache"), workers=2)
+    session, lock, running, most = together.session, threading.Lock(), [0], [0]
+
+    class Overlapping:
+        def run(self, outputs: object, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(0.05)
+            try:
+                return session.run(outputs, feed)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+    together.session = Overlapping()
+    assert together.score("what did melanie paint?", documents).tolist() == alone.score("what did melanie paint?", documents).tolist()
+    assert most[0] == 2, "two batches ran at once"
 
 
 @pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -131,16 +132,20 @@ def recorded_graph(final: Path) -> bytes | None:
 
 
 class OnnxCrossEncoderReranker:
-    """A CrossEncoder's scores from ONNX Runtime on the CPU, on as many threads as torch uses.
+    """A CrossEncoder's scores from ONNX Runtime on the CPU, its batches side by side on as many threads as torch uses.
 
-    The threads sleep between operators rather than spin (ONNX Runtime's default): spinning threads
-    hold a core the other thread or process needs, which on 2 shared cores cost a pool of 100 about 1.4x
-    its time (bench/results/rerank_question_time.md).
+    Each batch runs on one intra-op thread and ``workers`` batches run at once (one session; ONNX Runtime's
+    ``run`` is thread-safe and releases the GIL): a batch of 8 short pairs is too small to split well over
+    cores, and on 2 cores a pool of 100 took 0.85x the time of one batch at a time on 2 intra-op threads, with
+    the same scores (bench/results/rerank_batch_threads.md). The threads sleep between operators rather than
+    spin (ONNX Runtime's default): spinning threads hold a core the other thread or process needs, which on 2
+    shared cores cost a pool of 100 about 1.4x its time (bench/results/rerank_question_time.md).
     """
 
     name = "cross"
 
-    def __init__(self, ref: str, *, batch_size: int = 8, cache_dir: str | None = None, quantization: str = "none", max_length: int | None = None):
+    def __init__(self, ref: str, *, batch_size: int = 8, cache_dir: str | None = None, quantization: str = "none", max_length: int | None = None,
+                 workers: int | None = None):
         try:
             import onnxruntime
         except ImportError:
@@ -160,8 +165,10 @@ class OnnxCrossEncoderReranker:
         if max_length is not None:
             self.cross_encoder.max_seq_length = max_length
         self.input_names = list(self.cross_encoder.tokenizer.model_input_names)
+        self.workers = workers or torch.get_num_threads()
+        self.batch_threads = ThreadPoolExecutor(self.workers, thread_name_prefix="rerank") if self.workers > 1 else None
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
+        options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         graph = onnx_graph(self.cross_encoder, folder, quantization, cache_dir)
@@ -171,7 +178,8 @@ class OnnxCrossEncoderReranker:
         """The cross-encoder's relevance score for every pair, pairs with the most tokens batched together.
 
         The pool is tokenized in one call (the CrossEncoder's own preprocessing); each batch is cut to
-        its longest pair, so no batch carries padding beyond what its own pairs need.
+        its longest pair, so no batch carries padding beyond what its own pairs need. A pair's score
+        depends only on its batch (int8 activations are quantized per batch), never on the threads.
         """
         import torch
 
@@ -183,11 +191,15 @@ class OnnxCrossEncoderReranker:
         inputs = {name: features[name].numpy() for name in self.input_names}
         right_padded = self.cross_encoder.tokenizer.padding_side == "right"
         order = np.argsort(-lengths, kind="stable")
-        for start in range(0, len(order), self.batch_size):
-            chosen = order[start : start + self.batch_size]
+        batches = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+
+        def logits_of(chosen: np.ndarray) -> np.ndarray:
             width = int(lengths[chosen].max())
             columns = slice(None, width) if right_padded else slice(-width, None)
-            logits = self.session.run(None, {name: values[chosen, columns] for name, values in inputs.items()})[0]
+            return self.session.run(None, {name: values[chosen, columns] for name, values in inputs.items()})[0]
+
+        run = self.batch_threads.map if self.batch_threads is not None else map
+        for chosen, logits in zip(batches, run(logits_of, batches)):
             activated = self.cross_encoder.activation_fn(torch.from_numpy(logits))
             scores[chosen] = activated.reshape(len(chosen), -1)[:, 0].numpy()
         return scores
