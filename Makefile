@@ -47,7 +47,7 @@ reranker: setup
 	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu.yaml $(RERANKER_ARGS)
 
 # The demo's reranker: four layers distilled from that one (configs/reranker-cpu-small.yaml), which it trains first when
-# missing: 16 minutes more on 2 cores into checkpoints/reranker-cpu-small/model, a pool of 100 in 286 ms in ONNX Runtime int8.
+# missing: 16 minutes more on 2 cores into checkpoints/reranker-cpu-small/model, a pool of 100 in 253 ms in ONNX Runtime int8.
 RERANKER_SMALL_ARGS ?=
 reranker-small: setup
 	test -f checkpoints/reranker-cpu/model/model.safetensors || $(MAKE) reranker
