@@ -28,7 +28,7 @@ from qgmem_train.llm.factory import build_embedder
 from qgmem_train.memory.loaders import load_conversations
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.retrieval.activation import ActivationIndex, activate
-from qgmem_train.retrieval.onnx_rerank import OnnxCrossEncoderReranker, onnx_graph
+from qgmem_train.retrieval.onnx_rerank import OnnxCrossEncoderReranker, cpu_session, onnx_graph
 
 DEFAULT_INPUT = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
 
@@ -36,20 +36,14 @@ DEFAULT_INPUT = Path(__file__).resolve().parents[2] / "shared" / "data" / "locom
 def with_session(reranker: OnnxCrossEncoderReranker, folder: Path, *, spinning: bool = False, one_batch_at_a_time: bool = False) -> OnnxCrossEncoderReranker:
     """The same int8 reranker with another session: threads that spin between operators (ONNX Runtime's default), or
     one batch at a time on all of torch's threads (the schedule before batches ran side by side)."""
-    import onnxruntime
     import torch
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads() if one_batch_at_a_time else 1
-    options.inter_op_num_threads = 1
-    if not spinning:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     variant = OnnxCrossEncoderReranker.__new__(OnnxCrossEncoderReranker)
     variant.__dict__.update(reranker.__dict__)
     if one_batch_at_a_time:
         variant.workers, variant.batch_threads = 1, None
-    variant.session = onnxruntime.InferenceSession(onnx_graph(reranker.cross_encoder, folder, "int8", None), options,
-                                                   providers=["CPUExecutionProvider"])
+    variant.session = cpu_session(onnx_graph(reranker.cross_encoder, folder, "int8", None),
+                                  intra_op_threads=torch.get_num_threads() if one_batch_at_a_time else 1, spinning=spinning)
     return variant
 
 

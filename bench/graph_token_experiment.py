@@ -556,14 +556,15 @@ def arm_data_and_module(args: argparse.Namespace, variant: Variant, seed: int, d
     return data, build_module(args, variant, data.feature_dim)
 
 
-def extend_answers(args: argparse.Namespace, variant: Variant, seed: int, data_path: Path, run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
-    """A finished run's answers made those of today's ``--max-f1-questions`` sample, without training or a test pass: the
-    questions its answers lack are answered with the checkpoint it was tested with (saved as they come, in
-    ``answers.partial.json``), answers outside the sample are dropped, and the answer scores are recomputed."""
+def extend_answers(
+    args: argparse.Namespace, variant: Variant, seed: int, data_path: Path, run_dir: Path, result: dict[str, Any], wanted: set[str]
+) -> dict[str, Any]:
+    """A finished run's answers made those of the questions ``wanted`` (today's ``--max-f1-questions`` sample), without
+    training or a test pass: the questions its answers lack are answered with the checkpoint it was tested with (saved
+    as they come, in ``answers.partial.json``), answers outside the sample are dropped, and the answer scores are recomputed."""
     import lightning as L
 
     records = result["predictions"]
-    wanted = set(answered_subset([r["question_id"] for r in records], args.max_f1_questions, args.split_seed))
     missing = wanted - answered_ids(result)
     started = time.perf_counter()
     answers: dict[str, dict[str, Any]] = {}
@@ -1064,12 +1065,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         if result_file.exists():
             log.info("[run %d/%d] %s, seed %d: done before, reusing %s", number, len(plan), variant.name, seed, result_file)
             done = json.loads(result_file.read_text())
-            wanted = answered_subset([r["question_id"] for r in done["predictions"]], args.max_f1_questions, args.split_seed)
-            if answered_ids(done) != set(wanted):
+            wanted = set(answered_subset([r["question_id"] for r in done["predictions"]], args.max_f1_questions, args.split_seed))
+            if answered_ids(done) != wanted:
                 if args.report_only:
                     log.info("  its answers are not the sample of --max-f1-questions %s; reported as they are", args.max_f1_questions)
                 else:
-                    done = extend_answers(args, variant, seed, out / "data" / "trajectories", run_dir, done)
+                    done = extend_answers(args, variant, seed, out / "data" / "trajectories", run_dir, done, wanted)
             runs[variant.key].append(done)
             continue
         if args.report_only:

@@ -131,6 +131,19 @@ def recorded_graph(final: Path) -> bytes | None:
     return graph if hashlib.sha256(graph).hexdigest() == digests[GRAPH_FILE] else None
 
 
+def cpu_session(graph: bytes, *, intra_op_threads: int = 1, spinning: bool = False) -> Any:
+    """An ONNX Runtime CPU session over ``graph``: ``intra_op_threads`` threads a run, one inter-op thread, and threads
+    that sleep between operators unless ``spinning`` (ONNX Runtime's default, kept for comparison)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = 1
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+
+
 class OnnxCrossEncoderReranker:
     """A CrossEncoder's scores from ONNX Runtime on the CPU, its batches side by side on as many threads as torch uses.
 
@@ -147,7 +160,7 @@ class OnnxCrossEncoderReranker:
     def __init__(self, ref: str, *, batch_size: int = 8, cache_dir: str | None = None, quantization: str = "none", max_length: int | None = None,
                  workers: int | None = None):
         try:
-            import onnxruntime
+            import onnxruntime  # noqa: F401  (refused here, in one line, before a model is loaded)
         except ImportError:
             raise ModelUnavailableError("models.reranker_runtime onnxruntime needs the onnxruntime package (pip install onnxruntime), "
                                         "or set it to torch") from None
@@ -167,12 +180,7 @@ class OnnxCrossEncoderReranker:
         self.input_names = list(self.cross_encoder.tokenizer.model_input_names)
         self.workers = workers or torch.get_num_threads()
         self.batch_threads = ThreadPoolExecutor(self.workers, thread_name_prefix="rerank") if self.workers > 1 else None
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        graph = onnx_graph(self.cross_encoder, folder, quantization, cache_dir)
-        self.session = onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+        self.session = cpu_session(onnx_graph(self.cross_encoder, folder, quantization, cache_dir))
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         """The cross-encoder's relevance score for every pair, pairs with the most tokens batched together.
