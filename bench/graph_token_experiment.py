@@ -50,9 +50,10 @@ Layout of ``--out``: ``data/`` (staged cases, data-prep output, ``trajectories/`
 ``export``; ``logs/version_<n>/`` CSV metrics, a version per call; ``result.json`` with per-question predictions).
 A run whose ``result.json`` exists is skipped, so a killed experiment resumes at the run it was in; a run killed in
 training or in its test resumes from its ``last.ckpt`` (its last validation; after the last one it goes straight to
-its test). Settings that change the data or the runs are recorded in ``settings.json``; rerunning with other ones into
-the same ``--out`` is refused. ``--max-f1-questions`` may change: the finished runs then answer the questions the new
-sample adds (a larger sample holds a smaller one) with the checkpoint each was tested with, saving answers as they come
+its test), keeping the answers it saved, two predict batches at a time, in ``answers.partial.json``. Settings that
+change the data or the runs are recorded in ``settings.json``; rerunning with other ones into the same ``--out`` is
+refused. ``--max-f1-questions`` may change: the finished runs then answer the questions the new sample adds (a larger
+sample holds a smaller one) with the checkpoint each was tested with, saving answers as they come
 (``answers.partial.json``), and drop answers outside it; nothing trains again.
 
 Measured speeds (SmolLM2-135M in float32, one torch thread, 2 shared cores, before the prefix cache): a training step of
@@ -466,26 +467,40 @@ def answered_subset(examples: list[Any], limit: int | None, seed: int) -> list[A
     return [ex for i, ex in enumerate(examples) if i in chosen]
 
 
-ANSWER_CHUNK = 10
-"""Questions answered per predict call when answers are saved as they come (:func:`answer_questions`)."""
+ANSWER_BATCHES = 2
+"""Predict batches per chunk of answers saved as they come (:func:`answer_questions`): a chunk of whole batches makes
+the same batches as one call over every question, so saving (and resuming) changes no answer."""
 
 
-def answer_questions(trainer: Any, model: Any, data: Any, examples: list[Any], ckpt: str | None, partial: Path) -> dict[str, dict[str, Any]]:
+def answer_questions(
+    trainer: Any, model: Any, data: Any, examples: list[Any], ckpt: str | None, partial: Path, chunk: int
+) -> dict[str, dict[str, Any]]:
     """Answers (with their F1, BLEU-1 and EM) of ``examples`` by ``model`` with the weights of ``ckpt`` (its own when None), by
-    question id; written to ``partial`` after every :data:`ANSWER_CHUNK` questions, whose answers a rerun does not generate
-    again (an answer costs seconds on 2 cores)."""
+    question id; written to ``partial`` after every ``chunk`` questions (a multiple of the predict batch), whose answers a
+    rerun does not generate again (an answer costs seconds on 2 cores)."""
     answers: dict[str, dict[str, Any]] = json.loads(partial.read_text()) if partial.exists() else {}
     todo = [ex for ex in examples if ex.question_id not in answers]
+    if answers:
+        log.info("    %d answer(s) saved before the stop; answering the other %d", len(examples) - len(todo), len(todo))
     tested = data.splits["test"]
     try:
-        for start in range(0, len(todo), ANSWER_CHUNK):
-            data.splits["test"] = todo[start : start + ANSWER_CHUNK]
+        for start in range(0, len(todo), chunk):
+            data.splits["test"] = todo[start : start + chunk]
             answers.update((r["question_id"], r) for batch in trainer.predict(model, datamodule=data, ckpt_path=ckpt) for r in batch)
             write_json_atomic(partial, answers)
-            log.info("    answered %d of %d", min(start + ANSWER_CHUNK, len(todo)), len(todo))
+            log.info("    answered %d of %d", min(start + chunk, len(todo)), len(todo))
     finally:
         data.splits["test"] = tested
     return answers
+
+
+def load_trained_weights(model: Any, ckpt: str) -> None:
+    """The trainable parameters of the experiment checkpoint ``ckpt`` in ``model``, checked as Lightning's own load checks them."""
+    import torch
+
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    model.on_load_checkpoint(checkpoint)
+    model.load_state_dict(checkpoint["state_dict"], strict=False)
 
 
 def answer_scores(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -578,7 +593,7 @@ def extend_answers(
         trainer = L.Trainer(accelerator="cpu", devices=1, precision="32-true", logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False, deterministic=True)  # fmt: skip
         asked = [ex for ex in data.splits["test"] if ex.question_id in missing]
-        answers = answer_questions(trainer, model, data, asked, ckpt, run_dir / "answers.partial.json")
+        answers = answer_questions(trainer, model, data, asked, ckpt, run_dir / "answers.partial.json", ANSWER_BATCHES * args.eval_batch_size)
     extended = []
     for record in records:
         qid, losses = record["question_id"], {k: record[k] for k in ("loss", "answer_loss")}
@@ -643,15 +658,14 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         best_val = trainer.validate(model, datamodule=data, verbose=False)[0][args.monitor]
         curve.val.append([0, best_val])
     eval_started = time.perf_counter()
-    log.info("  testing %d questions of the test conversation", len(data.splits["test"]))
     tested_questions = data.splits["test"]
-    data.splits["test"] = answered_subset(tested_questions, args.max_f1_questions, args.split_seed)
-    log.info("  answering %d of them (F1, BLEU-1, EM)", len(data.splits["test"]))
-    try:
-        answers = {r["question_id"]: r for batch in trainer.predict(model, datamodule=data, ckpt_path=ckpt or None) for r in batch}
-    finally:
-        data.splits["test"] = tested_questions
-    losses, diagnostics = per_question_losses(model, data)  # predict left the tested checkpoint's weights in the model
+    log.info("  testing %d questions of the test conversation", len(tested_questions))
+    asked = answered_subset(tested_questions, args.max_f1_questions, args.split_seed)
+    log.info("  answering %d of them (F1, BLEU-1, EM)", len(asked))
+    answers = answer_questions(trainer, model, data, asked, ckpt or None, run_dir / "answers.partial.json", ANSWER_BATCHES * args.eval_batch_size)
+    if ckpt:
+        load_trained_weights(model, ckpt)  # whether or not anything was left to answer with them
+    losses, diagnostics = per_question_losses(model, data)
     test_loss = statistics.fmean(loss["loss"] for loss in losses.values())
     records = [{"question_id": ex.question_id, **answers.get(ex.question_id, {}), **losses[ex.question_id]} for ex in tested_questions]
     eval_s = time.perf_counter() - eval_started
@@ -669,7 +683,7 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         "best_val_loss": best_val,
         "best_step": best_step,
         "checkpoint_best": ckpt if source else (checkpoints.best_model_path if variant.trained else None),
-        "checkpoint_last": latest.best_model_path if variant.trained else None,
+        "checkpoint_last": str(Path(latest.dirpath) / "last.ckpt") if variant.trained else None,  # its best path is empty after a resumed fit
         "train_curve": curve.train,
         "val_curve": curve.val,
         "test_loss": float(test_loss),
@@ -679,6 +693,7 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         "predictions": records,
     }
     write_json_atomic(run_dir / "result.json", result)
+    (run_dir / "answers.partial.json").unlink(missing_ok=True)
     return result
 
 

@@ -171,7 +171,7 @@ def test_answers_are_saved_chunk_by_chunk_and_a_killed_answering_resumes(experim
     partial = tmp_path / "answers.partial.json"
     partial.write_text(json.dumps({"q3": {"question_id": "q3", "f1": 0.5}}))  # answered before the kill
     trainer = ScriptedTrainer()
-    answers = experiment.answer_questions(trainer, None, data, examples, "best.ckpt", partial)
+    answers = experiment.answer_questions(trainer, None, data, examples, "best.ckpt", partial, 10)
     assert sorted(answers, key=lambda q: int(q[1:])) == [ex.question_id for ex in examples]
     assert answers["q3"]["f1"] == 0.5 and answers["q4"]["ckpt"] == "best.ckpt"
     assert [len(ids) for ids in trainer.asked] == [10, 10, 4] and "q3" not in sum(trainer.asked, [])
@@ -276,10 +276,15 @@ def test_tiny_run_writes_every_output_and_resumes(experiment: ModuleType, tmp_pa
     run_file = out / "runs" / "edges-seed0" / "result.json"
     trained = json.loads(run_file.read_text())
     run_file.unlink()  # as if killed after training, during its test pass: the rerun tests the trained checkpoint
+    answered = {r["question_id"]: {**r, "answer": "saved before the kill"} for r in trained["predictions"] if "f1" in r}
+    (run_file.parent / "answers.partial.json").write_text(json.dumps(answered))  # every answer was on disk: none is generated again
     resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "resuming from" in resumed.stderr and "training 2 steps" not in resumed.stderr, resumed.stderr[-4000:]
+    assert "2 answer(s) saved before the stop; answering the other 0" in resumed.stderr, resumed.stderr[-4000:]
     tested = json.loads(run_file.read_text())
+    assert {r["question_id"]: r["answer"] for r in tested["predictions"] if "f1" in r} == dict.fromkeys(answered, "saved before the kill")
+    assert not (run_file.parent / "answers.partial.json").exists(), "the partial answers are folded into result.json"
     for key in ("steps", "best_step", "best_val_loss", "train_curve", "val_curve", "checkpoint_best", "checkpoint_last"):
         assert tested[key] == trained[key], key
     assert 0 < tested["train_s"] <= trained["train_s"], "the training time the checkpoint recorded, not the resumed call's"
