@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "test": ("qgmem_train.lightning_cli", "the same metrics on the test split (LightningCLI)"),
     "predict": ("qgmem_train.lightning_cli", "write predictions for a trajectory dataset as JSONL (LightningCLI)"),
     "fit-reranker": ("qgmem_train.reranker.cli", "train the cross-encoder reranker from the fused candidate pools (configs/reranker-cpu.yaml)"),
+    "average-rerankers": ("qgmem_train.reranker.average", "average trained rerankers of one recipe and split (seeds) into one model of the same size"),
     "fit-embedder": ("qgmem_train.reranker.embedder_tuning", "fine-tune the embedder on the reranker's pairs and compare it on held-out conversations"),
     "build": ("qgmem_train.build", "build or extend a memory store from conversations"),
     "ask": ("qgmem_train.ask", "answer a question over a memory store, citing its source turns"),
