@@ -10,6 +10,7 @@ import csv
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -464,8 +465,8 @@ def test_missing_reranker_folder_falls_back_to_the_fused_order_with_one_warning_
     assert len(caplog.records) == 1 and command in caplog.records[0].getMessage()
 
 
-def _parse_reranker_config(name: str) -> Any:
-    """The config of ``configs/<name>`` as ``fit-reranker`` parses it (nothing instantiated)."""
+def _parse_reranker_config(name: str, *overrides: str) -> Any:
+    """The config of ``configs/<name>`` (with command-line ``overrides``) as ``fit-reranker`` parses it (nothing instantiated)."""
     from qgmem_train.reranker.cli import RerankerCLI
     from qgmem_train.reranker.datamodule import RerankDataModule
     from qgmem_train.reranker.module import CrossEncoderModule
@@ -474,7 +475,7 @@ def _parse_reranker_config(name: str) -> Any:
         def instantiate_classes(self) -> None:
             pass
 
-    return ParseOnly(CrossEncoderModule, RerankDataModule, args=["--config", str(ROOT / "configs" / name)], run=False).config
+    return ParseOnly(CrossEncoderModule, RerankDataModule, args=["--config", str(ROOT / "configs" / name), *overrides], run=False).config
 
 
 def test_reranker_config_parses_against_its_entry_point() -> None:
@@ -506,6 +507,23 @@ def test_small_reranker_config_distils_the_trained_reranker_on_the_same_split() 
     assert small.model.teacher == small.model.base_model == full.out and small.out != full.out
     assert small.model.num_layers == 4 and 0 < small.model.distill_weight <= 1
     assert small.data == full.data and small.seed_everything == full.seed_everything and small.trainer.deterministic is True
+
+
+def test_make_reranker_small_trains_the_config_with_two_seeds_and_averages_them_into_the_demos_folder() -> None:
+    """`make reranker-small` (dry run): the small config twice, nothing but the seeds changed, averaged into the folder the demo reads."""
+    dry = subprocess.run(["make", "-n", "reranker-small"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    fits = [shlex.split(line) for line in dry if "fit-reranker" in line and "reranker-cpu-small.yaml" in line]
+    averages = [shlex.split(line) for line in dry if "average-rerankers" in line]
+    assert len(fits) == 2 and len(averages) == 1, dry
+    seeds = [_parse_reranker_config("reranker-cpu-small.yaml", *fit[fit.index("--config") + 2 :]) for fit in fits]
+    assert [(c.seed_everything, c.data.seed) for c in seeds] == [(0, 0), (1, 1)]
+    base = _parse_reranker_config("reranker-cpu-small.yaml")
+    for config in seeds:
+        assert config.model == base.model and config.trainer == base.trainer
+        assert {k: v for k, v in vars(config.data).items() if k != "seed"} == {k: v for k, v in vars(base.data).items() if k != "seed"}
+    average = averages[0]
+    assert average[average.index("average-rerankers") + 1 : average.index("--out")] == [c.out for c in seeds]
+    assert average[average.index("--out") + 1] == base.out == load_pipeline_config(ROOT / "configs" / "demo-cpu.yaml").models.reranker_model
 
 
 def test_context_reranker_config_is_the_reranker_config_on_context_documents() -> None:
