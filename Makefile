@@ -48,8 +48,8 @@ reranker: setup
 
 # The demo's reranker: four layers distilled from that one (configs/reranker-cpu-small.yaml), which it trains first when
 # missing. Two seeds of it (16 minutes each on 2 cores), then their weights averaged into checkpoints/reranker-cpu-small/model:
-# the size and speed of one (a pool of 100 in 253 ms in ONNX Runtime int8), recall@10 +0.004 over seed 0 on the held-out
-# pair (bench/results/reranker_soup.md).
+# the size and speed of one (a pool of 100 in 262 ms in ONNX Runtime int8), recall@10 +0.004 over seed 0 on the held-out
+# pair (bench/results/reranker_soup_idle.md).
 RERANKER_SMALL_ARGS ?=
 reranker-small: setup
 	test -f checkpoints/reranker-cpu/model/model.safetensors || $(MAKE) reranker
