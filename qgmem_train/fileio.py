@@ -138,6 +138,18 @@ def replace_folder(staging: Path, path: Path) -> None:
     fsync_dir(path.parent)
 
 
+@contextmanager
+def staging_beside(path: Path) -> Iterator[Path]:
+    """A new empty folder beside ``path`` (the same filesystem, so :func:`replace_folder` or a rename can publish it),
+    removed on exit unless it was published."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def publish_folder_once(final: Path, write: Callable[[Path], None]) -> Path:
     """``final``, written by ``write(staging)`` into a temporary folder beside it and renamed into place, unless it exists.
 
@@ -146,9 +158,7 @@ def publish_folder_once(final: Path, write: Callable[[Path], None]) -> Path:
     """
     if final.exists():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
+    with staging_beside(final) as staging:
         write(staging)
         os.chmod(staging, 0o755)
         fsync_tree(staging)
@@ -157,8 +167,6 @@ def publish_folder_once(final: Path, write: Callable[[Path], None]) -> Path:
         except OSError:
             if not final.exists():
                 raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return final
 
 

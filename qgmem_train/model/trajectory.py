@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -20,7 +18,7 @@ from typing import Any
 import datasets
 
 from qgmem_train.errors import InputError
-from qgmem_train.fileio import replace_folder
+from qgmem_train.fileio import replace_folder, staging_beside
 from qgmem_train.graph.local_graph import LocalGraph
 
 SCHEMA_VERSION = 1
@@ -116,9 +114,7 @@ def write_trajectory_dataset(splits: Mapping[str, list[TrajectoryExample]], path
     crash, finds the previous dataset or the new one, never none.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with staging_beside(path) as staging:
         # Empty splits are left out: datasets can neither build nor reload a split without rows.
         table = {name: [ex.to_record() for ex in examples] for name, examples in splits.items() if examples}
         dataset = datasets.DatasetDict(
@@ -126,8 +122,6 @@ def write_trajectory_dataset(splits: Mapping[str, list[TrajectoryExample]], path
         )
         dataset.save_to_disk(str(staging))
         replace_folder(staging, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return path
 
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
-import shutil
-import tempfile
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,7 +238,7 @@ def bundled_reranker_folder(export: Export, cache_dir: str | Path | None = None)
     """
     if not export.reranker_files:
         return None
-    from qgmem_train.fileio import replace_folder
+    from qgmem_train.fileio import replace_folder, staging_beside
     from qgmem_train.llm.resolver import default_cache_dir
 
     sums = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(export.reranker_files.items())}
@@ -249,14 +247,10 @@ def bundled_reranker_folder(export: Export, cache_dir: str | Path | None = None)
     final = default_cache_dir(cache_dir) / "rerankers" / digest
     if final.is_dir() and {p.name for p in final.iterdir()} == set(wanted) and all(file_sha256(final / n) == d for n, d in wanted.items()):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{digest}.", dir=final.parent))
-    try:
+    with staging_beside(final) as staging:
         for name, data in export.reranker_files.items():
             (staging / name[len(RERANKER_PREFIX):]).write_bytes(data)
         replace_folder(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return final
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import InputError
-from qgmem_train.fileio import parse_json, read_text, replace_folder
+from qgmem_train.fileio import parse_json, read_text, replace_folder, staging_beside
 
 WEIGHTS = "model.safetensors"
 SAME_TRAINING = ("train_conversations", "val_conversations", "document_layout", "input_sha256", "store")
@@ -76,15 +75,11 @@ def average(folders: list[Path], out: Path) -> dict[str, Any]:
         "seconds": round(sum(float(r.get("seconds") or 0.0) for r in records), 1),
         "averaged_from": [{"folder": str(f), "seed": r.get("seed"), "validation_after": r.get("validation_after")} for f, r in zip(folders, records)],
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staging_beside(out) as staging:
         shutil.copytree(folders[0], staging, dirs_exist_ok=True)
         save_file(state, staging / WEIGHTS, metadata={"format": "pt"})
         (staging / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         replace_folder(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return record
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -22,7 +20,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from qgmem_train.fileio import replace_folder
+from qgmem_train.fileio import replace_folder, staging_beside
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.reranker.datamodule import RerankDataModule
 from qgmem_train.reranker.module import CrossEncoderModule
@@ -106,15 +104,11 @@ def main(argv: list[str]) -> int:
         trainer.validate(model, datamodule=data, verbose=False)
     after = _metrics(trainer)
     out = Path(cli.config.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staging_beside(out) as staging:
         model.save(staging, data.document_layout)
         record = training_record(cli, before, after, time.perf_counter() - started)
         (staging / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         replace_folder(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     print(f"fit-reranker: {record['steps']} steps in {record['seconds'] / 60:.1f} min, val/loss {before.get('val/loss')} -> "
           f"{after.get('val/loss')}, val/top1 {before.get('val/top1')} -> {after.get('val/top1')}; saved {out}")
     return 0

@@ -21,7 +21,6 @@ import hashlib
 import io
 import json
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,7 @@ import yaml
 
 from qgmem_train.config import ModelsConfig, PipelineConfig
 from qgmem_train.errors import InputError
-from qgmem_train.fileio import read_text, replace_folder
+from qgmem_train.fileio import read_text, replace_folder, staging_beside
 from qgmem_train.logging_setup import is_quiet
 from qgmem_train.reranker.data import HARD_TOP, RerankData, ensure_turns_store
 
@@ -188,9 +187,7 @@ def main(argv: list[str]) -> int:
     val = training_triples(val_data, store, base, args.seed)
     if not train["anchor"] or not val["anchor"]:
         raise InputError(str(args.config), "no (question, gold, hard negative) triples in the training or the held-out conversations")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.parent))
-    try:
+    with staging_beside(args.out) as staging:
         losses = fine_tune(base, train, val, staging / "model", epochs=args.epochs, batch_size=args.batch_size,
                            learning_rate=args.learning_rate, seed=args.seed, device=args.device)
         held_out_store(input_path, held_out, str(staging / "model"), staging / "held_out_store")
@@ -208,8 +205,6 @@ def main(argv: list[str]) -> int:
 
         (staging / "model" / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         replace_folder(staging / "model", args.out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     base_row, tuned_row = comparison["base"], comparison["tuned"]
     print(f"fit-embedder: {len(train['anchor'])} triples in {record['seconds'] / 60:.1f} min, val loss {losses['val_loss_before']} -> "
           f"{losses['val_loss_after']}; held out: dense recall@10 {base_row['dense/recall@10']} -> {tuned_row['dense/recall@10']}, "

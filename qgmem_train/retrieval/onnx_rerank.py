@@ -14,8 +14,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from qgmem_train.errors import ModelUnavailableError
-from qgmem_train.fileio import checksums_digest, file_sha256, replace_folder, write_json_atomic
+from qgmem_train.fileio import checksums_digest, file_sha256, replace_folder, staging_beside, write_json_atomic
 from qgmem_train.logging_setup import is_verbose
 
 log = logging.getLogger(__name__)
@@ -101,9 +99,7 @@ def onnx_graph(cross_encoder: Any, folder: Path, quantization: str, cache_dir: s
         log.warning("warning: the cached ONNX graph in %s differs from the digests recorded when it was written; exporting it again", final)
     else:
         log.info("exporting the reranker %s to ONNX (%s) once into %s", folder, precision, final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
+    with staging_beside(final) as staging:
         with exporter_chatter_hidden():
             export_onnx(cross_encoder, staging, quantization)
         graph = (staging / GRAPH_FILE).read_bytes()
@@ -111,8 +107,6 @@ def onnx_graph(cross_encoder: Any, folder: Path, quantization: str, cache_dir: s
         write_json_atomic(staging / DIGESTS_FILE, {**digests, GRAPH_FILE: hashlib.sha256(graph).hexdigest()})
         os.chmod(staging, 0o755)
         replace_folder(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return graph
 
 
