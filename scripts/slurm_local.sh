@@ -3,7 +3,7 @@
 #
 #   scripts/slurm_local.sh install          # apt-get install slurm-wlm munge when missing (root, Debian/Ubuntu)
 #   scripts/slurm_local.sh start DIR        # install if needed, start munged, slurmctld and slurmd; print the env line
-#   scripts/slurm_local.sh stop DIR         # stop the daemons this folder started, by their PIDs
+#   scripts/slurm_local.sh stop DIR         # cancel its jobs, then stop the daemons this folder started, by their PIDs
 #   eval "$(scripts/slurm_local.sh env DIR)" # then sbatch/srun/squeue talk to this cluster
 #
 # Environment (defaults): SLURM_LOCAL_CTLD_PORT (6817), SLURM_LOCAL_SLURMD_PORT (6818),
@@ -147,8 +147,26 @@ stop_pid_file() {
   rm -f "$file"
 }
 
+cancel_jobs() {
+  # A job's steps outlive slurmd: cancel every job of this cluster and wait (KillWait, then SIGKILL) until none is left.
+  local dir=$1 _
+  [[ -f "$dir/slurmctld.pid" ]] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null || return 0
+  export SLURM_CONF=$dir/slurm.conf
+  local jobs
+  jobs=$(squeue -h -o '%A' 2>/dev/null | sort -u | xargs) || return 0
+  [[ -n "$jobs" ]] || return 0
+  # shellcheck disable=SC2086
+  scancel $jobs 2>/dev/null || true
+  for _ in $(seq 150); do
+    [[ -z "$(squeue -h -o '%A' 2>/dev/null)" ]] && return 0
+    sleep 0.2
+  done
+  echo "slurm_local: jobs still listed after scancel: $(squeue -h -o '%A %T' 2>/dev/null | xargs)" >&2
+}
+
 stop_cluster() {
   local dir=$1
+  cancel_jobs "$dir"
   stop_pid_file "$dir/slurmd.pid"
   stop_pid_file "$dir/slurmctld.pid"
   stop_pid_file "$dir/munged.pid"

@@ -54,7 +54,7 @@ class LocalSlurm:
             raise RuntimeError(f"slurm_local.sh start failed ({result.returncode}): {result.stderr.strip()}")
 
     def stop(self) -> None:
-        """Stop the daemons this folder started, by their PIDs."""
+        """Cancel the cluster's jobs (their processes too), then stop the daemons this folder started, by their PIDs."""
         subprocess.run(["bash", str(SCRIPT), "stop", str(self.folder)], env=self.env, capture_output=True, timeout=60)
 
     def run(self, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> str:

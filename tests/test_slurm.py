@@ -179,6 +179,32 @@ def test_train_runs_offline_when_its_models_are_local_and_tokenizers_single_thre
 
 
 @pytest.mark.slow
+def test_stopping_the_cluster_ends_the_jobs_it_still_runs(tmp_path: Path) -> None:
+    """A test that times out leaves its job running; stopping the cluster must end the job's processes too, not only the
+    daemons (a job's step keeps running without slurmd)."""
+    cluster = LocalSlurm(tmp_path / "cluster")
+    try:
+        cluster.start()
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no local Slurm: {exc}")
+    marker = tmp_path / "pid"
+    try:
+        job = cluster.run("sbatch", "--parsable", f"--output={tmp_path}/%j.out", "--wrap", f"sleep 600 & echo $! > {marker}; wait").strip()
+        cluster.wait_for(lambda: marker.exists() and marker.read_text().strip() != "", job, timeout=120)
+        pid = int(marker.read_text())
+        assert Path(f"/proc/{pid}").exists()
+    finally:
+        cluster.stop()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = Path(f"/proc/{pid}").exists()
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the job's process outlived the cluster"
+
+
+@pytest.mark.slow
 def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch: Path) -> None:
     one = make_config(scratch, "one")
     sharded = make_config(scratch, "sharded")
