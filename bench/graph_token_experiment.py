@@ -520,14 +520,18 @@ def per_question_losses(model: Any, data: Any) -> tuple[dict[str, dict[str, floa
     model.eval()
     out: dict[str, dict[str, float]] = {}
     tokens: list[torch.Tensor] = []
+    loader = data.test_dataloader()
+    every = max(1, len(loader) // 10)
     with torch.no_grad():
-        for batch in data.test_dataloader():
+        for done, batch in enumerate(loader, 1):
             graph_embeds = model.graph_embeddings(batch["graph"])
             if graph_embeds is not None:
                 tokens += [t.cpu() for t in graph_embeds.per_example()]
             whole, answer = model.evaluation_losses(batch, graph_embeds)
             for example, w, a in zip(batch["examples"], whole.tolist(), answer.tolist()):
                 out[example.question_id] = {"loss": w, "answer_loss": a}
+            if done % every == 0 or done == len(loader):
+                log.info("    losses of %d of %d test questions", len(out), len(data.splits["test"]))
     return out, {f"graph_token_{name}": value for name, value in graph_token_diagnostics(tokens).items()}
 
 

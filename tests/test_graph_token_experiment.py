@@ -234,6 +234,7 @@ def test_tiny_run_writes_every_output_and_resumes(experiment: ModuleType, tmp_pa
     ]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)  # three arms: ~10 min on a busy 2-core box
     assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stderr.count("losses of 3 of 3 test questions") == 3, "the loss pass of each arm reports its progress"
 
     results = json.loads((out / "results.json").read_text())
     assert {"command", "git", "machine", "settings", "data", "summary", "plots", "wall_s"} <= set(results)
