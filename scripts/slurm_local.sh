@@ -152,11 +152,11 @@ cancel_jobs() {
   local dir=$1 _
   [[ -f "$dir/slurmctld.pid" ]] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null || return 0
   export SLURM_CONF=$dir/slurm.conf
-  local jobs
-  jobs=$(squeue -h -o '%A' 2>/dev/null | sort -u | xargs) || return 0
-  [[ -n "$jobs" ]] || return 0
+  local ids
+  ids=$(squeue -h -o "%A" 2>/dev/null | sort -u | xargs) || return 0
+  [[ -n "$ids" ]] || return 0
   # shellcheck disable=SC2086
-  scancel $jobs 2>/dev/null || true
+  scancel $ids 2>/dev/null || true
   for _ in $(seq 150); do
     [[ -z "$(squeue -h -o '%A' 2>/dev/null)" ]] && return 0
     sleep 0.2
