@@ -1,14 +1,21 @@
 """What the studies share: paired bootstrap intervals over questions (how far a difference between two rankings or
-variants could be chance), the t interval over seeds, and the commit a report was made at. The machine it ran on is
+variants could be chance), the t interval over seeds, the commit a report was made at, and a report's tail: written
+as JSON and markdown, or its markdown made again from the saved JSON (``--report-only``). The machine it ran on is
 :mod:`bench.machine`, shared with the benchmarks."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from qgmem_train.fileio import atomic_output, write_report_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository, whose commit a report records."""
@@ -44,3 +51,53 @@ def git_state() -> dict[str, Any]:
     except (OSError, subprocess.CalledProcessError):
         return {"commit": "unknown", "dirty_files": 0}
     return {"commit": commit, "dirty_files": len(status.splitlines())}
+
+
+Markdown = Callable[[dict[str, Any]], str]
+"""A study's report as markdown, made from the report's JSON alone."""
+
+
+def write_report(path: Path, report: dict[str, Any], markdown: Markdown) -> str:
+    """``report`` written to ``path`` (JSON) and its markdown beside it (``.md``), each atomically; the markdown is
+    printed and returned."""
+    text = markdown(report)
+    write_report_atomic(path, report, text)
+    print(text)
+    return text
+
+
+def add_report_only(parser: argparse.ArgumentParser) -> None:
+    """The options that remake a study's saved reports from their JSON instead of running it."""
+    parser.add_argument("--report-only", nargs="+", type=Path, metavar="JSON",
+                        help="remake the markdown of these saved reports (<name>.json) beside them; nothing runs")  # fmt: skip
+    parser.add_argument("--check", action="store_true", help="with --report-only: compare the remade tables with the saved markdown, write nothing")
+
+
+def table_rows(markdown: str) -> list[str]:
+    """The table rows of a markdown report: its numbers."""
+    return [line for line in markdown.splitlines() if line.startswith("|")]
+
+
+def remake_reports(files: list[Path], markdown: Markdown, check: bool = False) -> int:
+    """Each saved report's markdown made again from its JSON: written beside it, or with ``check`` its tables compared
+    with the saved markdown's. A file that is not a saved report is one line and exit 2; tables that differ, one line
+    naming the first row that does and exit 1."""
+    for file in files:
+        try:
+            text = markdown(json.loads(Path(file).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {file}: not a saved report of this study ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 2
+        target = Path(file).with_suffix(".md")
+        if not check:
+            with atomic_output(target) as handle:
+                handle.write(text)
+            print(f"wrote {target}")
+            continue
+        remade, saved = table_rows(text), table_rows(target.read_text() if target.is_file() else "")
+        if remade != saved:
+            first = next((i for i, (a, b) in enumerate(zip(remade, saved)) if a != b), min(len(remade), len(saved)))
+            found = remade[first] if first < len(remade) else "no row"
+            print(f"error: {target}: table row {first + 1} differs from its JSON's: {found}", file=sys.stderr)
+            return 1
+    return 0

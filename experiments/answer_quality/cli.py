@@ -6,8 +6,9 @@ defaults use the committed samples and hand-made fixtures (LoCoMo sample, BEAM c
 LongMemEval-S and FactConsolidation fixtures), so it runs on a fresh clone; pass --locomo/--beam/...
 for the full data. With the bundled SmolLM2-135M the figures check the harness, not the method.
 
-    python bench/answer_quality.py --limit 3 --repeats 2
-Writes bench/results/answer_quality.{json,md} and prints the table.
+    python -m experiments.answer_quality --limit 3 --repeats 2
+    python -m experiments.answer_quality --report-only experiments/answer_quality/results/answer_quality.json   # remake its markdown
+Writes experiments/answer_quality/results/answer_quality.{json,md} and prints the table.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import json
 import time
 from pathlib import Path
 
-from machine import machine_info
-
+from bench.machine import machine_info
+from experiments.common import add_report_only, remake_reports, write_report
 from qgmem_train.__main__ import main as cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_INPUTS = {
     "locomo": ROOT / "samples" / "locomo_sample.json",
     "beam": ROOT / "samples" / "beam" / "1",
@@ -48,9 +49,27 @@ def run_benchmark(name: str, source: Path, work: Path, config: Path, limit: int,
     return json.loads((out / "metrics.json").read_text())
 
 
-def main() -> None:
-    """Run every benchmark, write bench/results/answer_quality.{json,md}, print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def markdown(report: dict) -> str:
+    """The report's table: one row a benchmark."""
+    machine, settings = report["machine"], report["settings"]
+    lines = [
+        "# Answer quality (eval answers), turns-mode stores",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores (load average {machine.get('load_average_1m')} at the start). "
+        f"LLM and judge: {settings['llm_and_judge']}; k={settings['k']}, max_new_tokens={settings['max_new_tokens']}, intent={settings['intent']}, no reranker.",
+        "",
+        "| benchmark | questions | judge accuracy (mean ± std, R=%d) | context tokens/q | online tokens/q | seconds/q |" % settings["repeats"],
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {n} | {r['n_questions']} | {r['judge_accuracy']:.3f} ± {r['judge_std']:.3f} | {r['mean_context_tokens']:.0f} | "
+              f"{r['mean_online_tokens']:.0f} | {r['mean_seconds']:.1f} |" for n, r in report["benchmarks"].items()]  # fmt: skip
+    lines += ["", f"Total {report['seconds']} s. Per-question records and figures: {report.get('work', '<work>')}/<benchmark>_answers/."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every benchmark, write experiments/answer_quality/results/answer_quality.{json,md}, print the table (or remake
+    saved reports: --report-only)."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.answer_quality", description=__doc__.split("\n\n")[0])
     for name, path in DEFAULT_INPUTS.items():
         parser.add_argument(f"--{name}", type=Path, default=path, help=f"{name} input (default: %(default)s)")
     parser.add_argument("--limit", type=int, default=3, help="questions per benchmark, evenly spaced")
@@ -59,8 +78,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48, help="answer and judge budget")
     parser.add_argument("--intent", choices=["llm", "rules"], default="rules", help="query-intent parser")
     parser.add_argument("--work", type=Path, default=Path("/tmp/answer_quality"), help="folder for stores and per-benchmark reports")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results folder")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
+    add_report_only(parser)
+    args = parser.parse_args(argv)
+    if args.report_only:
+        return remake_reports(args.report_only, markdown, args.check)
 
     args.work.mkdir(parents=True, exist_ok=True)
     config = args.work / "turns.yaml"
@@ -76,24 +98,11 @@ def main() -> None:
         "machine": machine,
         "settings": {"limit": args.limit, "repeats": args.repeats, "k": args.k, "max_new_tokens": args.max_new_tokens, "intent": args.intent,
                      "units": "turns", "reranker": "none", "llm_and_judge": metrics["models"]["llm"]},
-        "benchmarks": rows, "seconds": round(time.perf_counter() - started, 1),
+        "benchmarks": rows, "seconds": round(time.perf_counter() - started, 1), "work": str(args.work),
     }  # fmt: skip
-    lines = [
-        "# Answer quality (eval answers), turns-mode stores",
-        f"Machine: {machine['cpu']}, {machine['cores']} cores (load average {machine.get('load_average_1m')} at the start). "
-        f"LLM and judge: {report['settings']['llm_and_judge']}; k={args.k}, max_new_tokens={args.max_new_tokens}, intent={args.intent}, no reranker.",
-        "",
-        "| benchmark | questions | judge accuracy (mean ± std, R=%d) | context tokens/q | online tokens/q | seconds/q |" % args.repeats,
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [f"| {n} | {r['n_questions']} | {r['judge_accuracy']:.3f} ± {r['judge_std']:.3f} | {r['mean_context_tokens']:.0f} | "
-              f"{r['mean_online_tokens']:.0f} | {r['mean_seconds']:.1f} |" for n, r in rows.items()]  # fmt: skip
-    lines += ["", f"Total {report['seconds']} s. Per-question records and figures: {args.work}/<benchmark>_answers/."]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "answer_quality.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "answer_quality.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out / "answer_quality.json", report, markdown)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

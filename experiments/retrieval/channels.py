@@ -7,7 +7,8 @@ reranker (yes/no scoring with the configured LLM, SmolLM2 by default) is slow on
 an evenly spaced subset of questions (``--rerank-limit``), reported with its own baseline, once per
 ``retrieval.rerank_mode`` (the reranker's order, and its RRF with the fused order).
 
-    python bench/locomo_retrieval.py --store /tmp/locomo_turns   # builds the store when missing
+    python -m experiments.retrieval --store /tmp/locomo_turns   # builds the store when missing
+    python -m experiments.retrieval --report-only experiments/retrieval/results/locomo_retrieval.json   # remake its markdown
 Default input: ../shared/data/locomo/locomo_dev.json when present; pass --input for another copy.
 """
 
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from machine import cpu_model
-
+from bench.machine import machine_info
+from experiments.common import add_report_only, remake_reports, write_report
 from qgmem_train.__main__ import main as cli
 from qgmem_train.eval.retrieval_metrics import question_metrics, relevance
 from qgmem_train.eval.benchmarks import load_locomo_questions, spread_subset
@@ -32,7 +33,7 @@ from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.lexical import BM25Index
 from qgmem_train.retrieval.ranking import top_n, top_positive
 
-DEFAULT_INPUT = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
+DEFAULT_INPUT = Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo" / "locomo_dev.json"
 KEYS = ("recall@10", "precision@10", "sufficiency@10", "ndcg@10")
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -91,15 +92,38 @@ def table(title: str, rows: dict[str, dict[str, float]]) -> list[str]:
     return lines + [""]
 
 
-def main() -> None:
-    """Build the turns-mode store if needed, run the evaluations, write bench/results/locomo_retrieval.{json,md}."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def markdown(report: dict) -> str:
+    """The report's tables: every ranking on all questions, and on the LLM reranker's subset when it ran."""
+    machine = report.get("machine", {})
+    lines = [f"# LoCoMo retrieval, turns mode ({Path(report['input']).name}; embedder {report['models']['embedder']})", "",
+             f"Machine: {machine.get('cpu', 'not recorded')}, {machine.get('cores', '?')} cores. Rule-based intent parser for the attribute channel. `fused` = RRF "
+             "of the channels (the working memory without a reranker); `reranked` = fused pool reordered by the LLM reranker "
+             "(`rerank_mode rrf`: RRF of that order with the fused order). Baseline: plain RRF of plain-token BM25 and MiniLM "
+             "over raw turns, same questions.", ""]
+    part = report["all_questions"]
+    lines += table(f"All {part['n_questions']} questions (categories 1-4 with evidence)", {"baseline bm25+dense RRF": part["baseline_bm25_dense_rrf"], **part["rankings"]})
+    if "rerank_subset" in report:
+        part = report["rerank_subset"]
+        lines += table(f"Subset of {part['n_questions']} evenly spaced questions, with the LLM reranker ({part['reranker_model']}, "
+                       f"{part['seconds']} s)", {"baseline bm25+dense RRF": part["baseline_bm25_dense_rrf"], **part["rankings"]})
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the turns-mode store if needed, run the evaluations, write experiments/retrieval/results/locomo_retrieval.{json,md}
+    (or remake saved reports: --report-only)."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.retrieval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT, help="LoCoMo file (default: ../shared/data/locomo/locomo_dev.json)")
-    parser.add_argument("--store", type=Path, required=True, help="turns-mode store of the same conversations (built when missing)")
+    parser.add_argument("--store", type=Path, help="turns-mode store of the same conversations (built when missing; required to run)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/locomo_retrieval"), help="folder for the evaluations' own reports")
     parser.add_argument("--rerank-limit", type=int, default=20, help="questions for the LLM-reranker rows (0 skips them)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
-    args = parser.parse_args()
+    add_report_only(parser)
+    args = parser.parse_args(argv)
+    if args.report_only:
+        return remake_reports(args.report_only, markdown, args.check)
+    if args.store is None:
+        parser.error("--store is required to run the evaluations")
     if not args.input.exists():
         raise SystemExit(f"{args.input} not found: pass --input with a copy of LoCoMo (locomo10.json schema)")
     ensure_turns_store(args.input, args.store)
@@ -110,7 +134,7 @@ def main() -> None:
         "fused without preceding turn in BM25": run_eval(args.input, args.store, args.work / "no_context", "none", None, {"lexical_context_turns": 0}),
     }
     report = {
-        "input": str(args.input), "store": str(args.store), "units": "turns", "intent_parser": "rules",
+        "machine": machine_info(), "input": str(args.input), "store": str(args.store), "units": "turns", "intent_parser": "rules",
         "models": full["models"], "retrieval": full["settings"]["retrieval"], "commit": full["commit"],
         "all_questions": {"n_questions": full["n_questions"], "baseline_bm25_dense_rrf": baseline(args.input, args.store, None),
                           "rankings": rows_of(full) | {name: rows_of(m)["fused"] for name, m in ablations.items()}},
@@ -122,23 +146,10 @@ def main() -> None:
                                    "baseline_bm25_dense_rrf": baseline(args.input, args.store, args.rerank_limit),
                                    "rankings": rows_of(replaced) | {"reranked, rerank_mode rrf": rows_of(fused)["reranked"]},
                                    "seconds": round(replaced["seconds"] + fused["seconds"], 1)}
-    lines = [f"# LoCoMo retrieval, turns mode ({args.input.name}; embedder {full['models']['embedder']})", "",
-             f"Machine: {cpu_model()}, {os.cpu_count()} cores. Rule-based intent parser for the attribute channel. `fused` = RRF "
-             "of the channels (the working memory without a reranker); `reranked` = fused pool reordered by the LLM reranker "
-             "(`rerank_mode rrf`: RRF of that order with the fused order). Baseline: plain RRF of plain-token BM25 and MiniLM "
-             "over raw turns, same questions.", ""]
-    part = report["all_questions"]
-    lines += table(f"All {part['n_questions']} questions (categories 1-4 with evidence)", {"baseline bm25+dense RRF": part["baseline_bm25_dense_rrf"], **part["rankings"]})
-    if "rerank_subset" in report:
-        part = report["rerank_subset"]
-        lines += table(f"Subset of {part['n_questions']} evenly spaced questions, with the LLM reranker ({part['reranker_model']}, "
-                       f"{part['seconds']} s)", {"baseline bm25+dense RRF": part["baseline_bm25_dense_rrf"], **part["rankings"]})
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "locomo_retrieval.json").write_text(json.dumps(report, indent=2))
-    (args.out / "locomo_retrieval.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_report(args.out / "locomo_retrieval.json", report, markdown)
+    return 0
 
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    main()
+    raise SystemExit(main())

@@ -5,7 +5,7 @@ retrieval switches of one variant; the store is built once, in turns mode with s
 ``retrieval.sentence_vectors`` decides at query time whether the dense channel reads them. The traces
 switch (``retrieval.drop_superseded``) is not measured: turns-mode stores have no traces.
 
-    python bench/paper_pure_retrieval.py --store /tmp/locomo_turns --conversations conv-26,conv-30,conv-41
+    python -m experiments.retrieval.paper_pure --store /tmp/locomo_turns --conversations conv-26,conv-30,conv-41
 Default input: ../shared/data/locomo/locomo_dev.json when present; pass --input for another copy. The store
 is built (or extended) in turns mode for the conversations evaluated: all of the input's, or ``--conversations``.
 """
@@ -17,10 +17,10 @@ import json
 import os
 from pathlib import Path
 
-from locomo_retrieval import DEFAULT_INPUT, KEYS, run_eval
-from machine import machine_info
-
-from qgmem_train.fileio import read_text, write_json_atomic, write_report_atomic
+from bench.machine import machine_info
+from experiments.common import add_report_only, remake_reports, write_report
+from experiments.retrieval.channels import DEFAULT_INPUT, KEYS, run_eval
+from qgmem_train.fileio import read_text, write_json_atomic
 from qgmem_train.reranker.data import ensure_turns_store
 
 PAPER_VALUES = {
@@ -56,15 +56,21 @@ def conversation_subset(input_path: Path, conversations: str | None, work: Path)
     return subset
 
 
-def main() -> None:
-    """Build the turns-mode store if needed, evaluate every variant, write bench/results/paper_pure_retrieval.{json,md}."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    """Build the turns-mode store if needed, evaluate every variant, write experiments/retrieval/results/paper_pure_retrieval.{json,md}
+    (or remake saved reports: --report-only)."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.retrieval.paper_pure", description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT, help="LoCoMo file (default: ../shared/data/locomo/locomo_dev.json)")
-    parser.add_argument("--store", type=Path, required=True, help="turns-mode store of the same conversations (built when missing)")
+    parser.add_argument("--store", type=Path, help="turns-mode store of the same conversations (built when missing; required to run)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/paper_pure_retrieval"), help="folder for the evaluations' own reports")
     parser.add_argument("--conversations", help="comma-separated sample ids to evaluate (default: every conversation of the input)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
-    args = parser.parse_args()
+    add_report_only(parser)
+    args = parser.parse_args(argv)
+    if args.report_only:
+        return remake_reports(args.report_only, markdown, args.check)
+    if args.store is None:
+        parser.error("--store is required to run the evaluations")
     if not args.input.exists():
         raise SystemExit(f"{args.input} not found: pass --input with a copy of LoCoMo (locomo10.json schema)")
     args.work.mkdir(parents=True, exist_ok=True)
@@ -77,10 +83,8 @@ def main() -> None:
         n_questions, commit = metrics["n_questions"], metrics["commit"]
     report = {"input": str(args.input), "conversations": args.conversations or "all", "units": "turns", "intent_parser": "rules",
               "reranker": "none", "n_questions": n_questions, "commit": commit, "machine": machine_info(), "variants": rows}
-    text = markdown(report)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_report_atomic(args.out / "paper_pure_retrieval.json", report, text)
-    print(text)
+    write_report(args.out / "paper_pure_retrieval.json", report, markdown)
+    return 0
 
 
 def markdown(report: dict) -> str:
@@ -99,4 +103,4 @@ def markdown(report: dict) -> str:
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    main()
+    raise SystemExit(main())

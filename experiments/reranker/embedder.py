@@ -3,10 +3,10 @@
 Runs ``fit-embedder`` (qgmem_train/reranker/embedder_tuning.py) on the reranker config's data: the
 held-out conversations are stored with each embedder and the dense channel's and the fused order's
 recall@10 and nDCG@10 are compared on the same questions, side by side in one run; this writes the
-comparison with the machine it ran on to ``bench/results/embedder_tuning.{json,md}``.
+comparison with the machine it ran on to ``experiments/reranker/results/embedder_tuning.{json,md}``.
 
-    python bench/bench_embedder_tuning.py                        # configs/reranker-cpu.yaml, model in out/embedder_tuning
-    python bench/bench_embedder_tuning.py --epochs 2 --out /tmp/results
+    python -m experiments.reranker.embedder                        # configs/reranker-cpu.yaml, model in out/embedder_tuning
+    python -m experiments.reranker.embedder --epochs 2 --out /tmp/results
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import json
 import os
 from pathlib import Path
 
-from machine import machine_info
-
-from qgmem_train.fileio import write_report_atomic
+from bench.machine import machine_info
+from experiments.common import add_report_only, remake_reports, write_report
 from qgmem_train.reranker.cli import TRAINING_RECORD
 from qgmem_train.reranker.embedder_tuning import main as fit_embedder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def markdown(report: dict) -> str:
@@ -41,24 +40,26 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    """Run fit-embedder, then print and write the report."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    """Run fit-embedder, then print and write the report (or remake saved reports: --report-only)."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.reranker.embedder", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "reranker-cpu.yaml")
     parser.add_argument("--model", type=Path, default=ROOT / "out" / "embedder_tuning" / "model", help="where the tuned embedder is saved")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
-    args = parser.parse_args()
+    add_report_only(parser)
+    args = parser.parse_args(argv)
+    if args.report_only:
+        return remake_reports(args.report_only, markdown, args.check)
     info = machine_info()
     fit_embedder(["--config", str(args.config), "--out", str(args.model), "--epochs", str(args.epochs), "--device", "cpu"])
     report = {"machine": info, "model": str(args.model), "training": json.loads((args.model / TRAINING_RECORD).read_text())}
-    text = markdown(report)
-    write_report_atomic(args.out / "embedder_tuning.json", report, text)
-    print(text)
+    write_report(args.out / "embedder_tuning.json", report, markdown)
+    return 0
 
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.chdir(ROOT)
-    main()
+    raise SystemExit(main())

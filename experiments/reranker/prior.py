@@ -5,14 +5,14 @@ rank). β is chosen where no evaluation looks: the pools of the conversations th
 (``make reranker``'s cached pools, ``out/reranker/pools.json``), each scored once, every β of the grid
 applied to the same scores. Relevance is by gold unit (one unit a turn in a turns-mode store). The
 reranker has seen these questions, so it looks stronger here than on new conversations and a β chosen
-here errs towards the reranker; ``bench_reranker.py`` then measures the chosen β on the held-out ones.
+here errs towards the reranker; ``python -m experiments.reranker`` then measures the chosen β on the held-out ones.
 ``--conversation`` sweeps other cached conversations instead, such as those a model trained with
 another split never saw, so β is chosen on held-out questions that are not the benchmark's.
 
-    python bench/bench_rerank_prior.py                       # checkpoints/reranker-cpu/model, every training question
-    python bench/bench_rerank_prior.py --stride 2 --quantization int8
-    python bench/bench_rerank_prior.py --model checkpoints/reranker-cpu-small/model --runtime onnxruntime --quantization int8
-    python bench/bench_rerank_prior.py --model MODEL_TRAINED_WITHOUT_THEM --conversation conv-26 conv-41
+    python -m experiments.reranker.prior                       # checkpoints/reranker-cpu/model, every training question
+    python -m experiments.reranker.prior --stride 2 --quantization int8
+    python -m experiments.reranker.prior --model checkpoints/reranker-cpu-small/model --runtime onnxruntime --quantization int8
+    python -m experiments.reranker.prior --model MODEL_TRAINED_WITHOUT_THEM --conversation conv-26 conv-41
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_reranker import cross_encoder, read_training
-from machine import machine_info
+from bench.machine import machine_info
+from experiments.common import add_report_only, remake_reports, write_report
+from experiments.reranker.compare import cross_encoder, read_training
 
 from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics
-from qgmem_train.fileio import write_report_atomic
 from qgmem_train.reranker.data import RerankData
 from qgmem_train.retrieval.activation import blend_with_fused_rank
 from qgmem_train.retrieval.rerank import Reranker
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 K = 10
 KEYS = (f"recall@{K}", f"ndcg@{K}")
 PRIORS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
@@ -66,9 +66,10 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    """Score the chosen conversations' pools once, sweep β, print and write bench/results/<report>.{json,md}."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    """Score the chosen conversations' pools once, sweep β, print and write experiments/reranker/results/<report>.{json,md}
+    (or remake saved reports: --report-only)."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.reranker.prior", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=ROOT / "checkpoints" / "reranker-cpu" / "model", help="trained CrossEncoder folder")
     parser.add_argument("--pools", type=Path, default=ROOT / "out" / "reranker" / "pools.json", help="the reranker's cached pools (make reranker)")
     parser.add_argument("--conversation", nargs="+", help="cached conversations to sweep (default: the model's training conversations)")
@@ -77,7 +78,10 @@ def main() -> None:
     parser.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch", help="models.reranker_runtime (default: torch)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     parser.add_argument("--report", default="rerank_prior", help="report name: writes <out>/<report>.json and .md")
-    args = parser.parse_args()
+    add_report_only(parser)
+    args = parser.parse_args(argv)
+    if args.report_only:
+        return remake_reports(args.report_only, markdown, args.check)
     training = read_training(args.model)
     if not args.pools.exists():
         raise SystemExit(f"{args.pools} not found: train the reranker first (make reranker)")
@@ -100,12 +104,11 @@ def main() -> None:
     report = {"machine": info, "model": str(args.model), "quantization": args.quantization, "runtime": args.runtime, "pools": str(args.pools),
               "split": split, "conversations": data.conversations, "stride": args.stride, "n_questions": len(records), "rankings": rankings,
               "chosen": chosen, "seconds": round(time.perf_counter() - started, 1)}
-    text = markdown(report)
-    write_report_atomic(args.out / f"{args.report}.json", report, text)
-    print(text)
+    write_report(args.out / f"{args.report}.json", report, markdown)
+    return 0
 
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    main()
+    raise SystemExit(main())

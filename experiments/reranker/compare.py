@@ -14,11 +14,11 @@ first m units (``retrieval.rerank_top``; the rest keep the fused order) and ``--
 pair at inference (``models.reranker_max_length``): every combination is its own row, timed on the
 questions whose fused pool holds 100 units.
 
-    python bench/bench_reranker.py                        # checkpoints/reranker-cpu/model (make reranker)
-    python bench/bench_reranker.py --model DIR [DIR ...] --conversation conv-30 conv-47
-    python bench/bench_reranker.py --embedder checkpoints/embedder-cpu/model --store out/reranker/locomo_turns_tuned
-    python bench/bench_reranker.py --quantization none int8 --runtime torch onnxruntime   # each model in both runtimes, fp32 and int8
-    python bench/bench_reranker.py --runtime onnxruntime --quantization none int8 --rerank-top 30 50 all --max-length model 128
+    python -m experiments.reranker                        # checkpoints/reranker-cpu/model (make reranker)
+    python -m experiments.reranker --model DIR [DIR ...] --conversation conv-30 conv-47
+    python -m experiments.reranker --embedder checkpoints/embedder-cpu/model --store out/reranker/locomo_turns_tuned
+    python -m experiments.reranker --quantization none int8 --runtime torch onnxruntime   # each model in both runtimes, fp32 and int8
+    python -m experiments.reranker --runtime onnxruntime --quantization none int8 --rerank-top 30 50 all --max-length model 128
 """
 
 from __future__ import annotations
@@ -32,14 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bootstrap import paired_bootstrap
-from machine import machine_info
+from bench.machine import machine_info
+from experiments.common import add_report_only, paired_bootstrap, remake_reports, write_report
 
 from qgmem_train.config import BUNDLED_EMBEDDER, ModelsConfig, PipelineConfig
 from qgmem_train.eval.benchmarks import LOCOMO_CATEGORY_NAMES
 from qgmem_train.eval.question_batches import locomo_question_batches
 from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics, recall_at_k
-from qgmem_train.fileio import write_report_atomic
 from qgmem_train.llm.factory import build_embedder
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.reranker.cli import TRAINING_RECORD
@@ -47,7 +46,7 @@ from qgmem_train.reranker.data import ensure_turns_store
 from qgmem_train.retrieval.activation import activate
 from qgmem_train.retrieval.rerank import Reranker, build_reranker
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
 K = 10
 KEYS = (f"recall@{K}", f"precision@{K}", f"sufficiency@{K}", f"ndcg@{K}")
@@ -255,9 +254,9 @@ def read_training(folder: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def main() -> None:
-    """Evaluate, print and write bench/results/<report>.{json,md}."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    """Evaluate, print and write experiments/reranker/results/<report>.{json,md} (or remake saved reports: --report-only)."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.reranker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, nargs="+", default=[ROOT / "checkpoints" / "reranker-cpu" / "model"],
                         help="trained CrossEncoder folders, compared side by side")
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT, help="LoCoMo file (default: ../shared/data/locomo/locomo_dev.json)")
@@ -277,7 +276,10 @@ def main() -> None:
                         help="tokens a pair is cut to at inference (models.reranker_max_length); model: the saved length (default)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     parser.add_argument("--report", default="reranker", help="report name: writes <out>/<report>.json and .md")
-    args = parser.parse_args()
+    add_report_only(parser)
+    args = parser.parse_args(argv)
+    if args.report_only:
+        return remake_reports(args.report_only, markdown, args.check)
     models = {model_name(folder): folder for folder in args.model}
     if len(models) < len(args.model):
         raise SystemExit("two --model folders have the same name; name the folders apart")
@@ -313,12 +315,11 @@ def main() -> None:
         "met": {name: targets_met(summary, name) for name in variants},
         "seconds": round(time.perf_counter() - started, 1),
     }
-    text = markdown(report)
-    write_report_atomic(args.out / f"{args.report}.json", report, text)
-    print(text)
+    write_report(args.out / f"{args.report}.json", report, markdown)
+    return 0
 
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    main()
+    raise SystemExit(main())
