@@ -66,8 +66,12 @@ def write_report(path: Path, report: dict[str, Any], markdown: Markdown) -> str:
     return text
 
 
-def add_report_only(parser: argparse.ArgumentParser) -> None:
-    """The options that remake a study's saved reports from their JSON instead of running it."""
+def add_report_options(parser: argparse.ArgumentParser, out: Path, name: str | None = None) -> None:
+    """Where a study writes its report (``--out``, default ``out``; ``--report``, the file name, when ``name`` is given) and
+    the options that remake saved reports from their JSON instead of running it."""
+    parser.add_argument("--out", type=Path, default=out, help="results folder")
+    if name is not None:
+        parser.add_argument("--report", default=name, help="report name: writes <out>/<report>.json and .md")
     parser.add_argument("--report-only", nargs="+", type=Path, metavar="JSON",
                         help="remake the markdown of these saved reports (<name>.json) beside them; nothing runs")  # fmt: skip
     parser.add_argument("--check", action="store_true", help="with --report-only: compare the remade tables with the saved markdown, write nothing")

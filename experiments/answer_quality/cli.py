@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from bench.machine import machine_info
-from experiments.common import add_report_only, remake_reports, write_report
+from experiments.common import add_report_options, remake_reports, write_report
 from qgmem_train.__main__ import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48, help="answer and judge budget")
     parser.add_argument("--intent", choices=["llm", "rules"], default="rules", help="query-intent parser")
     parser.add_argument("--work", type=Path, default=Path("/tmp/answer_quality"), help="folder for stores and per-benchmark reports")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
-    add_report_only(parser)
+    add_report_options(parser, Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     if args.report_only:
         return remake_reports(args.report_only, markdown, args.check)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import machine_info
-from experiments.common import add_report_only, paired_bootstrap, remake_reports, write_report
+from experiments.common import add_report_options, paired_bootstrap, remake_reports, write_report
 
 from qgmem_train.config import BUNDLED_EMBEDDER, ModelsConfig, PipelineConfig
 from qgmem_train.eval.benchmarks import LOCOMO_CATEGORY_NAMES
@@ -274,9 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                              "measured side by side; all: the whole pool (default)")
     parser.add_argument("--max-length", nargs="+", type=top_or_all, default=[None], metavar="TOKENS",
                         help="tokens a pair is cut to at inference (models.reranker_max_length); model: the saved length (default)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
-    parser.add_argument("--report", default="reranker", help="report name: writes <out>/<report>.json and .md")
-    add_report_only(parser)
+    add_report_options(parser, Path(__file__).parent / "results", "reranker")
     args = parser.parse_args(argv)
     if args.report_only:
         return remake_reports(args.report_only, markdown, args.check)
@@ -317,9 +314,3 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_report(args.out / f"{args.report}.json", report, markdown)
     return 0
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    raise SystemExit(main())

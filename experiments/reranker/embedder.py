@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from bench.machine import machine_info
-from experiments.common import add_report_only, remake_reports, write_report
+from experiments.common import add_report_options, remake_reports, write_report
 from qgmem_train.reranker.cli import TRAINING_RECORD
 from qgmem_train.reranker.embedder_tuning import main as fit_embedder
 
@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "reranker-cpu.yaml")
     parser.add_argument("--model", type=Path, default=ROOT / "out" / "embedder_tuning" / "model", help="where the tuned embedder is saved")
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
-    add_report_only(parser)
+    add_report_options(parser, Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     if args.report_only:
         return remake_reports(args.report_only, markdown, args.check)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import machine_info
-from experiments.common import add_report_only, remake_reports, write_report
+from experiments.common import add_report_options, remake_reports, write_report
 from experiments.reranker.compare import cross_encoder, read_training
 
 from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics
@@ -76,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stride", type=int, default=1, help="every this-many-th question")
     parser.add_argument("--quantization", choices=("none", "int8"), default="none", help="models.reranker_quantization (default: none)")
     parser.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch", help="models.reranker_runtime (default: torch)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
-    parser.add_argument("--report", default="rerank_prior", help="report name: writes <out>/<report>.json and .md")
-    add_report_only(parser)
+    add_report_options(parser, Path(__file__).parent / "results", "rerank_prior")
     args = parser.parse_args(argv)
     if args.report_only:
         return remake_reports(args.report_only, markdown, args.check)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import machine_info
-from experiments.common import add_report_only, remake_reports, write_report
+from experiments.common import add_report_options, remake_reports, write_report
 from qgmem_train.__main__ import main as cli
 from qgmem_train.eval.retrieval_metrics import question_metrics, relevance
 from qgmem_train.eval.benchmarks import load_locomo_questions, spread_subset
@@ -109,23 +109,34 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Build the turns-mode store if needed, run the evaluations, write experiments/retrieval/results/locomo_retrieval.{json,md}
-    (or remake saved reports: --report-only)."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.retrieval", description=__doc__.split("\n\n")[0])
+def locomo_parser(prog: str, description: str, work: str) -> argparse.ArgumentParser:
+    """The options of both retrieval studies: the LoCoMo file and its turns-mode store, a work folder, the results folder
+    and ``--report-only``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT, help="LoCoMo file (default: ../shared/data/locomo/locomo_dev.json)")
     parser.add_argument("--store", type=Path, help="turns-mode store of the same conversations (built when missing; required to run)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/locomo_retrieval"), help="folder for the evaluations' own reports")
-    parser.add_argument("--rerank-limit", type=int, default=20, help="questions for the LLM-reranker rows (0 skips them)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
-    add_report_only(parser)
-    args = parser.parse_args(argv)
-    if args.report_only:
-        return remake_reports(args.report_only, markdown, args.check)
+    parser.add_argument("--work", type=Path, default=Path(work), help="folder for the evaluations' own reports")
+    add_report_options(parser, Path(__file__).parent / "results")
+    return parser
+
+
+def check_locomo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, in one line, a run without a store or with no LoCoMo file."""
     if args.store is None:
         parser.error("--store is required to run the evaluations")
     if not args.input.exists():
         raise SystemExit(f"{args.input} not found: pass --input with a copy of LoCoMo (locomo10.json schema)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the turns-mode store if needed, run the evaluations, write experiments/retrieval/results/locomo_retrieval.{json,md}
+    (or remake saved reports: --report-only)."""
+    parser = locomo_parser("python -m experiments.retrieval", __doc__.split("\n\n")[0], "/tmp/locomo_retrieval")
+    parser.add_argument("--rerank-limit", type=int, default=20, help="questions for the LLM-reranker rows (0 skips them)")
+    args = parser.parse_args(argv)
+    if args.report_only:
+        return remake_reports(args.report_only, markdown, args.check)
+    check_locomo(parser, args)
     ensure_turns_store(args.input, args.store)
 
     full = run_eval(args.input, args.store, args.work / "none", "none", None)

@@ -12,14 +12,13 @@ is built (or extended) in turns mode for the conversations evaluated: all of the
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
 
 from bench.machine import machine_info
-from experiments.common import add_report_only, remake_reports, write_report
-from experiments.retrieval.channels import DEFAULT_INPUT, KEYS, run_eval
+from experiments.common import remake_reports, write_report
+from experiments.retrieval.channels import KEYS, check_locomo, locomo_parser, run_eval
 from qgmem_train.fileio import read_text, write_json_atomic
 from qgmem_train.reranker.data import ensure_turns_store
 
@@ -59,20 +58,12 @@ def conversation_subset(input_path: Path, conversations: str | None, work: Path)
 def main(argv: list[str] | None = None) -> int:
     """Build the turns-mode store if needed, evaluate every variant, write experiments/retrieval/results/paper_pure_retrieval.{json,md}
     (or remake saved reports: --report-only)."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.retrieval.paper_pure", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", type=Path, default=DEFAULT_INPUT, help="LoCoMo file (default: ../shared/data/locomo/locomo_dev.json)")
-    parser.add_argument("--store", type=Path, help="turns-mode store of the same conversations (built when missing; required to run)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/paper_pure_retrieval"), help="folder for the evaluations' own reports")
+    parser = locomo_parser("python -m experiments.retrieval.paper_pure", __doc__.split("\n\n")[0], "/tmp/paper_pure_retrieval")
     parser.add_argument("--conversations", help="comma-separated sample ids to evaluate (default: every conversation of the input)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
-    add_report_only(parser)
     args = parser.parse_args(argv)
     if args.report_only:
         return remake_reports(args.report_only, markdown, args.check)
-    if args.store is None:
-        parser.error("--store is required to run the evaluations")
-    if not args.input.exists():
-        raise SystemExit(f"{args.input} not found: pass --input with a copy of LoCoMo (locomo10.json schema)")
+    check_locomo(parser, args)
     args.work.mkdir(parents=True, exist_ok=True)
     source = conversation_subset(args.input, args.conversations, args.work)
     ensure_turns_store(source, args.store)
