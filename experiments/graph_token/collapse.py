@@ -36,7 +36,7 @@ from experiments.graph_token.training import WARMUP_FRACTION, build_module  # no
 
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM  # noqa: E402
 from qgmem_train.errors import InputError  # noqa: E402
-from qgmem_train.fileio import atomic_output, write_json_atomic  # noqa: E402
+from qgmem_train.fileio import write_report_atomic  # noqa: E402
 
 STAGES = ("readout", "mlp", "tokens")
 
@@ -206,11 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = f"graph_token_collapse_{args.readout}" + (f"_contrast{args.contrast:g}" if args.contrast else "") + ("_centered" if args.center == "reference" else "")
-    write_json_atomic(args.out / f"{stem}.json", result)
-    with atomic_output(args.out / f"{stem}.md") as handle:
-        handle.write(markdown(result))
+    write_report_atomic(args.out / f"{stem}.json", result, markdown(result))
     return 0
 
 

@@ -32,7 +32,7 @@ from experiments.common import git_state  # noqa: E402
 from experiments.graph_token.data import DEFAULT_DATA, find_conversations  # noqa: E402
 
 from qgmem_train.errors import InputError  # noqa: E402
-from qgmem_train.fileio import atomic_output, write_json_atomic  # noqa: E402
+from qgmem_train.fileio import write_report_atomic  # noqa: E402
 from qgmem_train.graph.local_graph import LocalGraph, local_graph_from_units  # noqa: E402
 
 SHAPE_KEYS = ("nodes", "edges", "components", "largest_component_nodes", "meeting_nodes")
@@ -166,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join(["python", "-m", "experiments.graph_token.structure", *argv]), "git": git_state()["commit"], "machine": machine,
               "data": str(args.data), "max_questions": args.max_questions, "seed": args.seed, **measured,
               "wall_s": round(time.perf_counter() - started, 1)}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "graph_structure.json", result)
-    with atomic_output(args.out / "graph_structure.md") as handle:
-        handle.write(markdown(result))
+    write_report_atomic(args.out / "graph_structure.json", result, markdown(result))
     print(json.dumps(result["overall"], indent=1))
     return 0
 
