@@ -34,10 +34,11 @@ bench: setup
 	$(PY) bench/run_all.py
 
 # The graph-token experiment: graph token vs soft prompt, no graph, text path and LoRA, split by conversation (about 75
-# minutes on 2 cores; bench/graph_token_experiment.py says why). Extra options: EXPERIMENT_ARGS='--steps 300 --out ...'.
+# minutes on 2 cores; experiments/graph_token/__init__.py says why; results in experiments/graph_token/results/INDEX.md).
+# Extra options: EXPERIMENT_ARGS='--steps 300 --out ...'.
 EXPERIMENT_ARGS ?=
 graph-token-experiment: setup
-	$(PY) bench/graph_token_experiment.py --out out/graph_token $(EXPERIMENT_ARGS)
+	$(PY) -m experiments.graph_token --out out/graph_token $(EXPERIMENT_ARGS)
 
 # The six-layer cross-encoder reranker (configs/reranker-cpu.yaml): builds the LoCoMo dev turns-mode store and pools on the
 # first run, then trains two epochs on compact documents (store 7 and training 15 minutes on 2 cores here; earlier recipes

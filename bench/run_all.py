@@ -23,10 +23,9 @@ from qgmem_train.fileio import atomic_output
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-HELPERS = {"run_all", "machine"}
+HELPERS = {"__init__", "run_all", "machine"}
 """Modules of bench/ that are not benchmarks."""
 GPU_ONLY = "needs CUDA: run scripts/gpu_check.sh on a GPU machine"
-COLLAPSE_INPUT = "needs --trajectories DIR (a graph-token experiment's data/trajectories): run it after make graph-token-experiment"
 
 
 def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list[str] | str]:
@@ -43,9 +42,6 @@ def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list
         "bench_predictor": ["--model", str(model), "--questions", "2", "--out", str(out / "predictor")] if model else
                            "needs --model EXPORT_DIR (an exported model: python -m qgmem_train export ...)",
         "gpu_check": GPU_ONLY,
-        "graph_token_experiment": ["--variants", "mean1", "none", "--seeds", "1", "--steps", "2", "--max-test-questions", "3",
-                                   "--max-val-questions", "2", "--max-train-questions", "4", "--out", str(work / "graph_token")],
-        "graph_token_collapse": COLLAPSE_INPUT,
     }  # fmt: skip
 
 
@@ -55,7 +51,6 @@ def full_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list[
         "locomo_retrieval": ["--store", str(work / "locomo_turns")],
         "bench_predictor": ["--model", str(model)] if model else "needs --model EXPORT_DIR",
         "gpu_check": GPU_ONLY,
-        "graph_token_collapse": COLLAPSE_INPUT,
     }
 
 

@@ -1,9 +1,9 @@
 """Shape of the local graphs with and without ``graph.attribute_edges``: nodes, edges, connected components per graph.
 
-    python bench/graph_structure.py                          # the graph-token experiment's data, 60 questions a conversation
-    python bench/graph_structure.py --data DIR --max-questions 0   # any ConvoMem-format folder, every question
+    python -m experiments.graph_token.structure                          # the graph-token experiment's data, 60 questions a conversation
+    python -m experiments.graph_token.structure --data DIR --max-questions 0   # any ConvoMem-format folder, every question
 
-Every conversation of ``--data`` (grouped as ``bench/graph_token_experiment.py`` does) is built in turns mode into a
+Every conversation of ``--data`` (grouped as the graph-token study does) is built in turns mode into a
 store under ``--work`` (no traces, no sentence vectors, as the experiment's data prep; reused when there), a seeded
 sample of its questions is activated with rule intents and no reranker (k = 10), and each working memory's local graph
 is built twice: one edge per unit (the paper's), and with attribute edges. Components are weakly connected ones (edge
@@ -27,8 +27,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from graph_token_experiment import DEFAULT_DATA, find_conversations  # noqa: E402
-from machine import machine_info  # noqa: E402
+from bench.machine import machine_info  # noqa: E402
+from experiments.common import git_state  # noqa: E402
+from experiments.graph_token.data import DEFAULT_DATA, find_conversations  # noqa: E402
 
 from qgmem_train.errors import InputError  # noqa: E402
 from qgmem_train.fileio import atomic_output, write_json_atomic  # noqa: E402
@@ -147,8 +148,6 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure and write the report; bad input is one line on stderr and exit 2."""
-    from graph_token_experiment import git_state
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="ConvoMem-format folder")
     p.add_argument("--work", type=Path, default=Path("out/graph_structure"), help="store of the built conversations (reused)")
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    result = {"command": " ".join(["python", "bench/graph_structure.py", *argv]), "git": git_state()["commit"], "machine": machine,
+    result = {"command": " ".join(["python", "-m", "experiments.graph_token.structure", *argv]), "git": git_state()["commit"], "machine": machine,
               "data": str(args.data), "max_questions": args.max_questions, "seed": args.seed, **measured,
               "wall_s": round(time.perf_counter() - started, 1)}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

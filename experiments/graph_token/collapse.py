@@ -1,8 +1,8 @@
 """Where graph tokens lose the question: how much of each stage's output differs between questions, over training.
 
-    python bench/graph_token_collapse.py --trajectories out/graph_token/data/trajectories --readout edges --tokens 10
+    python -m experiments.graph_token.collapse --trajectories out/graph_token/data/trajectories --readout edges --tokens 10
 
-Trains one graph-token arm of ``bench/graph_token_experiment.py`` (same module, learning rate, warm-up and cosine
+Trains one graph-token arm of the graph-token study (:mod:`experiments.graph_token`) (same module, learning rate, warm-up and cosine
 schedule, seeded; a batch of ``--batch-size``, one by default) on the experiment's trajectories, and before training
 and every ``--every`` steps measures three stages on a fixed set of test questions: the readout's vectors
 (``readout``), the projector's MLP output before its layer norm (``mlp``) and the graph tokens the LLM reads
@@ -30,8 +30,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from graph_token_experiment import WARMUP_FRACTION, Variant, build_module, shuffled_graphs  # noqa: E402
-from machine import machine_info  # noqa: E402
+from bench.machine import machine_info  # noqa: E402
+from experiments.graph_token.arms import Variant, shuffled_graphs  # noqa: E402
+from experiments.graph_token.training import WARMUP_FRACTION, build_module  # noqa: E402
 
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM  # noqa: E402
 from qgmem_train.errors import InputError  # noqa: E402
@@ -154,7 +155,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"# Graph-token collapse: {s['readout']} readout, T={s['tokens']}, learning rate {s['lr']}, contrast {s['contrast']},"
         f" projector centering {s.get('center', 'none')}",
         "",
-        f"`python bench/graph_token_collapse.py --trajectories {s['trajectories']} --readout {s['readout']} --tokens {s['tokens']} "
+        f"`python -m experiments.graph_token.collapse --trajectories {s['trajectories']} --readout {s['readout']} --tokens {s['tokens']} "
         f"--steps {s['steps']} --every {s['every']} --lr {s['lr']} --batch-size {s['batch_size']} --contrast {s['contrast']} "
         f"--margin {s['margin']} --center {s.get('center', 'none')}` on {result['questions']} test questions; machine: "
         f"{result['machine'].get('cpu')}, {result['machine'].get('cores')} cores, load {result['machine'].get('load_average_1m')}.",
