@@ -73,11 +73,13 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path) -> Non
         "--max-test-questions", "3", "--max-val-questions", "2", "--max-context-tokens", "64", "--eval-batch-size", "2",
         "--bootstrap-resamples", "200",
     ]  # fmt: skip
-    step0 = [sys.executable, "-m", "experiments.graph_token.information", *common]
+    step0 = [sys.executable, "-m", "experiments.graph_token.information", *common, "--step-questions", "2"]
     result = subprocess.run(step0, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "information" / "results.json").read_text())
     assert set(report["answer_loss"]) == {"question", "triples", "context", "context+triples"}
+    assert (report["test_questions"], report["test_questions_total"]) == (2, 3), "a seeded sample of the test questions"
+    assert all(c["questions"] == 2 for c in report["comparisons"])
     assert report["comparisons"][0]["control"] == "question" and report["comparisons"][0]["treatment"] == "triples"
     assert report["passed"] == (report["comparisons"][0]["ci95"][0] > 0)
     assert result.stdout.strip() == report["verdict"] and "step 0" in (out / "information" / "results.md").read_text()

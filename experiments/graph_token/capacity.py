@@ -15,9 +15,7 @@ resumes at the next; ``results.json`` and ``results.md``).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import random
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -27,9 +25,7 @@ from typing import Any
 from bench.machine import machine_info
 from experiments.common import git_state, paired_bootstrap
 from experiments.graph_token.cli import parser as study_parser
-from experiments.graph_token.data import DEFAULT_DATA, prepare_data
-from qgmem_train.errors import InputError, ModelUnavailableError
-from qgmem_train.fileio import atomic_output, write_json_atomic
+from experiments.graph_token.steps import question_sample, run_step, saved_or_computed, step_folder
 
 log = logging.getLogger("experiments.graph_token.capacity")
 
@@ -68,13 +64,6 @@ def target_examples(examples: list[Any], target: Target) -> list[Any]:
             example = replace(example, answer=graph_facts_text(example.graph), reasoning_path="")
         rewritten.append(example if target.context else replace(example, context=""))
     return rewritten
-
-
-def sample(examples: list[Any], count: int, seed: int) -> list[Any]:
-    """A seeded sample of ``count`` examples, in their original order."""
-    order = list(range(len(examples)))
-    random.Random(f"capacity:{seed}").shuffle(order)
-    return [examples[i] for i in sorted(order[:count])]
 
 
 def initial_vectors(model: Any, shape: tuple[int, ...], seed: int) -> Any:
@@ -117,7 +106,7 @@ def measure(args: argparse.Namespace, target: Target, tokens: int, data_path: Pa
     data, model = arm_data_and_module(args, variant, 0, data_path)
     model.load_backbone("cpu")
     model.eval()
-    examples = sample(target_examples(list(data.splits["test"]), target), args.capacity_questions, args.split_seed)
+    examples = question_sample(target_examples(list(data.splits["test"]), target), args.capacity_questions, args.split_seed)
     data.splits["test"] = examples
     batches = list(data.test_dataloader())
     hidden = model.llm.get_input_embeddings().embedding_dim
@@ -164,25 +153,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     started = time.perf_counter()
-    out = args.out.resolve()
-    folder = out / "capacity"
-    folder.mkdir(parents=True, exist_ok=True)
-    summary = prepare_data(args, out)
-    data_path = out / "data" / "trajectories"
+    folder, summary, data_path = step_folder(args, "capacity")
     rows = []
     for target in TARGETS:
         for tokens in TOKEN_COUNTS:
-            saved = folder / f"{target.key}-T{tokens}.json"
-            if saved.exists():
-                record = json.loads(saved.read_text())
-                log.info("[%s T=%d] reusing %s", target.key, tokens, saved)
-            else:
-                log.info("[%s T=%d] %s: %d steps of free vectors per question and of one shared prompt", target.key, tokens, target.name, args.capacity_steps)
-                began = time.perf_counter()
-                torch.manual_seed(0)
-                record = measure(args, target, tokens, data_path)
-                record["wall_s"] = round(time.perf_counter() - began, 1)
-                write_json_atomic(saved, record)
+            label = f"{target.key} T={tokens}"
+            log.info("[%s] %s: %d steps of free vectors per question and of one shared prompt", label, target.name, args.capacity_steps)
+            torch.manual_seed(0)
+            record = saved_or_computed(folder / f"{target.key}-T{tokens}.json", label, lambda: measure(args, target, tokens, data_path))
             rows.append(summarize(record, args))
     passed, text = verdict(rows)
     return {
@@ -226,31 +204,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run step 1 over ``--out`` (the study's output folder); bad input is one line and exit code 2."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    args = parser().parse_args(argv)
-    try:
-        if args.data is None:
-            if not DEFAULT_DATA.is_dir():
-                raise InputError("--data", f"no ConvoMem folder at the default {DEFAULT_DATA}; pass --data DIR")
-            args.data = DEFAULT_DATA
-        args.data = args.data.resolve()
-        for name in ("capacity_questions", "capacity_steps", "eval_batch_size"):
-            if getattr(args, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
-        import torch
-
-        torch.set_num_threads(args.threads)
-        result = run(args)
-    except (InputError, ModelUnavailableError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    folder = args.out.resolve() / "capacity"
-    write_json_atomic(folder / "results.json", result)
-    with atomic_output(folder / "results.md") as handle:
-        handle.write(markdown(result))
-    print(result["verdict"])
-    return 0
+    """Run step 1 over ``--out`` (the study's output folder)."""
+    return run_step(parser().parse_args(argv), "capacity", run, markdown, ("capacity_questions", "capacity_steps", "eval_batch_size"))
 
 
 if __name__ == "__main__":

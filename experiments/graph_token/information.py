@@ -15,7 +15,6 @@ prompt; ``results.json`` and ``results.md``).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -27,9 +26,7 @@ from bench.machine import machine_info
 from experiments.common import git_state, paired_bootstrap
 from experiments.graph_token.arms import variants
 from experiments.graph_token.cli import parser as study_parser
-from experiments.graph_token.data import DEFAULT_DATA, prepare_data
-from qgmem_train.errors import InputError, ModelUnavailableError
-from qgmem_train.fileio import atomic_output, write_json_atomic
+from experiments.graph_token.steps import question_sample, run_step, saved_or_computed, step_folder
 from qgmem_train.model.answers import normalize_answer
 
 log = logging.getLogger("experiments.graph_token.information")
@@ -94,8 +91,8 @@ def prompt_losses(args: argparse.Namespace, prompt: Prompt, data_path: Path) -> 
 
     variant = variants()["text" if prompt.triples else "none"]
     data, model = arm_data_and_module(args, variant, 0, data_path)
-    if not prompt.context:
-        data.splits["test"] = [replace(ex, context="") for ex in data.splits["test"]]
+    test = question_sample(data.splits["test"], args.step_questions, args.split_seed)
+    data.splits["test"] = test if prompt.context else [replace(ex, context="") for ex in test]
     model.load_backbone("cpu")
     losses, _ = per_question_losses(model, data)
     return losses
@@ -104,26 +101,16 @@ def prompt_losses(args: argparse.Namespace, prompt: Prompt, data_path: Path) -> 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Data (the study's, reused when there), the four prompts' losses (each saved as it ends), the report."""
     started = time.perf_counter()
-    out = args.out.resolve()
-    folder = out / "information"
-    folder.mkdir(parents=True, exist_ok=True)
-    summary = prepare_data(args, out)
-    data_path = out / "data" / "trajectories"
+    folder, summary, data_path = step_folder(args, "information")
     from qgmem_train.model.trajectory import read_trajectory_dataset
 
-    test = list(read_trajectory_dataset(data_path)["test"])
+    every = list(read_trajectory_dataset(data_path)["test"])
+    test = question_sample(every, args.step_questions, args.split_seed)
     losses: dict[str, dict[str, dict[str, float]]] = {}
     timings: dict[str, float] = {}
     for prompt in PROMPTS:
-        saved = folder / f"losses-{prompt.key}.json"
-        if saved.exists():
-            record = json.loads(saved.read_text())
-            log.info("[%s] reusing %s", prompt.key, saved)
-        else:
-            log.info("[%s] %s: the frozen LLM over %d test questions", prompt.key, prompt.name, len(test))
-            began = time.perf_counter()
-            record = {"losses": prompt_losses(args, prompt, data_path), "wall_s": round(time.perf_counter() - began, 1)}
-            write_json_atomic(saved, record)
+        log.info("[%s] %s: the frozen LLM over %d test questions", prompt.key, prompt.name, len(test))
+        record = saved_or_computed(folder / f"losses-{prompt.key}.json", prompt.key, lambda: {"losses": prompt_losses(args, prompt, data_path)})
         losses[prompt.key], timings[prompt.key] = record["losses"], record["wall_s"]
     answer_loss = {key: {q: v["answer_loss"] for q, v in per_q.items()} for key, per_q in losses.items()}
     mean = {key: sum(v.values()) / len(v) for key, v in answer_loss.items()}
@@ -141,6 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "verdict": ("passes: the graph's triples as text make the answer likelier than the question alone"
                     if passed else "fails: no information in the graph the frozen LLM can use"),
         "test_questions": len(test),
+        "test_questions_total": len(every),
         "split": summary["split"],
         "coverage": coverage(test),
         "answer_loss": mean,
@@ -157,7 +145,7 @@ def markdown(result: dict[str, Any]) -> str:
     cov = result["coverage"]
     lines = [
         "# Graph-token study, step 0: does the local graph hold the answer?", "",
-        f"**{result['verdict']}.** {result['test_questions']} test questions of {', '.join(result['split']['test'])} "
+        f"**{result['verdict']}.** {result['test_questions']} of the {result['test_questions_total']} test questions of {', '.join(result['split']['test'])} "
         f"(conversations the study never trains on), frozen {result['llm']}, no graph tokens, context cut to "
         f"{result['max_context_tokens']} tokens.", "",
         "| where | answers all of whose words appear | mean share of an answer's words |", "|---|---|---|",
@@ -177,32 +165,13 @@ def parser() -> argparse.ArgumentParser:
     """The study's command line (the same data settings, so the same prepared data), named for this step."""
     p = study_parser()
     p.prog, p.description = "python -m experiments.graph_token.information", __doc__.splitlines()[0]
+    p.add_argument("--step-questions", type=int, default=None, help="a seeded sample of this many test questions (default: every one)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run step 0 over ``--out`` (the study's output folder); bad input is one line and exit code 2."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    args = parser().parse_args(argv)
-    try:
-        if args.data is None:
-            if not DEFAULT_DATA.is_dir():
-                raise InputError("--data", f"no ConvoMem folder at the default {DEFAULT_DATA}; pass --data DIR")
-            args.data = DEFAULT_DATA
-        args.data = args.data.resolve()
-        import torch
-
-        torch.set_num_threads(args.threads)
-        result = run(args)
-    except (InputError, ModelUnavailableError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    folder = args.out.resolve() / "information"
-    write_json_atomic(folder / "results.json", result)
-    with atomic_output(folder / "results.md") as handle:
-        handle.write(markdown(result))
-    print(result["verdict"])
-    return 0
+    """Run step 0 over ``--out`` (the study's output folder)."""
+    return run_step(parser().parse_args(argv), "information", run, markdown, ("step_questions", "eval_batch_size"))
 
 
 if __name__ == "__main__":
