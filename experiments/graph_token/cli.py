@@ -22,7 +22,7 @@ from bench.machine import machine_info  # noqa: E402
 from experiments.common import git_state  # noqa: E402
 from experiments.graph_token.answering import answered_ids, answered_subset  # noqa: E402
 from experiments.graph_token.arms import GRAPH_ARMS, variants  # noqa: E402
-from experiments.graph_token.data import DEFAULT_DATA, ROOT, prepare_data  # noqa: E402
+from experiments.graph_token.data import DEFAULT_DATA, ROOT, data_folder, prepare_data  # noqa: E402
 from experiments.graph_token.report import markdown, plot  # noqa: E402
 from experiments.graph_token.stats import summarize  # noqa: E402
 from experiments.graph_token.training import extend_answers, run_relative, run_variant  # noqa: E402
@@ -106,11 +106,7 @@ def check_settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """The whole experiment: data, every run (skipping finished ones), then the report."""
     started = time.perf_counter()
-    if args.data is None:
-        if not DEFAULT_DATA.is_dir():
-            raise InputError("--data", f"no ConvoMem folder at the default {DEFAULT_DATA}; pass --data DIR")
-        args.data = DEFAULT_DATA
-    args.data = args.data.resolve()
+    args.data = data_folder(args.data)
     for name in ("steps", "seeds", "other_seeds", "val_checks", "batch_size", "eval_batch_size", "threads", "edge_tokens", "query_tokens", "test_count"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")

@@ -39,6 +39,15 @@ class ConversationCases:
     """``(category, CaseQuestion)`` in case order."""
 
 
+def data_folder(data: Path | None) -> Path:
+    """``--data`` resolved, or the default ConvoMem folder when it is not given; one clear error when that is missing."""
+    if data is None:
+        if not DEFAULT_DATA.is_dir():
+            raise InputError("--data", f"no ConvoMem folder at the default {DEFAULT_DATA}; pass --data DIR")
+        data = DEFAULT_DATA
+    return data.resolve()
+
+
 def category_of(file: Path) -> str:
     """A case file's category: its folder, or the folder above a Hub ``<n>_evidence`` folder."""
     folder = file.parent
