@@ -107,10 +107,11 @@ class AttributeScorer:
         self.n_units = len(units)
         self.sem_threshold = sem_threshold
         self.utterance_fallback = utterance_fallback
-        self._texts = TextMatcher(attributes.embeddings, sem_threshold, codes_from=text_codes_from)
+        self.texts = TextMatcher(attributes.embeddings, sem_threshold, codes_from=text_codes_from)
+        """SemMatch over the distinct attribute texts (the graph channel's walk starts from the texts it passes, too)."""
         self._postings = {
             kind: PostingLists(np.asarray(attributes.text_id, np.int64), np.asarray(attributes.unit_index, np.int64),
-                               len(self._texts.embeddings), np.asarray(attributes.kind, np.int8) == kind)
+                               len(self.texts.embeddings), np.asarray(attributes.kind, np.int8) == kind)
             for kind in (ENTITY, LOCATION)
         }  # fmt: skip
         fact_unit, fact_spans = unit_fact_spans(units)
@@ -126,9 +127,9 @@ class AttributeScorer:
 
     def sem_matches(self, query_embeddings: np.ndarray, kind: int) -> tuple[np.ndarray, np.ndarray]:
         """Units with an attribute of ``kind`` at the threshold of some query item, and the mean over query items of each one's best cosine."""
-        if len(query_embeddings) == 0 or len(self._texts.embeddings) == 0:
+        if len(query_embeddings) == 0 or len(self.texts.embeddings) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        passing, text_sims = self._texts.passing(query_embeddings)
+        passing, text_sims = self.texts.passing(query_embeddings)
         texts, units = self._postings[kind].units_of(passing)
         rows, unit_of_posting = np.unique(units, return_inverse=True)
         best = np.zeros((len(rows), len(query_embeddings)), dtype=np.float32)
