@@ -253,7 +253,7 @@ def activate(
 
     ranked = search_channels(index, cfg, question, query_vector, intent, entity_vectors, location_vectors, timings)
 
-    pool, fused_scores = fuse_channels(index, cfg, ranked, np.concatenate([entity_vectors, location_vectors]), timings)
+    pool, fused_scores = fuse_channels(index, cfg, ranked, [entity_vectors, location_vectors], timings)
     start = time.perf_counter()
     superseded = np.zeros(0, np.int64)
     if cfg.drop_superseded:
@@ -289,10 +289,10 @@ def activate(
 
 
 def fuse_channels(
-    index: ActivationIndex, cfg: RetrievalConfig, ranked: dict[str, np.ndarray], query_items: np.ndarray, timings: dict[str, float]
+    index: ActivationIndex, cfg: RetrievalConfig, ranked: dict[str, np.ndarray], query_items: Sequence[np.ndarray], timings: dict[str, float]
 ) -> tuple[np.ndarray, np.ndarray]:
     """The RRF pool of the channels' rankings and its scores; with the graph channel, ``ranked`` gains its ranking (the walk
-    from the fused pool's first units and ``query_items``, the question's entity and location embeddings) and the pool is
+    from the fused pool's first units and ``query_items``, the question's entity and its location embeddings) and the pool is
     fused again with it at weight ``retrieval.graph_weight``. Times ``fusion`` and ``graph`` into ``timings``."""
     start = time.perf_counter()
     pool, scores = reciprocal_rank_fusion(ranked, kappa=cfg.kappa, n=cfg.n)

@@ -41,6 +41,8 @@ TEXT_CODES_MIN = 20_000
 rather than one exact product with every text."""
 TEXT_CANDIDATES = 256
 """Texts a code search returns first for a query item; it widens while a text beyond them could still pass."""
+RECENT_QUERIES = 4
+"""Query arrays whose passing texts a :class:`TextMatcher` keeps: a question's entities and locations, asked twice."""
 _DISTANCE_SLACK = 1e-4
 """Allowance for float32 rounding in faiss's code distances, in cosine units."""
 
@@ -185,12 +187,15 @@ class TextMatcher:
     Few texts: one product with all of them. From ``codes_from`` texts on (faiss installed), the int8
     codes the dense channel scans (:func:`~qgmem_train.vector_codes.build_int8_codes`) give each
     item's nearest texts, widened until every text left out provably falls below the threshold (a
-    decoded component is off by at most ``0.5 / scale``), and only those are compared exactly.
+    decoded component is off by at most ``0.5 / scale``), and only those are compared exactly. The
+    answers for the last :data:`RECENT_QUERIES` query arrays are kept: the graph channel asks for the
+    question's items right after the attribute channel has.
     """
 
     def __init__(self, embeddings: np.ndarray, threshold: float, *, codes_from: int = TEXT_CODES_MIN):
         self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         self.threshold = threshold
+        self._recent: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
         self._codes = None
         if len(self.embeddings) and len(self.embeddings) >= codes_from and has_faiss():
             self._codes, self._scale = build_int8_codes([self.embeddings])
@@ -200,8 +205,20 @@ class TextMatcher:
             )  # fmt: skip
 
     def passing(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows (ascending) of the texts at the threshold with some query item, and their similarity with each item (0 below it)."""
+        """Rows (ascending) of the texts at the threshold with some query item, and their similarity with each item (0 below it).
+
+        The arrays returned are shared with later calls for the same items: read them, do not write them.
+        """
         queries = np.asarray(queries, dtype=np.float32)
+        key = queries.tobytes() + bytes(str(queries.shape), "ascii")
+        if key not in self._recent:
+            if len(self._recent) >= RECENT_QUERIES:
+                del self._recent[next(iter(self._recent))]
+            self._recent[key] = self._passing(queries)
+        return self._recent[key]
+
+    def _passing(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`passing`, computed."""
         if self._codes is None:
             sims = self.embeddings @ queries.T
         else:

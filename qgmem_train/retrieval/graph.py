@@ -17,6 +17,7 @@ import numpy as np
 from scipy import sparse
 
 from qgmem_train.config import RetrievalConfig
+from qgmem_train.memory.columns import ranges
 from qgmem_train.memory.types import MemoryUnit, Trace
 from qgmem_train.memory.unit_table import SUBJECT, AttributeIndex, first_source_turn_ids
 from qgmem_train.retrieval.attributes import TextMatcher
@@ -24,38 +25,62 @@ from qgmem_train.retrieval.ranking import top_positive
 
 
 class UnitGraph:
-    """Units and nodes (a sparse unit × node incidence) with the two halves of a walk step, each normalized by degree."""
+    """Units and nodes (a sparse unit × node incidence) with the two halves of a walk step, each normalized by degree.
+
+    Mass is held as sparse vectors (rows, values): a walk of a few steps from a few seeds touches the seeds'
+    neighbourhood only, so its time grows with the degrees it meets, not with the namespace.
+    """
 
     def __init__(self, incidence: sparse.csr_matrix):
         incidence = incidence.tocsr().astype(np.float64)
         incidence.data[:] = 1.0  # a unit that names a text twice meets it once
         self.n_units, self.n_nodes = incidence.shape
         unit_degree, node_degree = np.asarray(incidence.sum(axis=1)).ravel(), np.asarray(incidence.sum(axis=0)).ravel()
-        self._to_nodes = (sparse.diags(inverse(unit_degree)) @ incidence).T.tocsr()
-        """Node × unit: a unit's mass spreads evenly over its nodes."""
-        self._to_units = (incidence @ sparse.diags(inverse(node_degree))).tocsr()
-        """Unit × node: a node's mass spreads evenly over its units."""
+        self._to_nodes = (sparse.diags(inverse(unit_degree)) @ incidence).tocsr()
+        """Unit × node: a unit's mass spreads evenly over its nodes (by rows: a step reads the rows of the units with mass)."""
+        self._to_units = (incidence @ sparse.diags(inverse(node_degree))).T.tocsr()
+        """Node × unit: a node's mass spreads evenly over its units."""
 
     def walk(self, units: np.ndarray, unit_weights: np.ndarray, nodes: np.ndarray, node_weights: np.ndarray, *,
-             restart: float, iterations: int) -> np.ndarray:
-        """Each unit's mass after ``iterations`` steps of the walk restarting at the seeds (half the restart mass on the
-        seed units, half on the seed nodes, each in proportion to its weight; all on one side when the other has none)."""
-        seed_units, seed_nodes = np.zeros(self.n_units), np.zeros(self.n_nodes)
-        np.add.at(seed_units, units, unit_weights)
-        np.add.at(seed_nodes, nodes, node_weights)
-        totals = seed_units.sum(), seed_nodes.sum()
-        sides = sum(t > 0 for t in totals)
-        if sides == 0:
-            return seed_units
-        seed_units *= (1.0 / sides / totals[0]) if totals[0] > 0 else 0.0
-        seed_nodes *= (1.0 / sides / totals[1]) if totals[1] > 0 else 0.0
+             restart: float, iterations: int) -> tuple[np.ndarray, np.ndarray]:
+        """The units with mass after ``iterations`` steps of the walk restarting at the seeds, and their mass (rows
+        ascending). Half the restart mass goes to the seed units, half to the seed nodes, each in proportion to its
+        weight; all to one side when the other has none."""
+        seed_units, seed_nodes = add(units, unit_weights), add(nodes, node_weights)
+        sides = [side for side in (seed_units, seed_nodes) if side[1].sum() > 0]
+        for _, values in sides:
+            values *= 1.0 / len(sides) / values.sum()
         on_units, on_nodes = seed_units, seed_nodes
         for _ in range(iterations):
             on_units, on_nodes = (
-                (1 - restart) * (self._to_units @ on_nodes) + restart * seed_units,
-                (1 - restart) * (self._to_nodes @ on_units) + restart * seed_nodes,
+                add(*concat(spread(self._to_units, *on_nodes, 1 - restart), (seed_units[0], restart * seed_units[1]))),
+                add(*concat(spread(self._to_nodes, *on_units, 1 - restart), (seed_nodes[0], restart * seed_nodes[1]))),
             )
         return on_units
+
+
+Sparse = tuple[np.ndarray, np.ndarray]
+"""A sparse vector: rows and their values."""
+
+
+def spread(step: sparse.csr_matrix, rows: np.ndarray, values: np.ndarray, scale: float) -> Sparse:
+    """``scale`` times the sparse vector (rows, values) through ``step`` (its rows are the source side): every target and
+    its share, targets repeated (:func:`add` sums them)."""
+    starts = step.indptr[rows]
+    counts = step.indptr[rows + 1] - starts
+    at = ranges(starts, counts)
+    return step.indices[at], scale * step.data[at] * np.repeat(values, counts)
+
+
+def concat(first: Sparse, second: Sparse) -> Sparse:
+    """Two sparse vectors' entries together (rows may repeat)."""
+    return np.concatenate([first[0], second[0]]), np.concatenate([first[1], second[1]])
+
+
+def add(rows: np.ndarray, values: np.ndarray) -> Sparse:
+    """The entries summed per row: rows ascending, each once."""
+    unique, inverse_of = np.unique(np.asarray(rows, np.int64), return_inverse=True)
+    return unique, np.bincount(inverse_of, weights=np.asarray(values, np.float64), minlength=len(unique))
 
 
 def inverse(degree: np.ndarray) -> np.ndarray:
@@ -104,18 +129,21 @@ class GraphChannel:
         """SemMatch over the attribute texts (the attribute channel's, when it runs): the question's entities meet text nodes."""
         self.n_texts = n_texts
 
-    def ranking(self, pool: np.ndarray, fused_scores: np.ndarray, query_items: np.ndarray, cfg: RetrievalConfig) -> np.ndarray:
+    def ranking(self, pool: np.ndarray, fused_scores: np.ndarray, query_items: Sequence[np.ndarray], cfg: RetrievalConfig) -> np.ndarray:
         """Top ``cfg.n`` units by the walk's mass, best first: the seed units (the restart returns to them) and the units
         they and the question's texts reach.
 
-        ``query_items`` are the embeddings of the question's entities and locations; seed units weigh their RRF
-        score, seed texts their best cosine with a query item at the SemMatch threshold.
+        ``query_items`` are the embeddings of the question's entities and of its locations (two arrays, as the attribute
+        channel asks SemMatch); seed units weigh their RRF score, seed texts their best cosine with a query item at the
+        SemMatch threshold (a text two items meet counts twice).
         """
         seeds, weights = pool[: cfg.graph_seeds], fused_scores[: cfg.graph_seeds]
         nodes, node_weights = np.zeros(0, np.int64), np.zeros(0)
-        if len(query_items) and len(self.texts.embeddings):
-            passing, similarities = self.texts.passing(query_items)
+        found = [self.texts.passing(items) for items in query_items if len(items) and len(self.texts.embeddings)]
+        if found:
+            passing = np.concatenate([texts for texts, _ in found])
+            similarities = np.concatenate([sims.max(axis=1) for _, sims in found])
             known = passing < self.n_texts  # texts SemMatch added (subjects stored without a vector) are no nodes
-            nodes, node_weights = passing[known], similarities[known].max(axis=1)
-        mass = self.graph.walk(seeds, weights, nodes, node_weights, restart=cfg.graph_restart, iterations=cfg.graph_iterations)
-        return top_positive(mass, cfg.n)[0]
+            nodes, node_weights = passing[known], similarities[known]
+        rows, mass = self.graph.walk(seeds, weights, nodes, node_weights, restart=cfg.graph_restart, iterations=cfg.graph_iterations)
+        return rows[top_positive(mass, cfg.n)[0]]
