@@ -398,7 +398,7 @@ def markdown(report: dict) -> str:
         for r in walked:
             share = r["latency"]["graph"]["p50_ms"] / max(r["latency"]["channels+fusion"]["p50_ms"], 1e-9)
             lines.append(f"| {r['units']:,} | {r.get('sentences_per_unit', 0)} | {cell(r, 'graph')} | {cell(r, 'channels+fusion')} | "
-                         f"{cell(r, 'channels+fusion+graph')} | {share:.2f} |")
+                         f"{cell(r, 'channels+fusion+graph')} | {share:.3f} |")
     for r in report["results"]:
         if "bm25_vs_rank_bm25" in r:
             c = r["bm25_vs_rank_bm25"]

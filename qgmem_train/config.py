@@ -145,7 +145,7 @@ class RetrievalConfig:
     graph_weight: float = 1.0
     """RRF weight of the graph channel's ranking (``graph`` in ``channels``; not in the paper): a personalised PageRank over the
     units and what they share, from the question's entities and the fused order's first units (docs/retrieval-graph-channel.md)."""
-    graph_seeds: int = 5
+    graph_seeds: int = 3
     """Units of the three channels' fused order the walk starts from (with the question's entities)."""
     graph_links: list[Literal["attribute", "trace", "turn"]] = field(default_factory=lambda: ["attribute", "trace", "turn"])
     """What joins two units in the walk: a shared entity or location, one trace, or a turn and the turn before it."""
