@@ -14,9 +14,13 @@ one setting: the defaults of ``RetrievalConfig`` with ``--weight`` etc. overridi
 
 from __future__ import annotations
 
+import os
+
+for _offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(_offline, "1")  # the bundled embedder only: before transformers is imported
+
 import argparse
 import itertools
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -198,6 +202,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     main()

@@ -213,7 +213,7 @@ class WorkingMemory:
     superseded: list[str] = field(default_factory=list)
     """Units of the RRF top n left out of the pool (``drop_superseded``): their trace's current member is in it."""
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds per step: intent, embed, each channel, fusion, rerank."""
+    """Seconds per step: intent, embed, each channel, fusion (and the graph channel with its second fusion), rerank."""
 
 
 def activate(
