@@ -13,13 +13,17 @@ share of the exact top 10 and top 100 each code scan returns. From 50k vectors o
 searches the stored codes, as a namespace loaded from a store does.
 ``--locomo-store`` adds recall@10 on LoCoMo questions with each scan (dense channel alone and fused).
 ``--baseline REV`` times the attribute channel of git revision REV on the same queries in the same
-process, next to this one, and counts the queries where both rank the same units.
+process, next to this one, and counts the queries where both rank the same units. ``--graph`` adds the graph
+channel (its walk from the fused order and the second fusion, timed as ``graph``) over the synthetic units'
+entities and locations and a turn a unit (50 a session, each after the one before), with the walk settings of
+``RetrievalConfig``; the three channels and the fusion are timed on the same queries without it.
 
     python bench/bench_activation.py                 # 10k, 100k, 1M (about 3 minutes, ~8 GB RAM)
     python bench/bench_activation.py --sizes 10000   # quick
     python bench/bench_activation.py --sentences-per-unit 0 3 --sizes 10000 100000   # turns-mode-like stores too
     python bench/bench_activation.py --sentences-per-unit 3 --locomo-store out/reranker/locomo_turns
     python bench/bench_activation.py --sizes 100000 --sentences-per-unit 3 --baseline main --name activation_attr_index
+    python bench/bench_activation.py --sizes 10000 100000 --graph --name activation_graph
 
 Facts from LLM extraction are one sentence each and have no sentence vectors; turns-mode units (whole
 turns) average about three (LoCoMo), which the dense channel searches as well.
@@ -50,9 +54,9 @@ from qgmem_train.fileio import write_report_atomic  # noqa: E402
 from qgmem_train.memory.segments import MAX_MERGED_ROWS  # noqa: E402
 from qgmem_train.memory.store import AttributeIndex, NamespaceMemory  # noqa: E402
 from qgmem_train.memory.types import MemoryUnit, TimeSpan  # noqa: E402
-from qgmem_train.retrieval.activation import ActivationIndex, search_channels  # noqa: E402
+from qgmem_train.retrieval.activation import ActivationIndex, fuse_channels, search_channels  # noqa: E402
 from qgmem_train.retrieval.dense import DenseIndex  # noqa: E402
-from qgmem_train.retrieval.fusion import reciprocal_rank_fusion  # noqa: E402
+from qgmem_train.retrieval.graph import GraphChannel, unit_graph  # noqa: E402
 from qgmem_train.retrieval.intent import QueryIntent  # noqa: E402
 from qgmem_train.retrieval.ranking import top_positive  # noqa: E402
 from qgmem_train.text import tokenize  # noqa: E402
@@ -64,7 +68,9 @@ LOCATIONS = 2_000
 DIM = 384
 START = date(2022, 1, 1)
 ACTIVATION_STEPS = ("bm25", "dense", "attr", "fusion", "channels+fusion")
-"""What a query's activation is timed by: each channel, the fusion, and all of them."""
+"""What a query's activation is timed by: each channel, the fusion, and all of them (without the graph channel)."""
+SESSION_TURNS = 50
+"""Turns a synthetic session holds (a unit per turn), for the graph channel's turn links."""
 
 
 def rss_mb() -> float:
@@ -154,8 +160,17 @@ def baseline_attributes(revision: str):
     return module
 
 
+def synthetic_graph(memory: NamespaceMemory, index: ActivationIndex, links: list[str]) -> GraphChannel:
+    """The graph channel over the synthetic units: their entities and locations, and a turn a unit, :data:`SESSION_TURNS` a session."""
+    rows = np.arange(len(memory.units), dtype=np.int64)
+    previous = np.where(rows % SESSION_TURNS > 0, rows - 1, -1)
+    graph = unit_graph(memory.units, memory.attributes, [], {f"u{i}": i for i in rows.tolist()}, {f"t{i}": i for i in rows.tolist()}, previous, links)
+    return GraphChannel(graph, index.attributes.texts, len(memory.attributes.texts))
+
+
 def bench_size(
-    n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bool, sentences_per_unit: int = 0, baseline: str | None = None
+    n: int, queries: int, cfg: RetrievalConfig, compare_rank_bm25: bool, sentences_per_unit: int = 0, baseline: str | None = None,
+    graph: bool = False,
 ) -> dict:
     """Latencies of every channel and the fusion on a namespace of ``n`` units (and of the attribute channel at ``baseline``)."""
     base = rss_mb()
@@ -167,6 +182,8 @@ def bench_size(
     stored = stored_codes_index(memory)
     if index.dense.scan == "int8":
         index.dense = stored
+    if graph:
+        index.graph = synthetic_graph(memory, index, cfg.graph_links)
     built = time.perf_counter()
     with_index = rss_mb()
     before = None
@@ -179,7 +196,7 @@ def bench_size(
     same_attr_ranking = []
     rng = np.random.default_rng(1)
     timings: dict[str, list[float]] = {name: [] for name in ("bm25", "dense", "attr", "fusion", "channels+fusion", "dense_float32", "dense_int8", "dense_stored",
-                                                              "attr_baseline", "channels+fusion_baseline")}
+                                                              "attr_baseline", "channels+fusion_baseline", "graph", "channels+fusion+graph")}
     scans = dense_scans(memory, stored)
     agreement: dict[str, dict[str, list[float]]] = {scan: {"top10": [], "top100": []} for scan in ("int8", "stored")}
     for q in range(queries):
@@ -194,7 +211,7 @@ def bench_size(
         )
         locations = location_vectors[rng.integers(LOCATIONS)][None, :] if intent.locations else np.zeros((0, DIM), np.float32)
         ranked, step = timed_activation(index, cfg, query_words[q % len(query_words)], query_vector, intent, entity_vectors[entity][None, :], locations)
-        for name in ACTIVATION_STEPS:
+        for name in ACTIVATION_STEPS + (("graph", "channels+fusion+graph") if graph else ()):
             timings[name].append(step[name])
         if before is not None:
             lexical = index.bm25.scores(tokenize(query_words[q % len(query_words)]))
@@ -239,14 +256,15 @@ def timed_activation(
     index: ActivationIndex, cfg: RetrievalConfig, question: str, query_vector: np.ndarray, intent: QueryIntent,
     entity_vectors: np.ndarray, location_vectors: np.ndarray,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-    """Every channel and the fusion for one query: the channels' rankings, and the seconds of each of :data:`ACTIVATION_STEPS`."""
+    """Every channel and the fusion for one query: the channels' rankings, and the seconds of each of :data:`ACTIVATION_STEPS`
+    (with the graph channel, also ``graph`` and ``channels+fusion+graph``; ``channels+fusion`` leaves the graph out)."""
     step: dict[str, float] = {}
     start = time.perf_counter()
     ranked = search_channels(index, cfg, question, query_vector, intent, entity_vectors, location_vectors, step)
-    fusion_start = time.perf_counter()
-    reciprocal_rank_fusion(ranked, kappa=cfg.kappa, n=cfg.n)
-    end = time.perf_counter()
-    return ranked, {**step, "fusion": end - fusion_start, "channels+fusion": end - start}
+    fuse_channels(index, cfg, ranked, [entity_vectors, location_vectors], step)
+    total = time.perf_counter() - start
+    graph = step.get("graph", 0.0)
+    return ranked, {**step, "channels+fusion": total - graph, **({"channels+fusion+graph": total} if "graph" in step else {})}
 
 
 def dense_scans(memory: NamespaceMemory, stored: DenseIndex | None = None) -> dict[str, DenseIndex]:
@@ -370,6 +388,17 @@ def markdown(report: dict) -> str:
         lines += ["", f"LoCoMo ({loc['n_questions']} questions of {Path(loc['input']).name}, turns mode), recall@10 with the float32 / "
                   f"int8 / stored-codes scan: dense channel {rec['dense float32']:.4f} / {rec['dense int8']:.4f} / {rec['dense stored']:.4f}, "
                   f"fused {rec['fused float32']:.4f} / {rec['fused int8']:.4f} / {rec['fused stored']:.4f}."]
+    walked = [r for r in report["results"] if "graph" in r["latency"]]
+    if walked:
+        g = report["settings"]["graph"]
+        lines += ["", f"Graph channel (walk and second fusion; {', '.join(g['links'])} links, {g['seeds']} seed units, {g['iterations']} "
+                  f"steps, restart {g['restart']}) on the same queries, one thread: its time beside the three channels and the fusion.", "",
+                  "| units | sentence vectors a unit | graph p50/p95 | 3 channels + fusion p50/p95 | with the graph p50/p95 | graph / (3 channels + fusion), p50 |",
+                  "|---|---|---|---|---|---|"]
+        for r in walked:
+            share = r["latency"]["graph"]["p50_ms"] / max(r["latency"]["channels+fusion"]["p50_ms"], 1e-9)
+            lines.append(f"| {r['units']:,} | {r.get('sentences_per_unit', 0)} | {cell(r, 'graph')} | {cell(r, 'channels+fusion')} | "
+                         f"{cell(r, 'channels+fusion+graph')} | {share:.3f} |")
     for r in report["results"]:
         if "bm25_vs_rank_bm25" in r:
             c = r["bm25_vs_rank_bm25"]
@@ -392,6 +421,7 @@ def main() -> None:
     parser.add_argument("--locomo-input", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json",
                         help="LoCoMo file of --locomo-store (default: ../shared/data/locomo/locomo_dev.json)")
     parser.add_argument("--baseline", help="git revision whose attribute channel is timed side by side with this one (e.g. main)")
+    parser.add_argument("--graph", action="store_true", help="also time the graph channel (retrieval.graph_* defaults)")
     parser.add_argument("--name", default="activation", help="report name: <out>/<name>.{json,md}")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     args = parser.parse_args()
@@ -403,12 +433,14 @@ def main() -> None:
             queries = args.queries if n < 1_000_000 else max(20, args.queries // 4)
             print(f"{n:,} units, {spu} sentence vectors each ...", flush=True)
             results.append(bench_size(n, queries, cfg, compare_rank_bm25=(n == 100_000 and spu == 0), sentences_per_unit=spu,
-                                   baseline=args.baseline))
+                                   baseline=args.baseline, graph=args.graph))
             print(json.dumps(results[-1], indent=1), flush=True)
     report = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads_used": 1, "numpy": np.__version__,
                     "load_average_1m": round(started_load, 2)},
-        "settings": {"n": cfg.n, "kappa": cfg.kappa, "sem_threshold": cfg.sem_threshold, "dim": DIM, "approximate": cfg.approximate},
+        "settings": {"n": cfg.n, "kappa": cfg.kappa, "sem_threshold": cfg.sem_threshold, "dim": DIM, "approximate": cfg.approximate,
+                     "graph": {"links": cfg.graph_links, "seeds": cfg.graph_seeds, "iterations": cfg.graph_iterations,
+                               "restart": cfg.graph_restart, "weight": cfg.graph_weight}},
         "results": results,
     }
     if args.locomo_store:

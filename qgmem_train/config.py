@@ -142,6 +142,17 @@ class RetrievalConfig:
     """A unit without a fact time meets a fact-time constraint through its utterance day (paper: it never does)."""
     drop_superseded: bool = True
     """Remove a superseded unit from the candidate pool when its trace's current member is in it (the paper's reranking filters superseded candidates)."""
+    graph_weight: float = 1.0
+    """RRF weight of the graph channel's ranking (``graph`` in ``channels``; not in the paper): a personalised PageRank over the
+    units and what they share, from the question's entities and the fused order's first units (docs/retrieval-graph-channel.md)."""
+    graph_seeds: int = 3
+    """Units of the three channels' fused order the walk starts from (with the question's entities)."""
+    graph_links: list[Literal["attribute", "trace", "turn"]] = field(default_factory=lambda: ["attribute", "trace", "turn"])
+    """What joins two units in the walk: a shared entity or location, one trace, or a turn and the turn before it."""
+    graph_restart: float = 0.5
+    """Probability that the walk returns to its seeds at each step (HippoRAG's damping 0.5)."""
+    graph_iterations: int = 4
+    """Steps of the walk (unit to entity, turn or trace is one step, back to a unit another); 2 reaches the seeds' neighbours."""
 
 
 @dataclass
@@ -186,10 +197,11 @@ _AT_LEAST: dict[str, int] = {
     "max_concurrency": 1, "max_retries": 0, "window": 1, "overlap": 0, "neighbours": 1, "min_cluster_size": 1, "max_trace_size": 2,
     "window_batch_size": 1, "index_batch_size": 1, "embed_batch_size": 1, "n": 1, "kappa": 0, "k": 1,
     "rerank_batch_size": 1, "rerank_top": 1, "reranker_max_length": 16, "rerank_prior": 0, "lexical_context_turns": 0, "max_new_tokens": 1, "batch_size": 1,
+    "graph_weight": 0, "graph_seeds": 0, "graph_iterations": 2,
 }  # fmt: skip
 """Smallest allowed value of each count setting (any group)."""
-_UNIT_INTERVAL = frozenset({"relation_threshold", "sem_threshold"})
-"""Settings that are cosine thresholds in [0, 1]."""
+_UNIT_INTERVAL = frozenset({"relation_threshold", "sem_threshold", "graph_restart"})
+"""Settings that lie in [0, 1]: cosine thresholds and the walk's restart probability."""
 _POSITIVE = frozenset({"timeout_s", "deadline_s"})
 """Settings that are durations above zero."""
 

@@ -136,7 +136,7 @@ def test_texts_found_through_int8_codes_score_as_the_exact_product() -> None:
         np.testing.assert_allclose(values, expected[rows], rtol=0, atol=1e-6)
         for vectors in (entities, locations):
             if len(vectors):
-                texts, sims = coded._texts.passing(vectors)
+                texts, sims = coded.texts.passing(vectors)
                 full = attributes.embeddings @ vectors.T
                 assert texts.tolist() == np.flatnonzero((full >= 0.6).any(axis=1)).tolist()
                 np.testing.assert_allclose(sims, np.where(full[texts] >= 0.6, full[texts], 0), rtol=0, atol=1e-6)

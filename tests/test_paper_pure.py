@@ -35,6 +35,7 @@ def test_paper_config_turns_every_addition_off() -> None:
     paper = load_pipeline_config(CONFIGS / "qwen3-8b.yaml")
     assert {key: _value(paper, *key) for key in ADDITIONS} == ADDITIONS
     assert paper.retrieval.rerank_mode == "replace" and paper.retrieval.approximate is False
+    assert paper.retrieval.channels == ["bm25", "dense", "attr"]  # no graph channel (not in the paper)
 
 
 def test_our_defaults_keep_every_addition_on() -> None:

@@ -23,9 +23,10 @@ from qgmem_train.memory.store import NamespaceMemory
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap
 from qgmem_train.memory.types import MemoryUnit, Trace, Turn
 from qgmem_train.memory.unit_table import UnitView, first_source_turn_ids, unit_texts
-from qgmem_train.retrieval.attributes import AttributeScorer, with_subject_entities
+from qgmem_train.retrieval.attributes import AttributeScorer, TextMatcher, with_subject_entities
 from qgmem_train.retrieval.dense import DenseIndex
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
+from qgmem_train.retrieval.graph import GraphChannel, unit_graph
 from qgmem_train.retrieval.intent import QueryIntent, parse_intent_rules, parse_intents
 from qgmem_train.retrieval.lexical import BM25Index
 from qgmem_train.retrieval.ranking import top_n, top_positive
@@ -35,7 +36,8 @@ from qgmem_train.text import tokenize
 if TYPE_CHECKING:
     from qgmem_train.llm.embedder import Embedder
 
-CHANNELS = ("bm25", "dense", "attr")
+CHANNELS = ("bm25", "dense", "attr", "graph")
+"""Every retrieval channel; ``graph`` ranks after the others are fused, from their fused order (:func:`fuse_channels`)."""
 
 
 def lexical_postings(memory: NamespaceMemory, count: int) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -50,7 +52,7 @@ def lexical_postings(memory: NamespaceMemory, count: int) -> tuple[list[str], np
     own = np.arange(len(units), dtype=np.int64)
     rows, docs = [own], [own]
     if count > 0:
-        turn_terms, row_of, previous = turn_context(memory)
+        turn_terms, (row_of, previous) = turn_context(memory), turn_rows(memory)
         units = TermLists.concat([units, turn_terms])  # turn row r is row len(own) + r
         chain = np.append(previous, -1)  # row -1 (no turn) leads to no turn
         turn = np.fromiter((row_of.get(t, -1) if t is not None else -1 for t in first_source_turn_ids(memory.units)), np.int64, len(own))
@@ -71,16 +73,24 @@ def unit_terms(units: Sequence[MemoryUnit]) -> TermLists:
     return unit_term_lists((u.fact_text, u.source_text) for u in units)
 
 
-def turn_context(memory: NamespaceMemory) -> tuple[TermLists, Mapping[str, int], np.ndarray]:
-    """The turns' BM25 terms (a row per turn), the row of each turn id, and the row of the turn before each turn in the
-    same session (-1 for none): read from a loaded namespace's turn table, else from its turn mappings."""
+def turn_context(memory: NamespaceMemory) -> TermLists:
+    """The turns' BM25 terms, a row per turn in :func:`turn_rows`' order: read from a loaded namespace's turn table, else
+    made from its turns."""
+    if isinstance(memory.turns, TurnMap):
+        return memory.turns.table.with_terms().terms  # type: ignore[return-value]
+    return turn_term_lists((t.speaker, t.text) for t in memory.turns.values())
+
+
+def turn_rows(memory: NamespaceMemory) -> tuple[Mapping[str, int], np.ndarray]:
+    """The row of each turn id, and the row of the turn before each turn in the same session (-1 for none): read from a
+    loaded namespace's turn table, else from its turn mappings."""
     if isinstance(memory.turns, TurnMap) and isinstance(memory.previous_turn, PreviousTurnMap):
-        table = memory.turns.table.with_terms()
+        table = memory.turns.table
         rows = np.arange(len(table), dtype=np.int64)
-        return table.terms, table.row_of, np.where(table.has_previous, rows - 1, -1)  # type: ignore[return-value]
+        return table.row_of, np.where(table.has_previous, rows - 1, -1)
     row_of = {turn_id: row for row, turn_id in enumerate(memory.turns)}
     previous = np.fromiter((row_of.get(memory.previous_turn.get(t), -1) for t in row_of), np.int64, len(row_of))  # type: ignore[arg-type]
-    return turn_term_lists((t.speaker, t.text) for t in memory.turns.values()), row_of, previous
+    return row_of, previous
 
 
 def query_texts(question: str, intent: QueryIntent) -> list[str]:
@@ -104,12 +114,14 @@ def check_channels(channels: Sequence[str]) -> list[str]:
 
 
 class ActivationIndex:
-    """The search structures of one namespace: BM25, dense, attributes, and each unit's trace (trajectory, current member).
+    """The search structures of one namespace: BM25, dense, attributes, the unit graph, and each unit's trace (trajectory,
+    current member).
 
     With ``retrieval.subject_entities`` each unit's triple subject joins its entities for SemMatch,
     embedded when the unit was stored, else with ``embedder`` (extraction often leaves the subject, e.g.
     the speaker, out of the entity list); with ``retrieval.sentence_vectors`` the dense channel also
-    reads the store's sentence vectors.
+    reads the store's sentence vectors. The graph channel's graph (``graph`` in ``retrieval.channels``) is
+    built here from the units' attributes, traces and turns: a store holds no graph, so one of any age answers.
     """
 
     def __init__(self, memory: NamespaceMemory, cfg: RetrievalConfig, embedder: Embedder):
@@ -138,6 +150,11 @@ class ActivationIndex:
         self._row_of = {unit_id: row for row, unit_id in enumerate(unit_texts(units, "id"))}
         self.current_row = current_rows(memory.traces, self._row_of)
         """Row of the current member of each unit's trace (its own row when it is current); -1 outside traces."""
+        self.graph = None
+        if "graph" in self.channels:
+            texts = self.attributes.texts if self.attributes is not None else TextMatcher(memory.attributes.embeddings, cfg.sem_threshold)
+            graph = unit_graph(units, memory.attributes, memory.traces, self._row_of, *turn_rows(memory), cfg.graph_links)
+            self.graph = GraphChannel(graph, texts, len(memory.attributes.texts))
 
     def trajectory_of(self, unit: MemoryUnit) -> str | None:
         """The trajectory of the unit's trace, if it belongs to one."""
@@ -196,7 +213,7 @@ class WorkingMemory:
     superseded: list[str] = field(default_factory=list)
     """Units of the RRF top n left out of the pool (``drop_superseded``): their trace's current member is in it."""
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds per step: intent, embed, each channel, fusion, rerank."""
+    """Seconds per step: intent, embed, each channel, fusion (and the graph channel with its second fusion), rerank."""
 
 
 def activate(
@@ -236,13 +253,13 @@ def activate(
 
     ranked = search_channels(index, cfg, question, query_vector, intent, entity_vectors, location_vectors, timings)
 
+    pool, fused_scores = fuse_channels(index, cfg, ranked, [entity_vectors, location_vectors], timings)
     start = time.perf_counter()
-    pool, fused_scores = reciprocal_rank_fusion(ranked, kappa=cfg.kappa, n=cfg.n)
     superseded = np.zeros(0, np.int64)
     if cfg.drop_superseded:
         keep = index.without_superseded(pool)
         superseded, pool, fused_scores = pool[~keep], pool[keep], fused_scores[keep]
-    timings["fusion"] = time.perf_counter() - start
+    timings["fusion"] += time.perf_counter() - start
 
     units = memory.units
     start = time.perf_counter()
@@ -269,6 +286,23 @@ def activate(
         reranker=reranker.name if reranker is not None else "none",
         timings=timings,
     )
+
+
+def fuse_channels(
+    index: ActivationIndex, cfg: RetrievalConfig, ranked: dict[str, np.ndarray], query_items: Sequence[np.ndarray], timings: dict[str, float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The RRF pool of the channels' rankings and its scores; with the graph channel, ``ranked`` gains its ranking (the walk
+    from the fused pool's first units and ``query_items``, the question's entity and its location embeddings) and the pool is
+    fused again with it at weight ``retrieval.graph_weight``. Times ``fusion`` and ``graph`` into ``timings``."""
+    start = time.perf_counter()
+    pool, scores = reciprocal_rank_fusion(ranked, kappa=cfg.kappa, n=cfg.n)
+    timings["fusion"] = time.perf_counter() - start
+    if index.graph is not None:
+        start = time.perf_counter()
+        ranked["graph"] = index.graph.ranking(pool, scores, query_items, cfg)
+        pool, scores = reciprocal_rank_fusion(ranked, kappa=cfg.kappa, n=cfg.n, weights={"graph": cfg.graph_weight})
+        timings["graph"] = time.perf_counter() - start
+    return pool, scores
 
 
 def rerank_head(head: np.ndarray, question: str, documents: list[str], reranker: Reranker, cfg: RetrievalConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -41,6 +41,8 @@ TEXT_CODES_MIN = 20_000
 rather than one exact product with every text."""
 TEXT_CANDIDATES = 256
 """Texts a code search returns first for a query item; it widens while a text beyond them could still pass."""
+RECENT_QUERIES = 4
+"""Query arrays whose passing texts a :class:`TextMatcher` keeps: a question's entities and locations, asked twice."""
 _DISTANCE_SLACK = 1e-4
 """Allowance for float32 rounding in faiss's code distances, in cosine units."""
 
@@ -107,10 +109,11 @@ class AttributeScorer:
         self.n_units = len(units)
         self.sem_threshold = sem_threshold
         self.utterance_fallback = utterance_fallback
-        self._texts = TextMatcher(attributes.embeddings, sem_threshold, codes_from=text_codes_from)
+        self.texts = TextMatcher(attributes.embeddings, sem_threshold, codes_from=text_codes_from)
+        """SemMatch over the distinct attribute texts (the graph channel's walk starts from the texts it passes, too)."""
         self._postings = {
             kind: PostingLists(np.asarray(attributes.text_id, np.int64), np.asarray(attributes.unit_index, np.int64),
-                               len(self._texts.embeddings), np.asarray(attributes.kind, np.int8) == kind)
+                               len(self.texts.embeddings), np.asarray(attributes.kind, np.int8) == kind)
             for kind in (ENTITY, LOCATION)
         }  # fmt: skip
         fact_unit, fact_spans = unit_fact_spans(units)
@@ -126,9 +129,9 @@ class AttributeScorer:
 
     def sem_matches(self, query_embeddings: np.ndarray, kind: int) -> tuple[np.ndarray, np.ndarray]:
         """Units with an attribute of ``kind`` at the threshold of some query item, and the mean over query items of each one's best cosine."""
-        if len(query_embeddings) == 0 or len(self._texts.embeddings) == 0:
+        if len(query_embeddings) == 0 or len(self.texts.embeddings) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        passing, text_sims = self._texts.passing(query_embeddings)
+        passing, text_sims = self.texts.passing(query_embeddings)
         texts, units = self._postings[kind].units_of(passing)
         rows, unit_of_posting = np.unique(units, return_inverse=True)
         best = np.zeros((len(rows), len(query_embeddings)), dtype=np.float32)
@@ -184,12 +187,15 @@ class TextMatcher:
     Few texts: one product with all of them. From ``codes_from`` texts on (faiss installed), the int8
     codes the dense channel scans (:func:`~qgmem_train.vector_codes.build_int8_codes`) give each
     item's nearest texts, widened until every text left out provably falls below the threshold (a
-    decoded component is off by at most ``0.5 / scale``), and only those are compared exactly.
+    decoded component is off by at most ``0.5 / scale``), and only those are compared exactly. The
+    answers for the last :data:`RECENT_QUERIES` query arrays are kept: the graph channel asks for the
+    question's items right after the attribute channel has.
     """
 
     def __init__(self, embeddings: np.ndarray, threshold: float, *, codes_from: int = TEXT_CODES_MIN):
         self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         self.threshold = threshold
+        self._recent: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
         self._codes = None
         if len(self.embeddings) and len(self.embeddings) >= codes_from and has_faiss():
             self._codes, self._scale = build_int8_codes([self.embeddings])
@@ -199,8 +205,20 @@ class TextMatcher:
             )  # fmt: skip
 
     def passing(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows (ascending) of the texts at the threshold with some query item, and their similarity with each item (0 below it)."""
+        """Rows (ascending) of the texts at the threshold with some query item, and their similarity with each item (0 below it).
+
+        The arrays returned are shared with later calls for the same items: read them, do not write them.
+        """
         queries = np.asarray(queries, dtype=np.float32)
+        key = queries.tobytes() + bytes(str(queries.shape), "ascii")
+        if key not in self._recent:
+            if len(self._recent) >= RECENT_QUERIES:
+                del self._recent[next(iter(self._recent))]
+            self._recent[key] = self._passing(queries)
+        return self._recent[key]
+
+    def _passing(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`passing`, computed."""
         if self._codes is None:
             sims = self.embeddings @ queries.T
         else:
