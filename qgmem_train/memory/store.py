@@ -35,6 +35,7 @@ from qgmem_train.memory.columns import take_children
 from qgmem_train.memory.row_stack import RowStack
 from qgmem_train.memory.sidecar import SidecarMissing
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, StoreFile
+from qgmem_train.memory.trace_graph_file import graph_path
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap, TurnTable, TurnTimeMap
 from qgmem_train.memory.types import Conversation, MemoryUnit, Trace, Turn
 from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex, EmbeddedUnit, UnitTable, UnitView
@@ -46,6 +47,8 @@ __all__ = [
 ]  # fmt: skip
 
 STORE_FILE = "memory.sqlite"
+NAMESPACE_TABLES = ("turns", "windows", "unit_keys", "segments", "segment_parts", "segment_files", "traces")
+"""The tables whose rows belong to one namespace (its ``namespace`` column); ``namespaces`` holds the namespace itself."""
 LOAD_ATTEMPTS = 3
 """Reads of a namespace tried before giving up when writers keep replacing the segments read (see :mod:`~qgmem_train.memory.sidecar`)."""
 
@@ -357,6 +360,31 @@ class MemoryStore:
         """The namespace's traces, ordered by id."""
         rows = self._db.execute("SELECT id, relation_text, member_ids, trajectory, current_id FROM traces WHERE namespace = ? ORDER BY id", (namespace,))
         return [Trace(r[0], r[1], json.loads(r[2]), r[3], r[4]) for r in rows]
+
+    def delete_namespace(self, namespace: str) -> bool:
+        """Delete ``namespace`` and everything stored of it in one transaction; return whether it existed.
+
+        Deleted rows are overwritten in the file (SQLite's ``secure_delete``) and the log checkpointed, the
+        namespace's vector sidecars and trace-graph cache removed, so no file of the store keeps its content
+        (the log keeps it only while another process holds an older read open).
+        """
+        db = self._db
+        secure = db.execute("PRAGMA secure_delete").fetchone()[0]
+        db.execute("PRAGMA secure_delete=ON")
+        try:
+            with self.transaction() as db:
+                if db.execute("SELECT 1 FROM namespaces WHERE name = ?", (namespace,)).fetchone() is None:
+                    return False
+                for table in NAMESPACE_TABLES:
+                    db.execute(f"DELETE FROM {table} WHERE namespace = ?", (namespace,))
+                db.execute("DELETE FROM namespaces WHERE name = ?", (namespace,))
+        finally:
+            db.execute(f"PRAGMA secure_delete={secure}")
+        graph_path(self.path, namespace).unlink(missing_ok=True)
+        with self.transaction() as db:
+            segments.remove_unused_sidecars(db)
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return True
 
     def require_namespaces(self, namespaces: Iterable[str]) -> None:
         """Refuse, before any model loads, a run over namespaces this store does not hold."""
