@@ -3,7 +3,9 @@ and a real uvicorn server process on 127.0.0.1 answering over HTTP."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -61,6 +63,20 @@ def test_no_tenants_and_bad_limits_are_refused(tmp_path, capsys, monkeypatch) ->
     assert "burst must be at least 1" in capsys.readouterr().err
 
 
+def docs_curl_outputs(port: int, env: dict[str, str]) -> list[str]:
+    """Run the curl commands of docs/serve.md's example (against ``port``) and return what each printed."""
+    example = (ROOT / "docs" / "serve.md").read_text(encoding="utf-8").split("## Example", 1)[1]
+    block = example.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = re.findall(r"^curl .*$", block.replace("\\\n", " "), flags=re.MULTILINE)
+    assert len(commands) == 2 and all("127.0.0.1:8000" in c for c in commands)
+    outputs = []
+    for command in commands:
+        done = subprocess.run(["bash", "-c", command.replace("127.0.0.1:8000", f"127.0.0.1:{port}")], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    return outputs
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -69,7 +85,8 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_a_real_server_process_on_loopback_adds_searches_and_asks(tmp_path) -> None:
-    """uvicorn in its own process over the bundled models, tenants from the environment; the token never reaches its log."""
+    """uvicorn in its own process over the bundled models, tenants from the environment, driven by the curl example of
+    docs/serve.md; the token never reaches its log."""
     config = tmp_path / "serve.yaml"
     config.write_text("pipeline:\n  construction:\n    units: turns\n    traces: false\n  generation:\n    max_new_tokens: 32\n")
     tenants = yaml.safe_dump({"tenants": [{"name": "acme", "token_env": "ACME_TOKEN", "prefixes": ["acme-"]}]})
@@ -92,17 +109,16 @@ def test_a_real_server_process_on_loopback_adds_searches_and_asks(tmp_path) -> N
                 pass
             assert time.monotonic() < deadline, "server did not come up"
             time.sleep(0.5)
+        added, answer = [json.loads(out) for out in docs_curl_outputs(port, env)]
+        assert added["units"] == 1 and added["namespace"] == "acme-alex"
+        assert answer["question"] == "What is my dog called?" and "Biscuit" in answer["units"][0]["fact_text"] and "cited" in answer
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=300) as client:
-            session = {"session_id": "S1", "time": "2023-05-08", "turns": [{"speaker": "Melanie", "text": "I painted a sunrise over the lake last week."}]}
-            assert client.post("/v1/namespaces/acme-mel/sessions", json=session).json()["units"] == 1
-            found = client.post("/v1/namespaces/acme-mel/search", json={"question": "What did Melanie paint?"}).json()
-            assert "sunrise" in found["memory_context"]
-            answer = client.post("/v1/namespaces/acme-mel/ask", json={"question": "What did Melanie paint?"})
-            assert answer.status_code == 200 and answer.json()["units"][0]["id"] == "S1:1"
-            assert client.get("/v1/namespaces/acme-mel/memory", headers={"Authorization": "Bearer wrong-token-0123456789"}).status_code == 401
+            found = client.post("/v1/namespaces/acme-alex/search", json={"question": "What is my dog called?"}).json()
+            assert "Biscuit" in found["memory_context"]
+            assert client.get("/v1/namespaces/acme-alex/memory", headers={"Authorization": "Bearer wrong-token-0123456789"}).status_code == 401
     finally:
         server.terminate()
         server.wait(timeout=60)
     text = log.read_text()
-    assert "Uvicorn running on http://127.0.0.1" in text and '"POST /v1/namespaces/acme-mel/ask HTTP/1.1" 200' in text
+    assert "Uvicorn running on http://127.0.0.1" in text and '"POST /v1/namespaces/acme-alex/ask HTTP/1.1" 200' in text
     assert TOKEN not in text and "wrong-token" not in text
