@@ -140,6 +140,12 @@ def test_graph_path_wiring_and_lora_off_in_the_frozen_pipeline(llm_dir, minilm, 
     with predictor.memory("alice", tmp_path / "store") as memory:
         memory.add_session(SESSION, session_id="S1")
         result = memory.ask("What did Melanie paint?")
+        calls = []
+        generate = model.generate
+        model.generate = lambda examples, graph: calls.append(len(examples)) or generate(examples, graph)
+        batch = ask_batch([(memory, "What did Melanie paint?", None), (memory, "Who went to a support group?", None)])
+    assert calls == [2] and [r.path for r in batch] == ["graph", "graph"] and batch[0].units[0].id == "S1:2"
+    assert batch[0].generated == result.generated and batch[1].question == "Who went to a support group?"
     assert result.path == "graph" and len(result.units) == 2 and result.units[0].id == "S1:2"
     assert result.tokens["prompt"] > result.tokens["context"] and {"graph", "generate"} <= set(result.seconds)
 

@@ -236,7 +236,8 @@ def test_concurrent_asks_are_answered_in_one_generate_call(minilm, tmp_path) -> 
 
     responses = run(app, body)
     assert [r.status_code for r in responses] == [200] * 4
-    assert llm.batches == [1, 3] and service.batch_sizes == [1, 3]
+    assert llm.batches == [1, 3]
     assert [r.json()["units"][0]["fact_text"] for r in responses[1:3]] == ["U: I moved to Lisbon in June.", "U: I play the cello."]
-    assert "qgmem_ask_batch_size_count 2.0" in call(app, "GET", "/metrics", token=None).text
+    metrics = call(app, "GET", "/metrics", token=None).text
+    assert "qgmem_ask_batch_size_count 2.0" in metrics and "qgmem_ask_batch_size_sum 4.0" in metrics
     service.close()

@@ -92,15 +92,7 @@ class Metrics:
         self.batch = Histogram("qgmem_ask_batch_size", "Asks answered per generate call", buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry)
         pending = Gauge("qgmem_asks_pending", "Asks waiting for the model", registry=self.registry)
         pending.set_function(lambda: service.pending_asks)
-        self._batches_seen = 0
-        self._service = service
-
-    def observe_batches(self) -> None:
-        """Record the ask batches answered since the last call."""
-        sizes = self._service.batch_sizes
-        for size in sizes[self._batches_seen :]:
-            self.batch.observe(size)
-        self._batches_seen = len(sizes)
+        service.on_batch = self.batch.observe
 
 
 def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits()) -> FastAPI:
@@ -183,7 +175,6 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
     @app.get("/metrics", tags=["operations"], response_class=Response)
     async def prometheus() -> Response:
         """Prometheus metrics: requests and seconds per route and status, ask batch sizes, asks waiting."""
-        metrics.observe_batches()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/namespaces", response_model=schemas.NamespacesOut, responses=ERRORS, tags=["memory"])

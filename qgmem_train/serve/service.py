@@ -39,8 +39,8 @@ class MemoryService:
         self.predictor = predictor
         self.store = MemoryStore.open(store_path, create=True)
         self.max_batch = max_batch
-        self.batch_sizes: list[int] = []
-        """Size of every ask batch answered, in order (for metrics and tests)."""
+        self.on_batch: Callable[[int], None] = lambda size: None
+        """Called (on the model thread) with the size of every ask batch before it is answered: metrics observe it."""
         self._model = ThreadPoolExecutor(1, thread_name_prefix="qgmem-model")
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="qgmem-read")
         self._asks: queue.Queue[tuple[str, str, str | None, Future]] = queue.Queue()
@@ -118,7 +118,7 @@ class MemoryService:
                 future.set_exception(exc)
         if not ready:
             return
-        self.batch_sizes.append(len(ready))
+        self.on_batch(len(ready))
         try:
             results = ask_batch([(memory, question, time) for memory, question, time, _ in ready])
         except Exception as exc:

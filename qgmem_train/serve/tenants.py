@@ -46,9 +46,6 @@ class Tenants:
     def __init__(self, by_token: Mapping[str, Tenant]) -> None:
         self._by_digest = {_digest(token): tenant for token, tenant in by_token.items()}
 
-    def __len__(self) -> int:
-        return len(self._by_digest)
-
     def authenticate(self, token: str | None) -> Tenant | None:
         """The tenant of ``token``, or None for a missing or unknown one (every digest is compared, so timing tells nothing)."""
         if not token:
