@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import fields
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from qgmem_train.predictor.results import AskResult, EvidenceUnit, SearchResult
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 """A namespace in a URL: letters, digits and ``. _ : @ -``, at most 128 characters."""
@@ -44,44 +47,15 @@ class QuestionIn(Strict):
     time: str | None = Field(None, max_length=64, description="when the question is asked (ISO date); resolves relative expressions")
 
 
-class SourceTurnOut(BaseModel):
-    id: str
-    speaker: str | None
-    text: str | None
-    time: str | None
+def model_of(cls: type, name: str, **extra: Any) -> type[BaseModel]:
+    """A response model with the fields of the dataclass ``cls`` (and ``extra``): the schema cannot drift from the result."""
+    hints = get_type_hints(cls)
+    return create_model(name, **{f.name: (hints[f.name], ...) for f in fields(cls)}, **extra)
 
 
-class EvidenceUnitOut(BaseModel):
-    id: str
-    label: str
-    fact_text: str
-    score: float
-    cited: bool
-    source_turns: list[SourceTurnOut]
-
-
-class SearchOut(BaseModel):
-    question: str
-    question_time: str | None
-    memory_context: str = Field(description="the working memory serialized as the answer prompt's MEMORY_CONTEXT")
-    units: list[EvidenceUnitOut]
-    tokens: dict[str, int]
-    seconds: dict[str, float]
-
-
-class AskOut(BaseModel):
-    """The object ``python -m qgmem_train ask --json`` prints."""
-
-    question: str
-    question_time: str | None
-    answer: str | None
-    reasoning_path: str | None
-    generated: str
-    path: Literal["graph", "text"]
-    units: list[EvidenceUnitOut]
-    tokens: dict[str, int]
-    seconds: dict[str, float]
-    cited: list[EvidenceUnitOut]
+SearchOut = model_of(SearchResult, "SearchOut")
+AskOut = model_of(AskResult, "AskOut", cited=(list[EvidenceUnit], ...))
+"""The object ``python -m qgmem_train ask --json`` prints."""
 
 
 class UnitOut(BaseModel):
