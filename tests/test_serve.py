@@ -241,3 +241,17 @@ def test_concurrent_asks_are_answered_in_one_generate_call(minilm, tmp_path) -> 
     metrics = call(app, "GET", "/metrics", token=None).text
     assert "qgmem_ask_batch_size_count 2.0" in metrics and "qgmem_ask_batch_size_sum 4.0" in metrics
     service.close()
+
+
+def test_an_unreachable_model_is_503_with_its_one_line(minilm, tmp_path) -> None:
+    from qgmem_train.errors import ModelUnavailableError
+
+    def down(chat: Any) -> str:
+        raise ModelUnavailableError("http://127.0.0.1:9/v1: connection refused")
+
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM(down), embedder=minilm, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store")
+    assert call(app, "POST", "/v1/namespaces/acme-a/sessions", json={"turns": [{"speaker": "U", "text": "I play the cello."}]}).status_code == 200
+    response = call(app, "POST", "/v1/namespaces/acme-a/ask", json={"question": "Which instrument?"})
+    assert response.status_code == 503 and response.json() == {"error": "model unavailable: http://127.0.0.1:9/v1: connection refused"}
+    service.close()

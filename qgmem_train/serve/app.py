@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qgmem_train.errors import InputError
+from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.serve import schemas
 from qgmem_train.serve.limits import Limits, RateLimiter
 from qgmem_train.serve.service import MemoryService, NamespaceNotFound
@@ -26,7 +26,7 @@ from qgmem_train.serve.tenants import Tenant, Tenants
 log = logging.getLogger(__name__)
 
 Namespace = Annotated[str, Path(pattern=schemas.NAMESPACE_PATTERN, description="the namespace (a user or conversation)")]
-ERRORS = {status: {"model": schemas.ErrorOut} for status in (400, 401, 404, 413, 422, 429)}
+ERRORS = {status: {"model": schemas.ErrorOut} for status in (400, 401, 404, 413, 422, 429, 503)}
 
 
 class ApiError(Exception):
@@ -146,6 +146,10 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
     @app.exception_handler(InputError)
     async def input_error(request: Request, exc: InputError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=400)
+
+    @app.exception_handler(ModelUnavailableError)
+    async def unavailable(request: Request, exc: ModelUnavailableError) -> JSONResponse:
+        return JSONResponse({"error": f"model unavailable: {exc}"}, status_code=503)
 
     @app.exception_handler(NamespaceNotFound)
     async def absent(request: Request, exc: NamespaceNotFound) -> JSONResponse:
