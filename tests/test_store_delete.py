@@ -49,3 +49,18 @@ def test_deleting_a_namespace_leaves_nothing_of_it_in_any_file(minilm, tmp_path)
     with predictor.memory("alice", root) as again:
         again.add_session([{"speaker": "Alice", "text": "A fresh start."}], session_id="A1")
         assert [u.fact_text for u in again.store.load_namespace("alice").units] == ["Alice: A fresh start."]
+
+
+def test_a_handle_does_not_answer_from_a_namespace_another_process_deleted_and_wrote_again(minilm, tmp_path) -> None:
+    """Deleted and rewritten with as many writes, the namespace's write count is the same: the cached index must still go."""
+    predictor = _predictor(minilm)
+    root = tmp_path / "store"
+    with predictor.memory("alice", root) as server, predictor.memory("alice", root) as other:
+        server.add_session([{"speaker": "Alice", "text": SECRET}], session_id="A1")
+        assert "Zorblatt" in server.search("What is the locker code?").memory_context
+        before = server.store.generation("alice")
+        assert other.store.delete_namespace("alice")
+        other.add_session([{"speaker": "Alice", "text": "I have no locker anymore."}], session_id="A1")
+        assert other.store.generation("alice") == before
+        context = server.search("What is the locker code?").memory_context
+    assert "Zorblatt" not in context and "no locker anymore" in context

@@ -319,9 +319,15 @@ class MemoryStore:
         return int(self._db.execute("SELECT COALESCE(SUM(dropped), 0) FROM windows WHERE namespace = ?", (namespace,)).fetchone()[0])
 
     def generation(self, namespace: str) -> int:
-        """How many writes ``namespace`` has had, by any process: equal generations mean the same content."""
+        """How many writes ``namespace`` has had, by any process: equal generations (and equal :attr:`deletions`) mean the same content."""
         row = self._db.execute("SELECT generation FROM namespaces WHERE name = ?", (namespace,)).fetchone()
         return int(row[0]) if row else 0
+
+    @property
+    def deletions(self) -> int:
+        """Namespaces deleted from the store, by any process: a namespace deleted and written again may reach its old
+        :meth:`generation`, so caches key on both."""
+        return int(self._meta("deletions") or 0)
 
     def traces_stale(self, namespace: str) -> bool:
         """Whether units were added since the traces were last consolidated."""
@@ -378,6 +384,7 @@ class MemoryStore:
                 for table in NAMESPACE_TABLES:
                     db.execute(f"DELETE FROM {table} WHERE namespace = ?", (namespace,))
                 db.execute("DELETE FROM namespaces WHERE name = ?", (namespace,))
+                db.execute("INSERT INTO meta VALUES ('deletions', '1') ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1")
         finally:
             db.execute(f"PRAGMA secure_delete={secure}")
         graph_path(self.path, namespace).unlink(missing_ok=True)

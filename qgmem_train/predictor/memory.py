@@ -34,7 +34,7 @@ class PredictorMemory:
         self.predictor = predictor
         self.namespace = namespace
         self.store = store
-        self._loaded: tuple[int, NamespaceMemory, ActivationIndex] | None = None
+        self._loaded: tuple[tuple[int, int], NamespaceMemory, ActivationIndex] | None = None
 
     def close(self) -> None:
         """Close the store."""
@@ -78,7 +78,7 @@ class PredictorMemory:
         """The namespace and its search index, reloaded only when the store's content changed."""
         from qgmem_train.retrieval.activation import ActivationIndex
 
-        version = self.store.generation(self.namespace)
+        version = (self.store.generation(self.namespace), self.store.deletions)
         if self._loaded is None or self._loaded[0] != version:
             memory = self.store.load_namespace(
                 self.namespace, embedder_id=self.predictor.embedder.model_id, sentences=self.predictor.pipeline.retrieval.sentence_vectors
