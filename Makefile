@@ -34,14 +34,15 @@ bench: setup
 	$(PY) bench/run_all.py
 
 # The graph-token experiment: graph token vs soft prompt, no graph, text path and LoRA, split by conversation (about 75
-# minutes on 2 cores; bench/graph_token_experiment.py says why). Extra options: EXPERIMENT_ARGS='--steps 300 --out ...'.
+# minutes on 2 cores; experiments/graph_token/__init__.py says why; results in experiments/graph_token/results/INDEX.md).
+# Extra options: EXPERIMENT_ARGS='--steps 300 --out ...'.
 EXPERIMENT_ARGS ?=
 graph-token-experiment: setup
-	$(PY) bench/graph_token_experiment.py --out out/graph_token $(EXPERIMENT_ARGS)
+	$(PY) -m experiments.graph_token --out out/graph_token $(EXPERIMENT_ARGS)
 
 # The six-layer cross-encoder reranker (configs/reranker-cpu.yaml): builds the LoCoMo dev turns-mode store and pools on the
 # first run, then trains two epochs on compact documents (store 7 and training 15 minutes on 2 cores here; earlier recipes
-# in bench/results/make_reranker_time.md) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--data.negatives 15'.
+# in experiments/reranker/results/make_reranker_time.md) into checkpoints/reranker-cpu/model. Extra options: RERANKER_ARGS='--data.negatives 15'.
 RERANKER_ARGS ?=
 reranker: setup
 	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu.yaml $(RERANKER_ARGS)
@@ -49,7 +50,7 @@ reranker: setup
 # The demo's reranker: four layers distilled from that one (configs/reranker-cpu-small.yaml), which it trains first when
 # missing. Two seeds of it (16 minutes each on 2 cores), then their weights averaged into checkpoints/reranker-cpu-small/model:
 # the size and speed of one (a pool of 100 in 262 ms in ONNX Runtime int8), recall@10 +0.004 over seed 0 on the held-out
-# pair (bench/results/reranker_soup_idle.md).
+# pair (experiments/reranker/results/reranker_soup_idle.md).
 RERANKER_SMALL_ARGS ?=
 reranker-small: setup
 	test -f checkpoints/reranker-cpu/model/model.safetensors || $(MAKE) reranker

@@ -6,7 +6,7 @@ runs the scripts' own defaults into bench/results/); REPORT.md gathers their sta
 skipped with what it needs; a script added to bench/ without quick arguments runs with its defaults.
 
     python bench/run_all.py                 # quick: minutes on 2 cores
-    python bench/run_all.py --only bench_llm answer_quality
+    python bench/run_all.py --only bench_llm bench_construction
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from qgmem_train.fileio import atomic_output
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-HELPERS = {"run_all", "machine"}
+HELPERS = {"__init__", "run_all", "machine"}
 """Modules of bench/ that are not benchmarks."""
 GPU_ONLY = "needs CUDA: run scripts/gpu_check.sh on a GPU machine"
-COLLAPSE_INPUT = "needs --trajectories DIR (a graph-token experiment's data/trajectories): run it after make graph-token-experiment"
 
 
 def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list[str] | str]:
@@ -38,24 +37,17 @@ def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list
         "bench_llm": ["--prompts", "4", "--max-new-tokens", "16", "--out", str(out / "llm.json")],
         "bench_prefix_cache": ["--quick", "--out", str(out / "prefix_cache.json")],
         "bench_training": ["--train-steps", "4", "--timing-steps", "2", "--sections", "timing,validation,ablations", "--out", str(out / "training.json")],
-        "locomo_retrieval": ["--store", str(work / "locomo_turns"), "--work", str(work / "locomo_retrieval"), "--rerank-limit", "0", "--out", str(out)],
-        "answer_quality": ["--limit", "2", "--repeats", "2", "--work", str(work / "answer_quality"), "--out", str(out)],
         "bench_predictor": ["--model", str(model), "--questions", "2", "--out", str(out / "predictor")] if model else
                            "needs --model EXPORT_DIR (an exported model: python -m qgmem_train export ...)",
         "gpu_check": GPU_ONLY,
-        "graph_token_experiment": ["--variants", "mean1", "none", "--seeds", "1", "--steps", "2", "--max-test-questions", "3",
-                                   "--max-val-questions", "2", "--max-train-questions", "4", "--out", str(work / "graph_token")],
-        "graph_token_collapse": COLLAPSE_INPUT,
     }  # fmt: skip
 
 
 def full_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list[str] | str]:
     """The scripts' own defaults; only required inputs are given."""
     return {
-        "locomo_retrieval": ["--store", str(work / "locomo_turns")],
         "bench_predictor": ["--model", str(model)] if model else "needs --model EXPORT_DIR",
         "gpu_check": GPU_ONLY,
-        "graph_token_collapse": COLLAPSE_INPUT,
     }
 
 

@@ -129,7 +129,7 @@ class RetrievalConfig:
     the units below keep the fused order (and their RRF scores) after them. ``None``: the whole pool (not in the paper)."""
     rerank_prior: float = 0.75
     """``blend`` mode's β: a unit's score is its standardized reranker score minus β·ln(1 + its rank in the fused pool, from 0).
-    0.75: best recall@10 for the trained CPU reranker on LoCoMo conversations it never saw (bench/results/rerank_prior_two_epochs.md)."""
+    0.75: best recall@10 for the trained CPU reranker on LoCoMo conversations it never saw (experiments/reranker/results/rerank_prior_two_epochs.md)."""
     lexical_context_turns: int = 1
     """Turns before a unit's first source turn (same session) added to its BM25 document: the question a reply answers."""
     sentence_vectors: bool = True

@@ -52,6 +52,39 @@ def test_the_path_check_flags_a_wrong_module_or_package() -> None:
     assert missing_paths(diagram) == ["qgmem_train/memory/nostore.py", "dataprep/"]
 
 
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+"""A markdown link's target: ``[text](target)``."""
+README_MAX_LINES = 250
+"""The README is read in ten minutes; depth belongs in ``docs/``."""
+
+
+def broken_links(page: Path) -> list[str]:
+    """Relative link targets of ``page`` (anchors dropped) that name no file or folder beside it."""
+    targets = MARKDOWN_LINK.findall(page.read_text(encoding="utf-8"))
+    local = [t.split("#")[0] for t in targets if not re.match(r"^(https?:|mailto:|#)", t)]
+    return [t for t in local if t and not (page.parent / t).exists()]
+
+
+def test_the_link_check_flags_a_missing_target(tmp_path) -> None:
+    (tmp_path / "here.md").write_text("x")
+    page = tmp_path / "page.md"
+    page.write_text("[a](here.md) [b](gone.md#part) [c](https://example.org/x) [d](#local)")
+    assert broken_links(page) == ["gone.md"]
+
+
+@pytest.mark.parametrize("page", [README, *sorted((REPO / "docs").glob("*.md"))], ids=lambda p: p.name)
+def test_every_relative_link_resolves(page: Path) -> None:
+    assert broken_links(page) == []
+
+
+def test_the_readme_stays_short_and_names_only_real_make_targets() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_MAX_LINES
+    targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(encoding="utf-8"), flags=re.MULTILINE))
+    named = set(re.findall(r"`make ([\w-]+)", text))
+    assert named and named <= targets, named - targets
+
+
 def test_every_module_and_package_in_the_diagram_exists() -> None:
     diagrams = fenced_blocks(README.read_text(encoding="utf-8"), "mermaid")
     assert len(diagrams) == 1, "the README has one mermaid diagram"

@@ -2,7 +2,7 @@
 
 With the plain projector, training moves what every question's gradient shares (the MLP's biases, the encoder's
 common component) fastest, and the layer norm then squeezes what differs between graphs: the tokens become one
-learned prompt (bench/results/graph_token.md). Here a token is a learned prompt plus the graph's deviation from
+learned prompt (experiments/graph_token/results/graph_token.md). Here a token is a learned prompt plus the graph's deviation from
 the mean over a fixed set of reference graphs (training graphs, re-encoded at every step, so the mean is the
 current encoder's), divided by the deviations' spread over that set. Whatever all graphs share cancels in the
 deviation, and the graph part keeps a fixed share of the token's energy (``share``): how much the frozen LLM

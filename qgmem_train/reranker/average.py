@@ -3,7 +3,7 @@
 Rerankers trained from the same starting weights on the same split, with other seeds (the four-layer students of
 ``make reranker-small`` start from their teacher's first layers), average into a model of the same size and speed
 that ranks at least as well as one of them (a uniform "model soup", Wortsman et al., 2022;
-bench/results/reranker_soup.md). The folders must agree on architecture, document layout and training split; the
+experiments/reranker/results/reranker_soup.md). The folders must agree on architecture, document layout and training split; the
 result is published atomically with a ``training.json`` naming what it averaged.
 """
 

@@ -1,0 +1,107 @@
+"""What the studies share: paired bootstrap intervals over questions (how far a difference between two rankings or
+variants could be chance), the t interval over seeds, the commit a report was made at, and a report's tail: written
+as JSON and markdown, or its markdown made again from the saved JSON (``--report-only``). The machine it ran on is
+:mod:`bench.machine`, shared with the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qgmem_train.fileio import atomic_output, write_report_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository, whose commit a report records."""
+
+
+def paired_bootstrap(first: dict[str, float], second: dict[str, float], resamples: int, seed: int) -> dict[str, Any]:
+    """Mean per-question difference ``first - second`` with a percentile bootstrap 95% interval over questions."""
+    ids = sorted(set(first) & set(second))
+    diff = np.array([first[q] - second[q] for q in ids])
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(ids), size=(resamples, len(ids)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"questions": len(ids), "mean_difference": float(diff.mean()), "ci95": [float(low), float(high)],
+            "share_of_resamples_above_0": float((means > 0).mean()), "resamples": resamples, "seed": seed}  # fmt: skip
+
+
+def seed_interval(differences: list[float]) -> dict[str, Any]:
+    """Mean, sample std and Student-t 95% interval of one difference measured once per seed: the spread a new training
+    run would show, which a bootstrap over the questions of seed-averaged scores does not see."""
+    from scipy import stats
+
+    values = np.asarray(differences, float)
+    mean, std = float(values.mean()), float(values.std(ddof=1))
+    half = float(stats.t.ppf(0.975, len(values) - 1)) * std / np.sqrt(len(values))
+    return {"seeds": len(values), "mean": mean, "std": std, "ci95": [mean - half, mean + half]}
+
+
+def git_state() -> dict[str, Any]:
+    """The commit this runs from and how many tracked files differ from it."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": "unknown", "dirty_files": 0}
+    return {"commit": commit, "dirty_files": len(status.splitlines())}
+
+
+Markdown = Callable[[dict[str, Any]], str]
+"""A study's report as markdown, made from the report's JSON alone."""
+
+
+def write_report(path: Path, report: dict[str, Any], markdown: Markdown) -> str:
+    """``report`` written to ``path`` (JSON) and its markdown beside it (``.md``), each atomically; the markdown is
+    printed and returned."""
+    text = markdown(report)
+    write_report_atomic(path, report, text)
+    print(text)
+    return text
+
+
+def add_report_options(parser: argparse.ArgumentParser, out: Path, name: str | None = None) -> None:
+    """Where a study writes its report (``--out``, default ``out``; ``--report``, the file name, when ``name`` is given) and
+    the options that remake saved reports from their JSON instead of running it."""
+    parser.add_argument("--out", type=Path, default=out, help="results folder")
+    if name is not None:
+        parser.add_argument("--report", default=name, help="report name: writes <out>/<report>.json and .md")
+    parser.add_argument("--report-only", nargs="+", type=Path, metavar="JSON",
+                        help="remake the markdown of these saved reports (<name>.json) beside them; nothing runs")  # fmt: skip
+    parser.add_argument("--check", action="store_true", help="with --report-only: compare the remade tables with the saved markdown, write nothing")
+
+
+def table_rows(markdown: str) -> list[str]:
+    """The table rows of a markdown report: its numbers."""
+    return [line for line in markdown.splitlines() if line.startswith("|")]
+
+
+def remake_reports(files: list[Path], markdown: Markdown, check: bool = False) -> int:
+    """Each saved report's markdown made again from its JSON: written beside it, or with ``check`` its tables compared
+    with the saved markdown's. A file that is not a saved report is one line and exit 2; tables that differ, one line
+    naming the first row that does and exit 1."""
+    for file in files:
+        try:
+            text = markdown(json.loads(Path(file).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {file}: not a saved report of this study ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 2
+        target = Path(file).with_suffix(".md")
+        if not check:
+            with atomic_output(target) as handle:
+                handle.write(text)
+            print(f"wrote {target}")
+            continue
+        remade, saved = table_rows(text), table_rows(target.read_text() if target.is_file() else "")
+        if remade != saved:
+            first = next((i for i, (a, b) in enumerate(zip(remade, saved)) if a != b), min(len(remade), len(saved)))
+            found = remade[first] if first < len(remade) else "no row"
+            print(f"error: {target}: table row {first + 1} differs from its JSON's: {found}", file=sys.stderr)
+            return 1
+    return 0
