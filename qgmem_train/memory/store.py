@@ -47,10 +47,10 @@ __all__ = [
 ]  # fmt: skip
 
 STORE_FILE = "memory.sqlite"
-NAMESPACE_TABLES = ("turns", "windows", "unit_keys", "segments", "segment_parts", "segment_files", "traces")
-"""The tables whose rows belong to one namespace (its ``namespace`` column); ``namespaces`` holds the namespace itself."""
 LOAD_ATTEMPTS = 3
 """Reads of a namespace tried before giving up when writers keep replacing the segments read (see :mod:`~qgmem_train.memory.sidecar`)."""
+NAMESPACE_TABLES = ("turns", "windows", "unit_keys", "segments", "segment_parts", "segment_files", "traces")
+"""The tables whose rows belong to one namespace (its ``namespace`` column); ``namespaces`` holds the namespace itself."""
 
 
 def describe_cut(units_mode: str, window: int | None, overlap: int | None) -> str:
