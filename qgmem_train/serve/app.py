@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from qgmem_train.ask import ask_record
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.serve import schemas
 from qgmem_train.serve.limits import Limits, RateLimiter
@@ -118,10 +119,9 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
 
     Caller = Annotated[Tenant, Depends(tenant)]
 
-    def allowed(caller: Tenant, namespace: str) -> str:
+    def allowed(caller: Tenant, namespace: str) -> None:
         if not caller.may(namespace):
             raise not_found(namespace)
-        return namespace
 
     def check_question(question: str) -> None:
         if not question.strip():
@@ -205,8 +205,6 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
     @app.post("/v1/namespaces/{namespace}/ask", response_model=schemas.AskOut, responses=ERRORS, tags=["memory"])
     async def ask(namespace: Namespace, body: schemas.QuestionIn, caller: Caller) -> dict[str, Any]:
         """The answer with its reasoning path and cited units: the object ``ask --json`` prints."""
-        from qgmem_train.ask import ask_record
-
         allowed(caller, namespace)
         check_question(body.question)
         return ask_record(await service.ask(namespace, body.question, body.time))
