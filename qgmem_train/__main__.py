@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fit-embedder": ("qgmem_train.reranker.embedder_tuning", "fine-tune the embedder on the reranker's pairs and compare it on held-out conversations"),
     "build": ("qgmem_train.build", "build or extend a memory store from conversations"),
     "ask": ("qgmem_train.ask", "answer a question over a memory store, citing its source turns"),
+    "serve": ("qgmem_train.serve.cli", "serve memory over HTTP: add sessions, search, ask, list and delete, per tenant"),
     "eval": ("qgmem_train.eval.cli", "retrieval and answer evaluation with metrics.json and plots"),
     "doctor": ("qgmem_train.doctor", "check the configured models: one constrained JSON record and a few embeddings"),
 }

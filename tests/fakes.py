@@ -9,7 +9,7 @@ from qgmem_train.llm.base import Chat, ChatLLM
 
 
 class ScriptedLLM(ChatLLM):
-    """Replies from a list (consumed in order) or a function of the chat; records every call."""
+    """Replies from a list (consumed in order) or a function of the chat; records every chat and each call's batch size."""
 
     model_id = "scripted"
 
@@ -17,9 +17,11 @@ class ScriptedLLM(ChatLLM):
         self._replies = list(replies) if not callable(replies) else replies
         self._yes = yes_scores or (lambda chat: 0.5)
         self.calls: list[Chat] = []
+        self.batches: list[int] = []
 
     def generate(self, chats: Sequence[Chat], *, max_new_tokens: int | None = None, json_schema: dict[str, Any] | None = None) -> list[str]:
         out = []
+        self.batches.append(len(chats))
         for chat in chats:
             self.calls.append(chat)
             out.append(self._replies(chat) if callable(self._replies) else self._replies.pop(0))

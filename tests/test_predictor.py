@@ -25,7 +25,7 @@ from qgmem_train.memory.types import Turn, session_fingerprint
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
-from qgmem_train.predictor import QGMemPredictor, ask_with_model
+from qgmem_train.predictor import QGMemPredictor, ask_batch, ask_with_model
 from tests.fakes import ScriptedLLM
 from tests.tiny_decoder import FIXTURE, publish_to_hub_cache, tiny_module_kwargs
 
@@ -89,6 +89,31 @@ def test_text_path_answer_cites_units_with_their_source_turns(minilm, tmp_path) 
     assert rendered.startswith("answer: a sunrise") and "cited units (1 of 2 units" in rendered and "S1:2 (2023-05-08) Melanie:" in rendered
 
 
+def test_search_returns_the_working_memory_and_its_context_without_answering(minilm, tmp_path) -> None:
+    predictor = _text_predictor(minilm, [])
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION, time="2023-05-08", session_id="S1")
+        result = memory.search("What did Melanie paint?", question_time="2023-05-20")
+    assert predictor.llm.calls == []
+    assert result.units[0].id == "S1:2" and result.units[0].label == "F1" and not any(u.cited for u in result.units)
+    assert "F1" in result.memory_context and "I painted a sunrise" in result.memory_context
+    assert result.tokens["context"] > 0 and result.to_dict()["units"][0]["source_turns"][0]["time"] == "2023-05-08"
+
+
+def test_ask_batch_answers_every_question_in_one_generate_call(minilm, tmp_path) -> None:
+    """Questions over two namespaces decode together; each result carries its own question's working memory."""
+    reply = json.dumps({"reasoning_path": "[F1] says it.", "answer": "yes"})
+    predictor = _text_predictor(minilm, lambda chat: reply)
+    with predictor.memory("alice", tmp_path / "store") as alice, predictor.memory("bob", tmp_path / "store") as bob:
+        alice.add_session(SESSION, session_id="S1")
+        bob.add_session([Turn("b1", "Bob", "I adopted a cat named Miso.")], session_id="B")
+        results = ask_batch([(alice, "What did Melanie paint?", None), (bob, "What is the cat's name?", None), (alice, "Who went to a group?", None)])
+    assert predictor.llm.batches == [3]
+    assert [r.question for r in results] == ["What did Melanie paint?", "What is the cat's name?", "Who went to a group?"]
+    assert [u.id for u in results[1].units] == ["b1"] and results[1].cited[0].source_turns[0].text == "I adopted a cat named Miso."
+    assert {u.id for u in results[0].units} == {"S1:1", "S1:2"} and all(r.answer == "yes" for r in results)
+
+
 def test_an_invalid_answer_cites_nothing_and_shows_the_working_memory(minilm, tmp_path) -> None:
     predictor = _text_predictor(minilm, ["no json here", "still none"])
     with predictor.memory("alice", tmp_path / "store") as memory:
@@ -115,6 +140,12 @@ def test_graph_path_wiring_and_lora_off_in_the_frozen_pipeline(llm_dir, minilm, 
     with predictor.memory("alice", tmp_path / "store") as memory:
         memory.add_session(SESSION, session_id="S1")
         result = memory.ask("What did Melanie paint?")
+        calls = []
+        generate = model.generate
+        model.generate = lambda examples, graph: calls.append(len(examples)) or generate(examples, graph)
+        batch = ask_batch([(memory, "What did Melanie paint?", None), (memory, "Who went to a support group?", None)])
+    assert calls == [2] and [r.path for r in batch] == ["graph", "graph"] and batch[0].units[0].id == "S1:2"
+    assert batch[0].generated == result.generated and batch[1].question == "Who went to a support group?"
     assert result.path == "graph" and len(result.units) == 2 and result.units[0].id == "S1:2"
     assert result.tokens["prompt"] > result.tokens["context"] and {"graph", "generate"} <= set(result.seconds)
 

@@ -35,6 +35,7 @@ from qgmem_train.memory.columns import take_children
 from qgmem_train.memory.row_stack import RowStack
 from qgmem_train.memory.sidecar import SidecarMissing
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, StoreFile
+from qgmem_train.memory.trace_graph_file import graph_path
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap, TurnTable, TurnTimeMap
 from qgmem_train.memory.types import Conversation, MemoryUnit, Trace, Turn
 from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex, EmbeddedUnit, UnitTable, UnitView
@@ -48,6 +49,8 @@ __all__ = [
 STORE_FILE = "memory.sqlite"
 LOAD_ATTEMPTS = 3
 """Reads of a namespace tried before giving up when writers keep replacing the segments read (see :mod:`~qgmem_train.memory.sidecar`)."""
+NAMESPACE_TABLES = ("turns", "windows", "unit_keys", "segments", "segment_parts", "segment_files", "traces")
+"""The tables whose rows belong to one namespace (its ``namespace`` column); ``namespaces`` holds the namespace itself."""
 
 
 def describe_cut(units_mode: str, window: int | None, overlap: int | None) -> str:
@@ -316,9 +319,15 @@ class MemoryStore:
         return int(self._db.execute("SELECT COALESCE(SUM(dropped), 0) FROM windows WHERE namespace = ?", (namespace,)).fetchone()[0])
 
     def generation(self, namespace: str) -> int:
-        """How many writes ``namespace`` has had, by any process: equal generations mean the same content."""
+        """How many writes ``namespace`` has had, by any process: equal generations (and equal :attr:`deletions`) mean the same content."""
         row = self._db.execute("SELECT generation FROM namespaces WHERE name = ?", (namespace,)).fetchone()
         return int(row[0]) if row else 0
+
+    @property
+    def deletions(self) -> int:
+        """Namespaces deleted from the store, by any process: a namespace deleted and written again may reach its old
+        :meth:`generation`, so caches key on both."""
+        return int(self._meta("deletions") or 0)
 
     def traces_stale(self, namespace: str) -> bool:
         """Whether units were added since the traces were last consolidated."""
@@ -357,6 +366,32 @@ class MemoryStore:
         """The namespace's traces, ordered by id."""
         rows = self._db.execute("SELECT id, relation_text, member_ids, trajectory, current_id FROM traces WHERE namespace = ? ORDER BY id", (namespace,))
         return [Trace(r[0], r[1], json.loads(r[2]), r[3], r[4]) for r in rows]
+
+    def delete_namespace(self, namespace: str) -> bool:
+        """Delete ``namespace`` and everything stored of it in one transaction; return whether it existed.
+
+        Deleted rows are overwritten in the file (SQLite's ``secure_delete``) and the log checkpointed, the
+        namespace's vector sidecars and trace-graph cache removed, so no file of the store keeps its content
+        (the log keeps it only while another process holds an older read open).
+        """
+        db = self._db
+        secure = db.execute("PRAGMA secure_delete").fetchone()[0]
+        db.execute("PRAGMA secure_delete=ON")
+        try:
+            with self.transaction() as db:
+                if db.execute("SELECT 1 FROM namespaces WHERE name = ?", (namespace,)).fetchone() is None:
+                    return False
+                for table in NAMESPACE_TABLES:
+                    db.execute(f"DELETE FROM {table} WHERE namespace = ?", (namespace,))
+                db.execute("DELETE FROM namespaces WHERE name = ?", (namespace,))
+                db.execute("INSERT INTO meta VALUES ('deletions', '1') ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1")
+        finally:
+            db.execute(f"PRAGMA secure_delete={secure}")
+        graph_path(self.path, namespace).unlink(missing_ok=True)
+        with self.transaction() as db:
+            segments.remove_unused_sidecars(db)
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return True
 
     def require_namespaces(self, namespaces: Iterable[str]) -> None:
         """Refuse, before any model loads, a run over namespaces this store does not hold."""

@@ -38,8 +38,8 @@ from qgmem_train.predictor.artifact import (
 )
 from qgmem_train.predictor.base import MAX_QUESTION_CHARS, IntentMode, Predictor
 from qgmem_train.predictor.loading import QGMemPredictor, ask_with_model, load_exported_module
-from qgmem_train.predictor.memory import PredictorMemory
-from qgmem_train.predictor.results import AskResult, EvidenceUnit, SourceTurn
+from qgmem_train.predictor.memory import PredictorMemory, ask_batch
+from qgmem_train.predictor.results import AskResult, EvidenceUnit, SearchResult, SourceTurn
 
 __all__ = [
     "CALLER_MODELS",
@@ -63,7 +63,9 @@ __all__ = [
     "Predictor",
     "PredictorMemory",
     "QGMemPredictor",
+    "SearchResult",
     "SourceTurn",
+    "ask_batch",
     "ask_with_model",
     "check_base_url",
     "file_sha256",

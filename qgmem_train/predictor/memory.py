@@ -1,20 +1,22 @@
 """A user's memory behind the predictor: add sessions as they happen, ask questions with cited evidence.
 
 :class:`PredictorMemory` is a handle on one namespace of a persistent
-:class:`~qgmem_train.memory.store.MemoryStore`: ``add_session`` extends it incrementally, ``ask``
-activates the working memory and answers (:mod:`qgmem_train.answer`). Local backbones answer through graph
-tokens; API backbones through the text path, with the local graph written as facts.
+:class:`~qgmem_train.memory.store.MemoryStore`: ``add_session`` extends it incrementally, ``search``
+activates the working memory and serializes it, ``ask`` also answers (:mod:`qgmem_train.answer`). Local backbones
+answer through graph tokens; API backbones through the text path, with the local graph written as facts.
+:func:`ask_batch` answers several questions with one batched generation.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from qgmem_train.errors import InputError
-from qgmem_train.memory.types import Conversation, Session, Turn, session_fingerprint
-from qgmem_train.predictor.results import AskResult, EvidenceUnit, SourceTurn
+from qgmem_train.memory.types import Conversation, MemoryUnit, Session, Turn, session_fingerprint
+from qgmem_train.predictor.results import AskResult, EvidenceUnit, SearchResult, SourceTurn
 
 if TYPE_CHECKING:
     from qgmem_train.answer.evidence import AnswerEvidence
@@ -32,7 +34,7 @@ class PredictorMemory:
         self.predictor = predictor
         self.namespace = namespace
         self.store = store
-        self._loaded: tuple[int, NamespaceMemory, ActivationIndex] | None = None
+        self._loaded: tuple[tuple[int, int], NamespaceMemory, ActivationIndex] | None = None
 
     def close(self) -> None:
         """Close the store."""
@@ -76,7 +78,7 @@ class PredictorMemory:
         """The namespace and its search index, reloaded only when the store's content changed."""
         from qgmem_train.retrieval.activation import ActivationIndex
 
-        version = self.store.generation(self.namespace)
+        version = (self.store.generation(self.namespace), self.store.deletions)
         if self._loaded is None or self._loaded[0] != version:
             memory = self.store.load_namespace(
                 self.namespace, embedder_id=self.predictor.embedder.model_id, sentences=self.predictor.pipeline.retrieval.sentence_vectors
@@ -84,9 +86,19 @@ class PredictorMemory:
             self._loaded = (version, memory, ActivationIndex(memory, self.predictor.pipeline.retrieval, self.predictor.embedder))
         return self._loaded[1], self._loaded[2]
 
+    def search(self, question: str, question_time: str | None = None) -> SearchResult:
+        """The working memory for ``question`` and its MEMORY_CONTEXT, without answering (for callers with their own LLM)."""
+        found = self._retrieve(question, question_time)
+        seconds = {**found.seconds, "total": time.perf_counter() - found.started}
+        units = self._evidence_units(found, set())
+        return SearchResult(question, question_time, found.evidence.context.text, units, {"context": found.evidence.context.n_tokens}, seconds)
+
     def ask(self, question: str, question_time: str | None = None) -> AskResult:
         """Activate the working memory for ``question`` and answer it with the model, citing units and turns."""
-        from qgmem_train.answer.citations import cited_units
+        return ask_batch([(self, question, question_time)])[0]
+
+    def _retrieve(self, question: str, question_time: str | None) -> Retrieval:
+        """Check the question, activate its working memory and serialize it as the answerer reads it."""
         from qgmem_train.answer.evidence import answer_evidence
         from qgmem_train.retrieval.activation import activate
 
@@ -109,66 +121,117 @@ class PredictorMemory:
             start = time.perf_counter()
             evidence = answer_evidence(wm.units, memory, predictor.llm, max_edges=cfg.retrieval.k, attribute_edges=cfg.graph.attribute_edges)
             seconds["serialize"] = time.perf_counter() - start
-        model = predictor.model
-        generate = self._generate_graph if model is not None else self._generate_text
-        generated, parsed, prompt_tokens, generated_tokens = generate(question, question_time, evidence, seconds)
+        return Retrieval(question, question_time, memory, list(wm.units), list(wm.scores), evidence, seconds, started)
+
+    def _answer(self, found: Retrieval, generated: str, parsed: AnswerOutput | None, prompt_tokens: int, generated_tokens: int) -> AskResult:
+        """The result of one retrieval answered with ``generated`` (parsed), its cited units marked."""
+        from qgmem_train.answer.citations import cited_units
+
+        model = self.predictor.model
         text_path = model is None or bool(model.hparams.text_path)
-        cited = set(cited_units(parsed.reasoning_path, evidence, text_path=text_path)) if parsed else set()
-        label_of = {uid: label for label, uid in evidence.context.labels.items()}
-        units = [
-            EvidenceUnit(u.id, label_of.get(u.id, ""), u.fact_text, score, u.id in cited, [self._source_turn(memory, t) for t in u.source_turn_ids])
-            for u, score in zip(wm.units, wm.scores)
-        ]
-        seconds["total"] = time.perf_counter() - started
+        cited = set(cited_units(parsed.reasoning_path, found.evidence, text_path=text_path)) if parsed else set()
+        units = self._evidence_units(found, cited)
+        seconds = {**found.seconds, "total": time.perf_counter() - found.started}
         return AskResult(
-            question=question, question_time=question_time, answer=parsed.answer if parsed else None,
-            reasoning_path=parsed.reasoning_path if parsed else None, generated=generated, path=predictor.path, units=units,
-            tokens={"context": evidence.context.n_tokens, "prompt": prompt_tokens, "generated": generated_tokens}, seconds=seconds,
+            question=found.question, question_time=found.question_time, answer=parsed.answer if parsed else None,
+            reasoning_path=parsed.reasoning_path if parsed else None, generated=generated, path=self.predictor.path, units=units,
+            tokens={"context": found.evidence.context.n_tokens, "prompt": prompt_tokens, "generated": generated_tokens}, seconds=seconds,
         )  # fmt: skip
 
-    def _generate_graph(self, question: str, question_time: str | None, evidence: AnswerEvidence, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
-        """Graph-token path: embed the local graph, generate with the module, parse strictly (a capped string ends at a word)."""
-        from torch_geometric.data import Batch
-
-        from qgmem_train.answer.parsing import parse_answer
-        from qgmem_train.graph.local_graph import graph_to_data
-        from qgmem_train.model.trajectory import TrajectoryExample
-
-        model, embedder = self.predictor.model, self.predictor.embedder
-        start = time.perf_counter()
-        example = TrajectoryExample(
-            case_id=self.namespace, question_id="", source_dataset="", namespace=self.namespace, question=question,
-            question_time=question_time or "", context=evidence.context.text, answer="", reasoning_path="", graph=evidence.graph,
-        )  # fmt: skip
-        data = graph_to_data(evidence.graph, embedder.encode, embedder.dim, question=embedder.encode([question])[0])
-        batch = Batch.from_data_list([data])
-        seconds["graph"] = time.perf_counter() - start
-        start = time.perf_counter()
-        generated = model.generate([example], batch)[0]
-        seconds["generate"] = time.perf_counter() - start
-        graph_tokens = model.hparams.graph_tokens
-        if model.hparams.get("graph_readout") == "edges":
-            graph_tokens = min(graph_tokens, evidence.graph.num_edges)
-        prompt_tokens = len(model.prompt_ids(example).ids) + graph_tokens
-        parsed = parse_answer(generated, model.hparams.max_new_tokens)
-        return generated, parsed, prompt_tokens, self.predictor.llm.count_tokens(generated)
-
-    def _generate_text(self, question: str, question_time: str | None, evidence: AnswerEvidence, seconds: dict[str, float]) -> tuple[str, AnswerOutput | None, int, int]:
-        """Text path (API backbones): the frozen LLM answers the final-answer chat, schema-checked."""
-        from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
-
-        llm = self.predictor.llm
-        chat = frozen_answer_chat(question, question_time, evidence)
-        start = time.perf_counter()
-        parsed = answer_chats(llm, [chat], max_new_tokens=self.predictor.pipeline.generation.max_new_tokens)[0]
-        seconds["generate"] = time.perf_counter() - start
-        generated = parsed.model_dump_json() if parsed is not None else ""
-        return generated, parsed, chat_tokens(llm, chat), llm.count_tokens(generated) if generated else 0
+    def _evidence_units(self, found: Retrieval, cited: set[str]) -> list[EvidenceUnit]:
+        """The working memory of ``found`` with labels, scores and source turns, the ``cited`` ids marked."""
+        label_of = {uid: label for label, uid in found.evidence.context.labels.items()}
+        return [
+            EvidenceUnit(u.id, label_of.get(u.id, ""), u.fact_text, score, u.id in cited, [self._source_turn(found.memory, t) for t in u.source_turn_ids])
+            for u, score in zip(found.units, found.scores)
+        ]
 
     @staticmethod
     def _source_turn(memory: NamespaceMemory, turn_id: str) -> SourceTurn:
         turn = memory.turns.get(turn_id)
         return SourceTurn(turn_id, turn.speaker if turn else None, turn.text if turn else None, memory.turn_time.get(turn_id))
+
+
+@dataclass
+class Retrieval:
+    """One question's working memory as the answerer reads it, with the seconds spent so far."""
+
+    question: str
+    question_time: str | None
+    memory: NamespaceMemory
+    units: list[MemoryUnit]
+    scores: list[float]
+    evidence: AnswerEvidence
+    seconds: dict[str, float]
+    started: float
+    """``time.perf_counter()`` when the question was taken."""
+
+
+def ask_batch(asks: Sequence[tuple[PredictorMemory, str, str | None]]) -> list[AskResult]:
+    """Answer (memory, question, question time) triples of one predictor, generating every answer in one batched call.
+
+    Retrieval runs question by question; the answers are decoded together (one ``generate`` of the LLM on the
+    text path, of the module on the graph path), so concurrent questions share the model's batch.
+    """
+    if not asks:
+        return []
+    predictor = asks[0][0].predictor
+    if any(memory.predictor is not predictor for memory, _, _ in asks):
+        raise ValueError("ask_batch: every memory must belong to the same predictor")
+    found = [memory._retrieve(question, question_time) for memory, question, question_time in asks]
+    generate = _generate_graph if predictor.model is not None else _generate_text
+    outputs = generate(predictor, found)
+    return [memory._answer(item, *output) for (memory, _, _), item, output in zip(asks, found, outputs)]
+
+
+def _generate_graph(predictor: Predictor, found: Sequence[Retrieval]) -> list[tuple[str, AnswerOutput | None, int, int]]:
+    """Graph-token path: embed each local graph, generate the batch with the module, parse strictly (a capped string ends at a word)."""
+    from torch_geometric.data import Batch
+
+    from qgmem_train.answer.parsing import parse_answer
+    from qgmem_train.graph.local_graph import graph_to_data
+    from qgmem_train.model.trajectory import TrajectoryExample
+
+    model, embedder = predictor.model, predictor.embedder
+    start = time.perf_counter()
+    examples, graphs = [], []
+    for item in found:
+        examples.append(TrajectoryExample(
+            case_id=item.memory.namespace, question_id="", source_dataset="", namespace=item.memory.namespace, question=item.question,
+            question_time=item.question_time or "", context=item.evidence.context.text, answer="", reasoning_path="", graph=item.evidence.graph,
+        ))  # fmt: skip
+        graphs.append(graph_to_data(item.evidence.graph, embedder.encode, embedder.dim, question=embedder.encode([item.question])[0]))
+    batch = Batch.from_data_list(graphs)
+    graph_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    generated = model.generate(examples, batch)
+    generate_seconds = time.perf_counter() - start
+    outputs = []
+    for item, example, text in zip(found, examples, generated):
+        item.seconds.update(graph=graph_seconds, generate=generate_seconds)
+        graph_tokens = model.hparams.graph_tokens
+        if model.hparams.get("graph_readout") == "edges":
+            graph_tokens = min(graph_tokens, item.evidence.graph.num_edges)
+        prompt_tokens = len(model.prompt_ids(example).ids) + graph_tokens
+        outputs.append((text, parse_answer(text, model.hparams.max_new_tokens), prompt_tokens, predictor.llm.count_tokens(text)))
+    return outputs
+
+
+def _generate_text(predictor: Predictor, found: Sequence[Retrieval]) -> list[tuple[str, AnswerOutput | None, int, int]]:
+    """Text path (API backbones): the frozen LLM answers the batch's final-answer chats, schema-checked."""
+    from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
+
+    llm = predictor.llm
+    chats = [frozen_answer_chat(item.question, item.question_time, item.evidence) for item in found]
+    start = time.perf_counter()
+    answers = answer_chats(llm, chats, max_new_tokens=predictor.pipeline.generation.max_new_tokens)
+    seconds = time.perf_counter() - start
+    outputs = []
+    for item, chat, parsed in zip(found, chats, answers):
+        item.seconds["generate"] = seconds
+        generated = parsed.model_dump_json() if parsed is not None else ""
+        outputs.append((generated, parsed, chat_tokens(llm, chat), llm.count_tokens(generated) if generated else 0))
+    return outputs
 
 
 def _turn(value: Turn | Mapping[str, Any], session_id: str, number: int, where: str) -> Turn:

@@ -1,4 +1,4 @@
-"""What :meth:`PredictorMemory.ask` returns: the answer, the working memory behind it, token counts and timings."""
+"""What :meth:`PredictorMemory.ask` and ``search`` return: the answer, the working memory behind it, token counts and timings."""
 
 from __future__ import annotations
 
@@ -71,3 +71,23 @@ class AskResult:
                 text = f"{turn.speaker}: {turn.text}" if turn.text is not None else "(turn not in store)"
                 lines.append(f"    {turn.id} ({turn.time or 'time unknown'}) {text}")
         return "\n".join(lines)
+
+
+@dataclass
+class SearchResult:
+    """The working memory for one question and its MEMORY_CONTEXT, as an LLM of the caller's would read it."""
+
+    question: str
+    question_time: str | None
+    memory_context: str
+    """The serialized working memory (the final-answer prompt's MEMORY_CONTEXT, units labelled MU#/F#)."""
+    units: list[EvidenceUnit]
+    """The working memory, best first (``cited`` is false: nothing answered)."""
+    tokens: dict[str, int] = field(default_factory=dict)
+    """``context``: tokens of ``memory_context``."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds per stage: memory load, activation steps, serialization, total."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record."""
+        return asdict(self)

@@ -1,0 +1,124 @@
+"""``python -m qgmem_train serve``: tenants from a file or the environment, bad options as one line and exit 2,
+and a real uvicorn server process on 127.0.0.1 answering over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from qgmem_train.__main__ import main
+from qgmem_train.serve.tenants import TENANTS_ENV, Tenants
+
+TOKEN = "acme-token-0123456789abcdef"
+ROOT = Path(__file__).parent.parent
+
+
+def test_tenants_come_from_a_file_or_the_environment_with_tokens_in_variables(tmp_path) -> None:
+    document = {"tenants": [{"name": "acme", "token_env": "ACME_TOKEN", "prefixes": ["acme-"]}, {"name": "b", "token": "b" * 16, "namespaces": ["b1"]}]}
+    path = tmp_path / "tenants.yaml"
+    path.write_text(yaml.safe_dump(document))
+    from_file = Tenants.load(path, {"ACME_TOKEN": TOKEN})
+    from_env = Tenants.load(None, {"ACME_TOKEN": TOKEN, TENANTS_ENV: yaml.safe_dump(document)})
+    for tenants in (from_file, from_env):
+        acme = tenants.authenticate(TOKEN)
+        assert acme is not None and acme.name == "acme" and acme.may("acme-x") and not acme.may("b1")
+        assert tenants.authenticate("b" * 16).may("b1") and tenants.authenticate("b" * 15) is None and tenants.authenticate(None) is None
+
+
+@pytest.mark.parametrize(
+    "tenants,needle",
+    [
+        ({"tenants": [{"name": "a", "token": "short-secret", "prefixes": ["a-"]}]}, "tenant 1 (a).token: expected a string of at least 16"),
+        ({"tenants": [{"name": "a", "token": TOKEN, "prefixes": ["a-"]}, {"name": "b", "token": TOKEN, "namespaces": ["b"]}]}, "same token as tenant a"),
+        ({"tenants": [{"name": "a", "token_env": "QGMEM_TEST_UNSET_TOKEN", "prefixes": ["a-"]}]}, "variable QGMEM_TEST_UNSET_TOKEN is not set"),
+        ({"tenants": [{"name": "a", "token": TOKEN, "prefix": ["a-"]}]}, "tenant 1.prefix: unknown field"),
+        ({"tenants": [{"name": "a", "token": TOKEN}]}, "may touch nothing"),
+        ({"users": []}, "expected `tenants:`"),
+    ],
+)
+def test_a_bad_tenants_file_is_one_line_without_the_token(tmp_path, capsys, tenants, needle) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(yaml.safe_dump(tenants))
+    assert main(["serve", "--store", str(tmp_path / "store"), "--tenants", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and TOKEN not in err[0] and "short-secret" not in err[0]
+    assert not (tmp_path / "store").exists()
+
+
+def test_no_tenants_and_bad_limits_are_refused(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv(TENANTS_ENV, raising=False)
+    assert main(["serve", "--store", str(tmp_path / "store")]) == 2
+    assert f"give a tenants file or set {TENANTS_ENV}" in capsys.readouterr().err
+    assert main(["serve", "--store", str(tmp_path / "store"), "--burst", "0"]) == 2
+    assert "burst must be at least 1" in capsys.readouterr().err
+
+
+def docs_curl_outputs(port: int, env: dict[str, str]) -> list[str]:
+    """Run the curl commands of docs/serve.md's example (against ``port``) and return what each printed."""
+    example = (ROOT / "docs" / "serve.md").read_text(encoding="utf-8").split("## Example", 1)[1]
+    block = example.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = re.findall(r"^curl .*$", block.replace("\\\n", " "), flags=re.MULTILINE)
+    assert len(commands) == 2 and all("127.0.0.1:8000" in c for c in commands)
+    outputs = []
+    for command in commands:
+        done = subprocess.run(["bash", "-c", command.replace("127.0.0.1:8000", f"127.0.0.1:{port}")], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    return outputs
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_real_server_process_on_loopback_adds_searches_and_asks(tmp_path) -> None:
+    """uvicorn in its own process over the bundled models, tenants from the environment, driven by the curl example of
+    docs/serve.md; the token never reaches its log."""
+    config = tmp_path / "serve.yaml"
+    config.write_text("pipeline:\n  construction:\n    units: turns\n    traces: false\n  generation:\n    max_new_tokens: 32\n")
+    tenants = yaml.safe_dump({"tenants": [{"name": "acme", "token_env": "ACME_TOKEN", "prefixes": ["acme-"]}]})
+    port = _free_port()
+    env = {**os.environ, TENANTS_ENV: tenants, "ACME_TOKEN": TOKEN}
+    command = [sys.executable, "-m", "qgmem_train", "serve", "--store", str(tmp_path / "store"), "--config", str(config), "--reranker", "none",
+               "--intent", "rules", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.5)
+        added, answer = [json.loads(out) for out in docs_curl_outputs(port, env)]
+        assert added["units"] == 1 and added["namespace"] == "acme-alex"
+        assert answer["question"] == "What is my dog called?" and "Biscuit" in answer["units"][0]["fact_text"] and "cited" in answer
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=300) as client:
+            found = client.post("/v1/namespaces/acme-alex/search", json={"question": "What is my dog called?"}).json()
+            assert "Biscuit" in found["memory_context"]
+            assert client.get("/v1/namespaces/acme-alex/memory", headers={"Authorization": "Bearer wrong-token-0123456789"}).status_code == 401
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    text = log.read_text()
+    assert "Uvicorn running on http://127.0.0.1" in text and '"POST /v1/namespaces/acme-alex/ask HTTP/1.1" 200' in text
+    assert TOKEN not in text and "wrong-token" not in text
