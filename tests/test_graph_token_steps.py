@@ -62,6 +62,7 @@ def test_the_slot_carries_content_only_when_swapping_costs_enough_on_triples_and
     assert verdict([row("triples", above, 0.2), row("answer", 0.1, 0.0), row("answer", above, 0.3)])[0]
     assert not verdict([row("triples", above, 0.2), row("answer", CAPACITY_NATS - 0.1, 0.1)])[0]
     assert not verdict([row("triples", above, -0.1), row("answer", above, 0.2)])[0], "an interval holding 0 does not pass"
+    assert verdict([row("answer-in-prompt", above, 0.2), row("answer", above, 0.2)])[0] is None, "(a) not measured: no verdict"
 
 
 @pytest.mark.slow

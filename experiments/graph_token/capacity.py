@@ -137,8 +137,13 @@ def summarize(record: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     }  # fmt: skip
 
 
-def verdict(rows: list[dict[str, Any]]) -> tuple[bool, str]:
-    """Whether swapping costs more than :data:`CAPACITY_NATS` (interval above 0) on targets (a) and (b) at some T."""
+def verdict(rows: list[dict[str, Any]]) -> tuple[bool | None, str]:
+    """Whether swapping costs more than :data:`CAPACITY_NATS` (interval above 0) on targets (a) and (b) at some T; ``None``
+    when either was not measured."""
+    missing = {"triples", "answer"} - {r["target"] for r in rows}
+    if missing:
+        return None, f"undecided: target(s) {', '.join(sorted(missing))} not measured"
+
     def carries(key: str) -> bool:
         return any(r["swap_cost"]["mean_difference"] > CAPACITY_NATS and r["swap_cost"]["ci95"][0] > 0 for r in rows if r["target"] == key)
 
@@ -155,7 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     folder, summary, data_path = step_folder(args, "capacity")
     rows = []
-    for target in TARGETS:
+    for target in (t for t in TARGETS if t.key in args.capacity_targets):
         for tokens in TOKEN_COUNTS:
             label = f"{target.key} T={tokens}"
             log.info("[%s] %s: %d steps of free vectors per question and of one shared prompt", label, target.name, args.capacity_steps)
@@ -199,6 +204,8 @@ def parser() -> argparse.ArgumentParser:
     p.prog, p.description = "python -m experiments.graph_token.capacity", __doc__.splitlines()[0]
     p.add_argument("--capacity-questions", type=int, default=24, help="test questions sampled for the step")
     p.add_argument("--capacity-steps", type=int, default=30, help="Adam steps on each set of free vectors")
+    p.add_argument("--capacity-targets", nargs="+", choices=[t.key for t in TARGETS], default=[t.key for t in TARGETS],
+                   help="targets measured (the verdict needs the first two)")
     p.add_argument("--capacity-lr", type=float, default=1e-2, help="learning rate of the free vectors")
     return p
 
