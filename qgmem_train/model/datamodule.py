@@ -143,8 +143,10 @@ class TrajectoryDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Read and split the folder, then embed every distinct label once, on this process's device when a trainer runs it
-        (the embedder goes back to the CPU afterwards)."""
+        (the embedder goes back to the CPU afterwards). Under a trainer of several ranks, an evaluation split with fewer
+        examples than ranks is refused first (see :meth:`_refuse_splits_smaller_than_the_ranks`)."""
         if self.splits:
+            self._refuse_splits_smaller_than_the_ranks(stage)
             return
         loaded = read_trajectory_dataset(self.hparams.path)
         if set(loaded) & set(SPLITS):
@@ -158,6 +160,7 @@ class TrajectoryDataModule(L.LightningDataModule):
         self.splits = {name: part[:limit] if limit else part for name, part in splits.items()}
         if not self.splits["train"] and stage in (None, "fit"):
             raise InputError(f"{self.hparams.path}", "no training examples in the train split")
+        self._refuse_splits_smaller_than_the_ranks(stage)
         labels = sorted({label for part in self.splits.values() for ex in part for label in ex.graph.node_labels + ex.graph.edge_labels})
         if self.trainer is not None:
             # setup runs after the strategy has set up this process's environment, so root_device is this rank's device
@@ -169,6 +172,22 @@ class TrajectoryDataModule(L.LightningDataModule):
             self.embedder.model.to("cpu")
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+
+    def _refuse_splits_smaller_than_the_ranks(self, stage: str | None) -> None:
+        """One line for a validation or test split of this stage with fewer examples than ranks, before any model loads.
+
+        Each example is evaluated on exactly one rank (:meth:`_eval_sampler`), so a rank would get none and its sampler
+        asserts, after every rank has loaded the LLM. An empty split is no error: Lightning skips its loop.
+        """
+        world = self.trainer.world_size if self.trainer is not None else 1
+        for name in {"fit": ["validation"], "validate": ["validation"], "test": ["test"]}.get(stage or "", ["validation", "test"]):
+            size = len(self.splits[name])
+            if 0 < size < world:
+                raise InputError(
+                    f"{self.hparams.path} {name} split",
+                    f"{size} example{'s' if size > 1 else ''} for {world} ranks: each example is evaluated on one rank and every rank "
+                    "needs one; give the split more examples (data.max_examples, data.validation_fraction) or run fewer ranks",
+                )
 
     def _embed(self, labels: list[str]) -> dict[str, np.ndarray]:
         batch = 256
