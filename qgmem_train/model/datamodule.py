@@ -10,6 +10,7 @@ its question's embedding (``question_embedding``, read by the ``query`` readout)
 from __future__ import annotations
 
 import hashlib
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -81,6 +82,16 @@ class FirstDrawDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         # A generator: the real iterator is made when Lightning draws the first batch.
         yield from super().__iter__()
+
+
+def ignore_sigterm(worker_id: int) -> None:
+    """DataLoader worker start-up: ignore SIGTERM, which Slurm sends to every process of a step on ``scancel`` or preemption.
+
+    PyTorch's workers die on a SIGTERM that their parent did not send, so the training process would fail on its next
+    batch instead of reaching the step boundary where it saves (:mod:`qgmem_train.model.requeue`); the workers still
+    end with the training process.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def split_of_case(case_id: str, validation_fraction: float, test_fraction: float) -> str:
@@ -257,4 +268,5 @@ class TrajectoryDataModule(L.LightningDataModule):
 
     def _loader(self, data: list[TrajectoryExample], batch_size: int, sampler: Any = None, loader: type = DataLoader) -> DataLoader:
         workers = self.hparams.num_workers
-        return loader(data, batch_size=batch_size, sampler=sampler, collate_fn=self.collate, num_workers=workers)
+        init = ignore_sigterm if workers else None
+        return loader(data, batch_size=batch_size, sampler=sampler, collate_fn=self.collate, num_workers=workers, worker_init_fn=init)
