@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build": ("qgmem_train.build", "build or extend a memory store from conversations"),
     "ask": ("qgmem_train.ask", "answer a question over a memory store, citing its source turns"),
     "eval": ("qgmem_train.eval.cli", "retrieval and answer evaluation with metrics.json and plots"),
+    "fetch": ("qgmem_train.llm.fetch", "put a training config's Hub models in the local cache once, before many ranks start"),
     "doctor": ("qgmem_train.doctor", "check the configured models: one constrained JSON record and a few embeddings"),
 }
 
