@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from qgmem_train.config import BUNDLED_EMBEDDER
 from qgmem_train.errors import InputError
 from qgmem_train.graph.local_graph import graph_to_data
+from qgmem_train.model.prompt_tokens import PromptTokens
 from qgmem_train.model.trajectory import TrajectoryExample, read_trajectory_dataset
 
 SPLITS = ("train", "validation", "test")
@@ -146,6 +147,7 @@ class TrajectoryDataModule(L.LightningDataModule):
         self.splits: dict[str, list[TrajectoryExample]] = {}
         self._features: dict[str, np.ndarray] = {}
         self._questions: dict[str, np.ndarray] = {}
+        self.prompt_tokens: PromptTokens | None = None
 
     @property
     def feature_dim(self) -> int:
@@ -155,7 +157,10 @@ class TrajectoryDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Read and split the folder, then embed every distinct label once, on this process's device when a trainer runs it
         (the embedder goes back to the CPU afterwards). Under a trainer of several ranks, an evaluation split with fewer
-        examples than ranks is refused first (see :meth:`_refuse_splits_smaller_than_the_ranks`)."""
+        examples than ranks is refused first (see :meth:`_refuse_splits_smaller_than_the_ranks`). Under a trainer whose module
+        tokenises prompts (``prompt_tokens``), batches carry their ids, computed in the loader's workers."""
+        if self.trainer is not None:
+            self.prompt_tokens = getattr(self.trainer.lightning_module, "prompt_tokens", None)
         if self.splits:
             self._refuse_splits_smaller_than_the_ranks(stage)
             return
@@ -210,7 +215,8 @@ class TrajectoryDataModule(L.LightningDataModule):
         return np.stack([self._features[label] for label in labels])
 
     def collate(self, examples: list[TrajectoryExample]) -> dict[str, Any]:
-        """The examples plus the ``Batch`` of their local graphs with cached label features and question embeddings.
+        """The examples plus the ``Batch`` of their local graphs with cached label features and question embeddings, and
+        with :attr:`prompt_tokens` set, the examples' prompt and target ids (``prompts``, ``targets``).
 
         A question met after setup (an example swapped in by the caller) is embedded then.
         """
@@ -218,7 +224,8 @@ class TrajectoryDataModule(L.LightningDataModule):
         if missing:
             self._questions.update(zip(missing, self.embedder.encode(missing)))
         graphs = [graph_to_data(ex.graph, self._label_features, self.feature_dim, self._questions[ex.question]) for ex in examples]
-        return {"examples": examples, "graph": Batch.from_data_list(graphs)}
+        ids = self.prompt_tokens.batch(examples) if self.prompt_tokens is not None else {}
+        return {"examples": examples, "graph": Batch.from_data_list(graphs), **ids}
 
     def train_dataloader(self) -> DataLoader:
         """Training batches from where the fit loop stands (see :class:`ResumableSampler`)."""
