@@ -9,8 +9,10 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
 2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct on ``accelerator="gpu", devices=1,
    precision="bf16-mixed"``, contexts cut to ``--seq-tokens`` (``model.max_context_tokens``): median step time, peak
    CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer calls per step, checkpointing off vs on.
-3. ``prefix_cache``: the same fit with ``model.prefix_cache`` off vs on: step time, peak memory, and the first loss,
-   which must agree up to bf16 rounding.
+3. ``prefix_cache``: the frozen-prefix cache on a random Qwen3-8B-shaped decoder in bf16 (``bench/gpu_prefix_timing.py``): the
+   decoder step's device time (CUDA events, host preparation apart) off vs on, alternated for ``--rounds`` rounds, at
+   ``--cache-tokens`` tokens, batch 4 and 1; fp32 first-step logits with vs without the cache within 1e-4 relative; and
+   the attention call alone for the cache's explicit mask against ``is_causal`` and a bottom-right causal bias.
 4. ``nf4``: the backbone loaded in 4-bit NF4 (``quantization: 4bit``), then ``--steps`` training steps.
 5. ``lora_nf4``: LoRA (``lora_r: 8``) on the NF4 backbone for ``--steps`` steps.
 6. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
@@ -61,7 +63,7 @@ PARTS = ("tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict")
 TITLES = {
     "tests": "CUDA-marked tests (`pytest -m gpu`)",
     "bf16": "bf16 fit: gradient checkpointing off vs on",
-    "prefix_cache": "bf16 fit: frozen-prefix cache off vs on",
+    "prefix_cache": "Frozen-prefix cache: decoder step off vs on (Qwen3-8B shape, bf16), fp32 logits, attention kernels",
     "nf4": "NF4 (4-bit) backbone: load and train",
     "lora_nf4": "LoRA (r=8) on the NF4 backbone",
     "predict": "predict (constrained generation)",
@@ -425,18 +427,36 @@ def part_bf16(bench: Bench) -> dict[str, Any]:
     return details
 
 
-PREFIX_LOSS_TOLERANCE = {"bf16-mixed": 2e-2, "32-true": 1e-4}
-"""Relative difference allowed between the first training loss with and without the prefix cache (bf16 rounds both)."""
-
-
 def part_prefix_cache(bench: Bench) -> dict[str, Any]:
-    """The same fit with the frozen-prefix cache off and on: step time, peak memory, and the first loss, equal up to rounding."""
-    details = fits_off_and_on(bench, "prefix_cache")
-    off, on = details["variants"]["off"], details["variants"]["on"]
-    difference = abs(on["loss_first"] - off["loss_first"]) / abs(off["loss_first"])
-    details["first_loss_relative_difference"] = difference
-    if difference > PREFIX_LOSS_TOLERANCE[details["precision"]]:
-        raise PartFailed(f"the first loss differs by {difference:.2e} relative with the prefix cache on", details)
+    """The frozen-prefix cache on a random Qwen3-8B-shaped decoder (:mod:`gpu_prefix_timing`): fp32 first-step logits with vs
+    without it, decoder step device time off vs on alternated over rounds at batch 4 and 1, and the attention call alone."""
+    import torch
+    from gpu_prefix_timing import LOGITS_TOLERANCE, QWEN3_8B, SMOKE, TARGET_TOKENS, first_step_logits_difference, random_decoder, time_attention, time_prefix_cache
+
+    from qgmem_train.model.backbone import describe_backbone
+    from qgmem_train.model.module import _probe_example
+    from qgmem_train.model.prompt_tokens import PromptTokens
+
+    args, cuda = bench.args, bench.cuda
+    shape, device = (QWEN3_8B, "cuda") if cuda else (SMOKE, "cpu")
+    tokenizer = describe_backbone(bench.model_refs()["llm"], None, None, False).tokenizer
+    prefix = PromptTokens(tokenizer, None, False).prompt(_probe_example()).graph_slot
+    details: dict[str, Any] = {"shape": "Qwen3-8B" if cuda else "tiny Qwen3 (smoke)", "prefix_tokens": prefix, "rounds": args.rounds}
+    if args.cache_tokens < prefix + 2 * TARGET_TOKENS:
+        raise PartFailed(f"--cache-tokens {args.cache_tokens} leaves too few tokens after the {prefix}-token prefix for a target", details)
+    check = random_decoder(shape, args.logit_layers, torch.float32, device)
+    details["first_step_logits_relative_difference"] = first_step_logits_difference(check, 2, args.cache_tokens, prefix)
+    del check
+    free_memory(cuda)
+    llm = random_decoder(shape, None, torch.bfloat16 if cuda else torch.float32, device)
+    details["steps"] = [
+        time_prefix_cache(llm, batch, args.cache_tokens, prefix, args.rounds, args.steps, args.warmup_steps, cuda) for batch in (4, 1)
+    ]
+    del llm
+    free_memory(cuda)
+    details["attention"] = {f"batch {b}": time_attention(b, args.cache_tokens, prefix, shape, args.rounds, args.steps, cuda) for b in (4, 1)}
+    if details["first_step_logits_relative_difference"] > LOGITS_TOLERANCE:
+        raise PartFailed(f"fp32 first-step logits differ by {details['first_step_logits_relative_difference']:.1e} relative with the cache", details)
     return details
 
 
@@ -620,6 +640,32 @@ FIT_HEADER = [
 ]
 
 
+def prefix_cache_markdown(record: dict[str, Any]) -> list[str]:
+    """The prefix-cache part's tables: decoder step device/host time per batch and variant, then the attention call alone."""
+    lines = [
+        f"{record['shape']}, {record['steps'][0]['tokens']} tokens a sequence of which {record['prefix_tokens']} are the prompt prefix; "
+        f"cache off and on alternated for {record['rounds']} rounds in one process. fp32 first-step logits with vs without the cache "
+        f"differ by {record['first_step_logits_relative_difference']:.1e} relative (allowed 1e-4).",
+        "",
+        "| batch | variant | device ms a step (median) | per-round medians | host ms (median) |",
+        "|---|---|---|---|---|",
+    ]
+    ratios = []
+    for run in record["steps"]:
+        for variant in ("off", "on"):
+            r = run[variant]
+            rounds = ", ".join(fmt(x, 1) for x in r["device_ms_round_medians"])
+            lines.append(f"| batch {run['batch']} | cache {variant} | {fmt(r['device_ms_median'], 1)} | {rounds} | {fmt(r['host_ms_median'], 2)} |")
+        per_round = ", ".join(f"×{x:.2f}" for x in run["device_on_over_off_per_round"])
+        ratios.append(f"batch {run['batch']}: ×{run['device_on_over_off']:.2f} (rounds {per_round})")
+    lines += ["", f"Cache on / off, decoder step device time: {'; '.join(ratios)}.", "", "| attention call (forward + backward) | " + " | ".join(record["attention"]) + " |"]
+    lines.append("|---|" + "---|" * len(record["attention"]))
+    cases = next(iter(record["attention"].values()))
+    for case in cases:
+        lines.append(f"| {case} | " + " | ".join(f"{fmt(b[case]['device_ms_median'], 3)} ms" for b in record["attention"].values()) + " |")
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     """Every part's section (its status line first, then what it measured), after the machine and settings."""
     env, parts = result.get("environment", {}), result.get("parts", {})
@@ -648,8 +694,10 @@ def markdown(result: dict[str, Any]) -> str:
             continue
         if name == "tests" and record.get("summary"):
             lines += ["", f"`{record.get('command')}`: {record['summary']}"] + [f"- {f}" for f in record.get("failures", [])]
-        elif name in ("bf16", "prefix_cache") and record.get("variants"):
-            label = "checkpointing" if name == "bf16" else "prefix cache"
+        elif name == "prefix_cache" and record.get("steps"):
+            lines += ["", *prefix_cache_markdown(record)]
+        elif name == "bf16" and record.get("variants"):
+            label = "checkpointing"
             lines += ["", *FIT_HEADER]
             lines += [fit_row(f"{label} {v}", r) for v, r in record["variants"].items()]
             ratios = []
@@ -657,8 +705,6 @@ def markdown(result: dict[str, Any]) -> str:
                 ratios.append(f"step time ×{record['step_time_on_over_off']:.2f}")
             if record.get("memory_above_resident_on_over_off") is not None:
                 ratios.append(f"memory above resident ×{record['memory_above_resident_on_over_off']:.2f}")
-            if record.get("first_loss_relative_difference") is not None:
-                ratios.append(f"first loss differs by {record['first_loss_relative_difference']:.1e} relative")
             if ratios:
                 lines += ["", f"{label.capitalize()} on / off: {', '.join(ratios)} (precision {record.get('precision')})."]
         elif name in ("nf4", "lora_nf4") and "step_s_median" in record:
@@ -719,6 +765,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-tokens", type=int, help="model.max_context_tokens (default 1000; smoke 32)")
     parser.add_argument("--steps", type=int, help="optimizer steps of each fit (default 20; smoke 2)")
     parser.add_argument("--warmup-steps", type=int, help="first steps left out of the timing (default 3; smoke 0)")
+    parser.add_argument("--rounds", type=int, default=3, help="prefix_cache: rounds the variants alternate for")
+    parser.add_argument("--cache-tokens", type=int, help="prefix_cache: tokens a sequence (default 600; smoke 360)")
+    parser.add_argument("--logit-layers", type=int, help="prefix_cache: decoder layers of the fp32 logits check (default 4; smoke all)")
     parser.add_argument("--predict-fit-steps", type=int, help="training steps before predict (default 20; smoke 1)")
     parser.add_argument("--predict-examples", type=int, help="examples to predict (default 8; smoke 2)")
     parser.add_argument("--max-new-tokens", type=int, help="generation budget (default: demo-cpu.yaml's; smoke 32)")
@@ -740,9 +789,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     demo_new_tokens = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"].get("max_new_tokens", 96)
     defaults = (
-        dict(batch_size=2, seq_tokens=32, steps=2, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32)
+        dict(batch_size=2, seq_tokens=32, steps=2, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32, cache_tokens=360)
         if args.smoke
-        else dict(batch_size=4, seq_tokens=1000, steps=20, warmup_steps=3, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens)
+        else dict(
+            batch_size=4, seq_tokens=1000, steps=20, warmup_steps=3, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens,
+            cache_tokens=600, logit_layers=4,
+        )
     )
     for key, value in defaults.items():
         if getattr(args, key) is None:
