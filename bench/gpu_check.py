@@ -18,6 +18,9 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
 6. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
    schema-valid rate, exact match and seconds.
 
+The parts' helpers live beside this entry point: ``gpu_prefix_timing.py`` (the prefix-cache part), ``gpu_standins.py``
+(random-weight stand-ins, slim wheels) and ``gpu_report.py`` (``gpu.md``); docs/gpu-check.md says what each part measures.
+
 ``--smoke`` runs the same code on CPU in seconds (two steps, short contexts; ``--llm`` may name a tiny decoder):
 the marked tests run on CPU where they can (bf16; NF4 skips itself) and the NF4 parts report ``skipped: no CUDA``. Without CUDA and without ``--smoke`` nothing is
 measured or written, so ``bench/run_all.py`` (which finds this file too) leaves the GPU results alone.
@@ -39,36 +42,23 @@ import inspect
 import json
 import math
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from gpu_report import PARTS, load_results, status_line, write
+from gpu_standins import export_models, resolve_or_standin, slim_wheel
 from machine import machine_info
-
-from qgmem_train.fileio import write_report_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu.json"
-PARTS = ("tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict")
-TITLES = {
-    "tests": "CUDA-marked tests (`pytest -m gpu`)",
-    "bf16": "bf16 fit: gradient checkpointing off vs on",
-    "prefix_cache": "Frozen-prefix cache: decoder step off vs on (Qwen3-8B shape, bf16), fp32 logits, attention kernels",
-    "nf4": "NF4 (4-bit) backbone: load and train",
-    "lora_nf4": "LoRA (r=8) on the NF4 backbone",
-    "predict": "predict (constrained generation)",
-}
-WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf", "*.pt", "*.onnx")
 GIB = 1024**3
 
 
@@ -82,87 +72,6 @@ class PartFailed(Exception):
     def __init__(self, message: str, details: dict[str, Any]) -> None:
         super().__init__(message)
         self.details = details
-
-
-def export_models(llm: str, embedder: str, out: Path) -> dict[str, str]:
-    """Copy the configs and tokenizers (no weights) of ``llm`` and ``embedder`` to ``out/llm`` and ``out/embedder``."""
-    from qgmem_train.llm.resolver import resolve_model_dir
-
-    written = {}
-    for kind, ref in (("llm", llm), ("embedder", embedder)):
-        source, target = resolve_model_dir(ref), out / kind
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(source, target, ignore=shutil.ignore_patterns(*WEIGHT_FILES, "README.md"))
-        (target / "STANDIN.json").write_text(json.dumps({"reference": ref, "weights": "none: random stand-ins are built from this"}) + "\n")
-        written[kind] = str(target)
-    return written
-
-
-CUDA_LIBRARY = re.compile(r"_cuda(\d+)\.(?:so|dll|dylib)$")
-
-
-def slim_wheel(wheel: Path, cuda_major: str) -> int:
-    """Rewrite ``wheel`` without its native libraries for CUDA versions outside ``cuda_major`` (RECORD to match).
-
-    bitsandbytes ships one library per CUDA version (over 40 MB compressed); the GPU machine loads its own CUDA's
-    alone, and what travels there has a size limit. Returns how many libraries were dropped.
-    """
-    def kept(name: str) -> bool:
-        found = CUDA_LIBRARY.search(name)
-        return found is None or found.group(1).startswith(cuda_major)
-
-    staging = wheel.with_name(f".{wheel.name}.slim")
-    dropped = 0
-    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(staging, "w", zipfile.ZIP_DEFLATED) as target:
-        for info in source.infolist():
-            if not kept(info.filename):
-                dropped += 1
-                continue
-            data = source.read(info)
-            if info.filename.endswith(".dist-info/RECORD"):
-                data = "".join(line for line in data.decode().splitlines(keepends=True) if kept(line.split(",")[0])).encode()
-            target.writestr(info, data)
-    staging.replace(wheel)
-    return dropped
-
-
-def standin_model(kind: str, models: Path) -> Path:
-    """A folder with random weights for the exported ``models/<kind>`` (built once into ``models/<kind>-random``)."""
-    import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-
-    source, final = models / kind, models / f"{kind}-random"
-    if final.exists():
-        return final
-    if not (source / "config.json").exists():
-        raise FileNotFoundError(f"{source}/config.json: no exported {kind} (run --export-models {models} where the models resolve)")
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=models))
-    try:
-        shutil.copytree(source, staging, dirs_exist_ok=True)
-        torch.manual_seed(0)
-        config = AutoConfig.from_pretrained(source)
-        model = (AutoModelForCausalLM if kind == "llm" else AutoModel).from_config(config)
-        model.save_pretrained(staging, safe_serialization=True)
-        staging.rename(final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
-
-
-def resolve_or_standin(ref: str, kind: str, models: Path | None) -> tuple[str, str]:
-    """``ref`` when it resolves here, else a random-weight stand-in from ``models``; and a note on which."""
-    from qgmem_train.errors import ModelUnavailableError
-    from qgmem_train.llm.resolver import resolve_model_dir
-
-    try:
-        resolve_model_dir(ref)
-        return ref, ref
-    except ModelUnavailableError as exc:
-        if models is None:
-            raise
-        folder = standin_model(kind, models)
-        source = json.loads((models / kind / "STANDIN.json").read_text()).get("reference", "?")
-        return str(folder), f"random weights with the architecture and tokenizer of {source} ({str(exc).splitlines()[0]})"
 
 
 def lengthen(context: str, pool: list[str], tokens: int) -> str:
@@ -599,151 +508,6 @@ def environment(cuda: bool, args: argparse.Namespace) -> dict[str, Any]:
         info["commit"] = "unknown"
     info["settings"] = {k: str(v) for k, v in vars(args).items() if k not in ("part", "mark", "timed_out", "note", "export_models")}
     return info
-
-
-def fmt(value: Any, digits: int = 3) -> str:
-    """A number for a table cell (``n/a`` when missing)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def status_line(record: dict[str, Any] | None) -> str:
-    """The first line of a part's section: ok, skipped, failed or timed out, and why."""
-    if record is None:
-        return "**not run**"
-    status = record["status"]
-    seconds = f" in {record['seconds']} s" if record.get("seconds") is not None else ""
-    if status == "ok":
-        return f"**ok**{seconds}"
-    if status == "skipped":
-        return f"**skipped**: {record.get('reason')}"
-    if status == "running":
-        return "**interrupted**: the part never recorded a result"
-    return f"**{status}**{seconds}: {record.get('error', '')}"
-
-
-def fit_row(label: str, r: dict[str, Any]) -> str:
-    """One table row of a fit's measurements."""
-    if "error" in r and "step_s_median" not in r:
-        return f"| {label} | failed: {r['error']} |  |  |  |  |  |"
-    loss = f"{fmt(r.get('loss_first'))} → {fmt(r.get('loss_last'))}"
-    return (
-        f"| {label} | {fmt(r.get('step_s_median'))} | {fmt(r.get('peak_gib'), 2)} | {fmt(r.get('above_resident_gib'), 2)} | "
-        f"{fmt(r.get('decoder_layer_calls_per_step'), 1)} | {fmt(r.get('sequence_tokens'), 0)} | {loss} |"
-    )
-
-
-FIT_HEADER = [
-    "| run | step s (median) | peak CUDA GiB | above resident GiB | decoder-layer calls a step | tokens a sequence | loss first → last |",
-    "|---|---|---|---|---|---|---|",
-]
-
-
-def prefix_cache_markdown(record: dict[str, Any]) -> list[str]:
-    """The prefix-cache part's tables: decoder step device/host time per batch and variant, then the attention call alone."""
-    lines = [
-        f"{record['shape']}, {record['steps'][0]['tokens']} tokens a sequence of which {record['prefix_tokens']} are the prompt prefix; "
-        f"cache off and on alternated for {record['rounds']} rounds in one process. fp32 first-step logits with vs without the cache "
-        f"differ by {record['first_step_logits_relative_difference']:.1e} relative (allowed 1e-4).",
-        "",
-        "| batch | variant | device ms a step (median) | per-round medians | host ms (median) |",
-        "|---|---|---|---|---|",
-    ]
-    ratios = []
-    for run in record["steps"]:
-        for variant in ("off", "on"):
-            r = run[variant]
-            rounds = ", ".join(fmt(x, 1) for x in r["device_ms_round_medians"])
-            lines.append(f"| batch {run['batch']} | cache {variant} | {fmt(r['device_ms_median'], 1)} | {rounds} | {fmt(r['host_ms_median'], 2)} |")
-        per_round = ", ".join(f"×{x:.2f}" for x in run["device_on_over_off_per_round"])
-        ratios.append(f"batch {run['batch']}: ×{run['device_on_over_off']:.2f} (rounds {per_round})")
-    lines += ["", f"Cache on / off, decoder step device time: {'; '.join(ratios)}.", "", "| attention call (forward + backward) | " + " | ".join(record["attention"]) + " |"]
-    lines.append("|---|" + "---|" * len(record["attention"]))
-    cases = next(iter(record["attention"].values()))
-    for case in cases:
-        lines.append(f"| {case} | " + " | ".join(f"{fmt(b[case]['device_ms_median'], 3)} ms" for b in record["attention"].values()) + " |")
-    return lines
-
-
-def markdown(result: dict[str, Any]) -> str:
-    """Every part's section (its status line first, then what it measured), after the machine and settings."""
-    env, parts = result.get("environment", {}), result.get("parts", {})
-    settings = env.get("settings", {})
-    gpu = f"{env['gpu']} ({env['gpu_memory_gib']} GiB)" if env.get("gpu") else "no CUDA device"
-    versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
-    machine = env.get("machine", {})
-    lines = [
-        f"# GPU check{' (smoke run)' if result.get('smoke') else ''}: {gpu}",
-        "",
-        f"torch {machine.get('torch')} (CUDA {env.get('torch_cuda')}), {versions}; {machine.get('cpu')}, {machine.get('cores')} cores. "
-        f"Commit {env.get('commit')}. Written by `scripts/gpu_check.sh` / `bench/gpu_check.py`.",
-        "",
-        f"Settings: LLM {settings.get('llm')}, batch {settings.get('batch_size')}, contexts cut to {settings.get('seq_tokens')} tokens, "
-        f"{settings.get('steps')} steps a fit (step times are medians after {settings.get('warmup_steps')} warm-up steps), "
-        "configs/demo-cpu.yaml's model settings otherwise.",
-    ]
-    models = next((r["models"] for r in parts.values() if r.get("models")), {})
-    for kind, note in models.items():
-        if note != settings.get(kind):
-            lines += ["", f"**{kind}**: {note}."]
-    for name in PARTS:
-        record = parts.get(name)
-        lines += ["", f"## {TITLES[name]}", "", status_line(record)]
-        if not record or record["status"] in ("skipped", "running"):
-            continue
-        if name == "tests" and record.get("summary"):
-            lines += ["", f"`{record.get('command')}`: {record['summary']}"] + [f"- {f}" for f in record.get("failures", [])]
-        elif name == "prefix_cache" and record.get("steps"):
-            lines += ["", *prefix_cache_markdown(record)]
-        elif name == "bf16" and record.get("variants"):
-            label = "checkpointing"
-            lines += ["", *FIT_HEADER]
-            lines += [fit_row(f"{label} {v}", r) for v, r in record["variants"].items()]
-            ratios = []
-            if record.get("step_time_on_over_off"):
-                ratios.append(f"step time ×{record['step_time_on_over_off']:.2f}")
-            if record.get("memory_above_resident_on_over_off") is not None:
-                ratios.append(f"memory above resident ×{record['memory_above_resident_on_over_off']:.2f}")
-            if ratios:
-                lines += ["", f"{label.capitalize()} on / off: {', '.join(ratios)} (precision {record.get('precision')})."]
-        elif name in ("nf4", "lora_nf4") and "step_s_median" in record:
-            lines += ["", *FIT_HEADER, fit_row(name, record), ""]
-            extra = f"Load (setup to first step) {fmt(record.get('load_s'), 1)} s; {record.get('linear_4bit_layers')} Linear4bit layers"
-            if name == "lora_nf4":
-                extra += (
-                    f"; {record.get('trainable_parameters'):,} trainable parameters, {record.get('lora_parameters'):,} of them LoRA; "
-                    f"{record.get('lora_b_trained')} of {record.get('lora_b_tensors')} LoRA B tensors trained"
-                )
-            lines.append(extra + ".")
-        elif name == "predict" and "examples" in record:
-            lines += [
-                "",
-                "| examples | schema-valid | exact match | F1 | predict s | s an example | max new tokens |",
-                "|---|---|---|---|---|---|---|",
-                f"| {record['examples']} | {fmt(record['schema_valid'], 2)} | {fmt(record['exact_match'], 2)} | {fmt(record['f1'], 2)} | "
-                f"{fmt(record['predict_s'], 2)} | {fmt(record['s_per_example'], 2)} | {record.get('max_new_tokens')} |",
-                "",
-                f"After {record.get('steps')} training steps. First generation: `{(record.get('sample') or '').replace('`', chr(39))[:200]}`",
-            ]
-    return "\n".join(lines) + "\n"
-
-
-def load_results(path: Path, run_id: str | None) -> dict[str, Any]:
-    """The results file of the same run (``--run-id``), else a fresh one."""
-    if run_id and path.exists():
-        try:
-            existing = json.loads(path.read_text())
-        except (OSError, ValueError):
-            existing = {}
-        if existing.get("run_id") == run_id:
-            return existing
-    return {"run_id": run_id, "parts": {}}
-
-
-def write(result: dict[str, Any], path: Path) -> None:
-    """Write the results so far as JSON and Markdown, atomically."""
-    write_report_atomic(path, result, markdown(result))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,8 +23,8 @@ from qgmem_train.fileio import atomic_output
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-HELPERS = {"run_all", "machine"}
-"""Modules of bench/ that are not benchmarks."""
+HELPERS = {"run_all", "machine", "gpu_report", "gpu_standins", "gpu_prefix_timing"}
+"""Modules of bench/ that are not benchmarks (the GPU check's own modules included)."""
 GPU_ONLY = "needs CUDA: run scripts/gpu_check.sh on a GPU machine"
 COLLAPSE_INPUT = "needs --trajectories DIR (a graph-token experiment's data/trajectories): run it after make graph-token-experiment"
 

@@ -14,6 +14,7 @@ from it trains on from there.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import signal
@@ -82,10 +83,11 @@ class StepBoundaryRequeue(L.Callback):
             self._act_on_signals(trainer)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Agree on the validation batches every rank runs (the ranks' shares of a split may differ by one batch)."""
+        """Agree on the validation batches every rank runs of every loader (the ranks' shares of a split may differ by one batch)."""
         self._shared_val_batches = 0
         if self._pid is not None and trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
-            mine = torch.tensor(int(sum(trainer.num_val_batches)), device=trainer.strategy.root_device)
+            batches = min(trainer.num_val_batches, default=0)
+            mine = torch.tensor(int(batches) if math.isfinite(batches) else 0, device=trainer.strategy.root_device)
             self._shared_val_batches = int(trainer.strategy.reduce(mine, reduce_op="min"))
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
