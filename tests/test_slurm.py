@@ -330,3 +330,13 @@ def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm
     assert exported["JobState"] == "COMPLETED", export_log[-3000:]
     assert f"export {run / 'ckpt' / 'last.ckpt'}" in export_log
     assert {"graph_adapter.safetensors", "config.json", "README.md"} <= {p.name for p in (scratch / "export").iterdir()}
+
+
+def test_fetch_lists_the_hub_models_of_a_config_and_its_overrides(tmp_path: Path) -> None:
+    """What the fetch step fetches: Hub ids of the config as overridden; bundled and existing local models are left out."""
+    from qgmem_train.llm.fetch import hub_models, model_settings
+
+    overrides = ["--pipeline.models.llm=Qwen/Qwen3-0.6B", "--pipeline.models.llm_revision", "main", "--pipeline.models.embedder", str(tmp_path)]
+    assert hub_models(model_settings("configs/qwen3-8b.yaml", [])) == [("Qwen/Qwen3-8B", None), ("BAAI/bge-base-en-v1.5", None)]
+    assert hub_models(model_settings("configs/qwen3-8b.yaml", overrides)) == [("Qwen/Qwen3-0.6B", "main")]
+    assert hub_models(model_settings("configs/demo-cpu.yaml", [])) == []

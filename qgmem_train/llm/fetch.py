@@ -48,10 +48,14 @@ def hub_models(settings: dict[str, str | None]) -> list[tuple[str, str | None]]:
 
 def main(argv: list[str]) -> int:
     """Fetch (or with ``--list`` print) the Hub models of the config ``argv[0]`` under the overrides that follow it."""
+    usage = "usage: python -m qgmem_train fetch CONFIG [--list] [LightningCLI overrides]"
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{usage}\n\n{__doc__}")
+        return 0
     listing = "--list" in argv
     args = [arg for arg in argv if arg != "--list"]
     if not args:
-        print("usage: python -m qgmem_train fetch CONFIG [--list] [LightningCLI overrides]", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     settings = model_settings(args[0], args[1:])
     for ref, revision in hub_models(settings):
