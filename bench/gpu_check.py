@@ -9,12 +9,17 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
 2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct on ``accelerator="gpu", devices=1,
    precision="bf16-mixed"``, contexts cut to ``--seq-tokens`` (``model.max_context_tokens``): median step time, peak
    CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer calls per step, checkpointing off vs on.
-3. ``prefix_cache``: the same fit with ``model.prefix_cache`` off vs on: step time, peak memory, and the first loss,
-   which must agree up to bf16 rounding.
+3. ``prefix_cache``: the frozen-prefix cache on a random Qwen3-8B-shaped decoder in bf16 (``bench/gpu_prefix_timing.py``): the
+   decoder step's device time (CUDA events, host preparation apart) off vs on, alternated for ``--rounds`` rounds, at
+   ``--cache-tokens`` tokens, batch 4 and 1; fp32 first-step logits with vs without the cache within 1e-4 relative; and
+   the attention call alone for the cache's explicit mask against ``is_causal`` and a bottom-right causal bias.
 4. ``nf4``: the backbone loaded in 4-bit NF4 (``quantization: 4bit``), then ``--steps`` training steps.
 5. ``lora_nf4``: LoRA (``lora_r: 8``) on the NF4 backbone for ``--steps`` steps.
 6. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
    schema-valid rate, exact match and seconds.
+
+The parts' helpers live beside this entry point: ``gpu_prefix_timing.py`` (the prefix-cache part), ``gpu_standins.py``
+(random-weight stand-ins, slim wheels) and ``gpu_report.py`` (``gpu.md``); docs/gpu-check.md says what each part measures.
 
 ``--smoke`` runs the same code on CPU in seconds (two steps, short contexts; ``--llm`` may name a tiny decoder):
 the marked tests run on CPU where they can (bf16; NF4 skips itself) and the NF4 parts report ``skipped: no CUDA``. Without CUDA and without ``--smoke`` nothing is
@@ -37,36 +42,23 @@ import inspect
 import json
 import math
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from gpu_report import PARTS, load_results, status_line, write
+from gpu_standins import export_models, resolve_or_standin, slim_wheel
 from machine import machine_info
-
-from qgmem_train.fileio import write_report_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu.json"
-PARTS = ("tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict")
-TITLES = {
-    "tests": "CUDA-marked tests (`pytest -m gpu`)",
-    "bf16": "bf16 fit: gradient checkpointing off vs on",
-    "prefix_cache": "bf16 fit: frozen-prefix cache off vs on",
-    "nf4": "NF4 (4-bit) backbone: load and train",
-    "lora_nf4": "LoRA (r=8) on the NF4 backbone",
-    "predict": "predict (constrained generation)",
-}
-WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf", "*.pt", "*.onnx")
 GIB = 1024**3
 
 
@@ -80,87 +72,6 @@ class PartFailed(Exception):
     def __init__(self, message: str, details: dict[str, Any]) -> None:
         super().__init__(message)
         self.details = details
-
-
-def export_models(llm: str, embedder: str, out: Path) -> dict[str, str]:
-    """Copy the configs and tokenizers (no weights) of ``llm`` and ``embedder`` to ``out/llm`` and ``out/embedder``."""
-    from qgmem_train.llm.resolver import resolve_model_dir
-
-    written = {}
-    for kind, ref in (("llm", llm), ("embedder", embedder)):
-        source, target = resolve_model_dir(ref), out / kind
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(source, target, ignore=shutil.ignore_patterns(*WEIGHT_FILES, "README.md"))
-        (target / "STANDIN.json").write_text(json.dumps({"reference": ref, "weights": "none: random stand-ins are built from this"}) + "\n")
-        written[kind] = str(target)
-    return written
-
-
-CUDA_LIBRARY = re.compile(r"_cuda(\d+)\.(?:so|dll|dylib)$")
-
-
-def slim_wheel(wheel: Path, cuda_major: str) -> int:
-    """Rewrite ``wheel`` without its native libraries for CUDA versions outside ``cuda_major`` (RECORD to match).
-
-    bitsandbytes ships one library per CUDA version (over 40 MB compressed); the GPU machine loads its own CUDA's
-    alone, and what travels there has a size limit. Returns how many libraries were dropped.
-    """
-    def kept(name: str) -> bool:
-        found = CUDA_LIBRARY.search(name)
-        return found is None or found.group(1).startswith(cuda_major)
-
-    staging = wheel.with_name(f".{wheel.name}.slim")
-    dropped = 0
-    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(staging, "w", zipfile.ZIP_DEFLATED) as target:
-        for info in source.infolist():
-            if not kept(info.filename):
-                dropped += 1
-                continue
-            data = source.read(info)
-            if info.filename.endswith(".dist-info/RECORD"):
-                data = "".join(line for line in data.decode().splitlines(keepends=True) if kept(line.split(",")[0])).encode()
-            target.writestr(info, data)
-    staging.replace(wheel)
-    return dropped
-
-
-def standin_model(kind: str, models: Path) -> Path:
-    """A folder with random weights for the exported ``models/<kind>`` (built once into ``models/<kind>-random``)."""
-    import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-
-    source, final = models / kind, models / f"{kind}-random"
-    if final.exists():
-        return final
-    if not (source / "config.json").exists():
-        raise FileNotFoundError(f"{source}/config.json: no exported {kind} (run --export-models {models} where the models resolve)")
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=models))
-    try:
-        shutil.copytree(source, staging, dirs_exist_ok=True)
-        torch.manual_seed(0)
-        config = AutoConfig.from_pretrained(source)
-        model = (AutoModelForCausalLM if kind == "llm" else AutoModel).from_config(config)
-        model.save_pretrained(staging, safe_serialization=True)
-        staging.rename(final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
-
-
-def resolve_or_standin(ref: str, kind: str, models: Path | None) -> tuple[str, str]:
-    """``ref`` when it resolves here, else a random-weight stand-in from ``models``; and a note on which."""
-    from qgmem_train.errors import ModelUnavailableError
-    from qgmem_train.llm.resolver import resolve_model_dir
-
-    try:
-        resolve_model_dir(ref)
-        return ref, ref
-    except ModelUnavailableError as exc:
-        if models is None:
-            raise
-        folder = standin_model(kind, models)
-        source = json.loads((models / kind / "STANDIN.json").read_text()).get("reference", "?")
-        return str(folder), f"random weights with the architecture and tokenizer of {source} ({str(exc).splitlines()[0]})"
 
 
 def lengthen(context: str, pool: list[str], tokens: int) -> str:
@@ -425,18 +336,36 @@ def part_bf16(bench: Bench) -> dict[str, Any]:
     return details
 
 
-PREFIX_LOSS_TOLERANCE = {"bf16-mixed": 2e-2, "32-true": 1e-4}
-"""Relative difference allowed between the first training loss with and without the prefix cache (bf16 rounds both)."""
-
-
 def part_prefix_cache(bench: Bench) -> dict[str, Any]:
-    """The same fit with the frozen-prefix cache off and on: step time, peak memory, and the first loss, equal up to rounding."""
-    details = fits_off_and_on(bench, "prefix_cache")
-    off, on = details["variants"]["off"], details["variants"]["on"]
-    difference = abs(on["loss_first"] - off["loss_first"]) / abs(off["loss_first"])
-    details["first_loss_relative_difference"] = difference
-    if difference > PREFIX_LOSS_TOLERANCE[details["precision"]]:
-        raise PartFailed(f"the first loss differs by {difference:.2e} relative with the prefix cache on", details)
+    """The frozen-prefix cache on a random Qwen3-8B-shaped decoder (:mod:`gpu_prefix_timing`): fp32 first-step logits with vs
+    without it, decoder step device time off vs on alternated over rounds at batch 4 and 1, and the attention call alone."""
+    import torch
+    from gpu_prefix_timing import LOGITS_TOLERANCE, QWEN3_8B, SMOKE, TARGET_TOKENS, first_step_logits_difference, random_decoder, time_attention, time_prefix_cache
+
+    from qgmem_train.model.backbone import describe_backbone
+    from qgmem_train.model.module import _probe_example
+    from qgmem_train.model.prompt_tokens import PromptTokens
+
+    args, cuda = bench.args, bench.cuda
+    shape, device = (QWEN3_8B, "cuda") if cuda else (SMOKE, "cpu")
+    tokenizer = describe_backbone(bench.model_refs()["llm"], None, None, False).tokenizer
+    prefix = PromptTokens(tokenizer, None, False).prompt(_probe_example()).graph_slot
+    details: dict[str, Any] = {"shape": "Qwen3-8B" if cuda else "tiny Qwen3 (smoke)", "prefix_tokens": prefix, "rounds": args.rounds}
+    if args.cache_tokens < prefix + 2 * TARGET_TOKENS:
+        raise PartFailed(f"--cache-tokens {args.cache_tokens} leaves too few tokens after the {prefix}-token prefix for a target", details)
+    check = random_decoder(shape, args.logit_layers, torch.float32, device)
+    details["first_step_logits_relative_difference"] = first_step_logits_difference(check, 2, args.cache_tokens, prefix)
+    del check
+    free_memory(cuda)
+    llm = random_decoder(shape, None, torch.bfloat16 if cuda else torch.float32, device)
+    details["steps"] = [
+        time_prefix_cache(llm, batch, args.cache_tokens, prefix, args.rounds, args.steps, args.warmup_steps, cuda) for batch in (4, 1)
+    ]
+    del llm
+    free_memory(cuda)
+    details["attention"] = {f"batch {b}": time_attention(b, args.cache_tokens, prefix, shape, args.rounds, args.steps, cuda) for b in (4, 1)}
+    if details["first_step_logits_relative_difference"] > LOGITS_TOLERANCE:
+        raise PartFailed(f"fp32 first-step logits differ by {details['first_step_logits_relative_difference']:.1e} relative with the cache", details)
     return details
 
 
@@ -581,125 +510,6 @@ def environment(cuda: bool, args: argparse.Namespace) -> dict[str, Any]:
     return info
 
 
-def fmt(value: Any, digits: int = 3) -> str:
-    """A number for a table cell (``n/a`` when missing)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def status_line(record: dict[str, Any] | None) -> str:
-    """The first line of a part's section: ok, skipped, failed or timed out, and why."""
-    if record is None:
-        return "**not run**"
-    status = record["status"]
-    seconds = f" in {record['seconds']} s" if record.get("seconds") is not None else ""
-    if status == "ok":
-        return f"**ok**{seconds}"
-    if status == "skipped":
-        return f"**skipped**: {record.get('reason')}"
-    if status == "running":
-        return "**interrupted**: the part never recorded a result"
-    return f"**{status}**{seconds}: {record.get('error', '')}"
-
-
-def fit_row(label: str, r: dict[str, Any]) -> str:
-    """One table row of a fit's measurements."""
-    if "error" in r and "step_s_median" not in r:
-        return f"| {label} | failed: {r['error']} |  |  |  |  |  |"
-    loss = f"{fmt(r.get('loss_first'))} → {fmt(r.get('loss_last'))}"
-    return (
-        f"| {label} | {fmt(r.get('step_s_median'))} | {fmt(r.get('peak_gib'), 2)} | {fmt(r.get('above_resident_gib'), 2)} | "
-        f"{fmt(r.get('decoder_layer_calls_per_step'), 1)} | {fmt(r.get('sequence_tokens'), 0)} | {loss} |"
-    )
-
-
-FIT_HEADER = [
-    "| run | step s (median) | peak CUDA GiB | above resident GiB | decoder-layer calls a step | tokens a sequence | loss first → last |",
-    "|---|---|---|---|---|---|---|",
-]
-
-
-def markdown(result: dict[str, Any]) -> str:
-    """Every part's section (its status line first, then what it measured), after the machine and settings."""
-    env, parts = result.get("environment", {}), result.get("parts", {})
-    settings = env.get("settings", {})
-    gpu = f"{env['gpu']} ({env['gpu_memory_gib']} GiB)" if env.get("gpu") else "no CUDA device"
-    versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
-    machine = env.get("machine", {})
-    lines = [
-        f"# GPU check{' (smoke run)' if result.get('smoke') else ''}: {gpu}",
-        "",
-        f"torch {machine.get('torch')} (CUDA {env.get('torch_cuda')}), {versions}; {machine.get('cpu')}, {machine.get('cores')} cores. "
-        f"Commit {env.get('commit')}. Written by `scripts/gpu_check.sh` / `bench/gpu_check.py`.",
-        "",
-        f"Settings: LLM {settings.get('llm')}, batch {settings.get('batch_size')}, contexts cut to {settings.get('seq_tokens')} tokens, "
-        f"{settings.get('steps')} steps a fit (step times are medians after {settings.get('warmup_steps')} warm-up steps), "
-        "configs/demo-cpu.yaml's model settings otherwise.",
-    ]
-    models = next((r["models"] for r in parts.values() if r.get("models")), {})
-    for kind, note in models.items():
-        if note != settings.get(kind):
-            lines += ["", f"**{kind}**: {note}."]
-    for name in PARTS:
-        record = parts.get(name)
-        lines += ["", f"## {TITLES[name]}", "", status_line(record)]
-        if not record or record["status"] in ("skipped", "running"):
-            continue
-        if name == "tests" and record.get("summary"):
-            lines += ["", f"`{record.get('command')}`: {record['summary']}"] + [f"- {f}" for f in record.get("failures", [])]
-        elif name in ("bf16", "prefix_cache") and record.get("variants"):
-            label = "checkpointing" if name == "bf16" else "prefix cache"
-            lines += ["", *FIT_HEADER]
-            lines += [fit_row(f"{label} {v}", r) for v, r in record["variants"].items()]
-            ratios = []
-            if record.get("step_time_on_over_off"):
-                ratios.append(f"step time ×{record['step_time_on_over_off']:.2f}")
-            if record.get("memory_above_resident_on_over_off") is not None:
-                ratios.append(f"memory above resident ×{record['memory_above_resident_on_over_off']:.2f}")
-            if record.get("first_loss_relative_difference") is not None:
-                ratios.append(f"first loss differs by {record['first_loss_relative_difference']:.1e} relative")
-            if ratios:
-                lines += ["", f"{label.capitalize()} on / off: {', '.join(ratios)} (precision {record.get('precision')})."]
-        elif name in ("nf4", "lora_nf4") and "step_s_median" in record:
-            lines += ["", *FIT_HEADER, fit_row(name, record), ""]
-            extra = f"Load (setup to first step) {fmt(record.get('load_s'), 1)} s; {record.get('linear_4bit_layers')} Linear4bit layers"
-            if name == "lora_nf4":
-                extra += (
-                    f"; {record.get('trainable_parameters'):,} trainable parameters, {record.get('lora_parameters'):,} of them LoRA; "
-                    f"{record.get('lora_b_trained')} of {record.get('lora_b_tensors')} LoRA B tensors trained"
-                )
-            lines.append(extra + ".")
-        elif name == "predict" and "examples" in record:
-            lines += [
-                "",
-                "| examples | schema-valid | exact match | F1 | predict s | s an example | max new tokens |",
-                "|---|---|---|---|---|---|---|",
-                f"| {record['examples']} | {fmt(record['schema_valid'], 2)} | {fmt(record['exact_match'], 2)} | {fmt(record['f1'], 2)} | "
-                f"{fmt(record['predict_s'], 2)} | {fmt(record['s_per_example'], 2)} | {record.get('max_new_tokens')} |",
-                "",
-                f"After {record.get('steps')} training steps. First generation: `{(record.get('sample') or '').replace('`', chr(39))[:200]}`",
-            ]
-    return "\n".join(lines) + "\n"
-
-
-def load_results(path: Path, run_id: str | None) -> dict[str, Any]:
-    """The results file of the same run (``--run-id``), else a fresh one."""
-    if run_id and path.exists():
-        try:
-            existing = json.loads(path.read_text())
-        except (OSError, ValueError):
-            existing = {}
-        if existing.get("run_id") == run_id:
-            return existing
-    return {"run_id": run_id, "parts": {}}
-
-
-def write(result: dict[str, Any], path: Path) -> None:
-    """Write the results so far as JSON and Markdown, atomically."""
-    write_report_atomic(path, result, markdown(result))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny run (CPU-friendly): 2 steps, short contexts, 2 predictions")
@@ -719,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-tokens", type=int, help="model.max_context_tokens (default 1000; smoke 32)")
     parser.add_argument("--steps", type=int, help="optimizer steps of each fit (default 20; smoke 2)")
     parser.add_argument("--warmup-steps", type=int, help="first steps left out of the timing (default 3; smoke 0)")
+    parser.add_argument("--rounds", type=int, default=3, help="prefix_cache: rounds the variants alternate for")
+    parser.add_argument("--cache-tokens", type=int, help="prefix_cache: tokens a sequence (default 600; smoke 360)")
+    parser.add_argument("--logit-layers", type=int, help="prefix_cache: decoder layers of the fp32 logits check (default 4; smoke all)")
     parser.add_argument("--predict-fit-steps", type=int, help="training steps before predict (default 20; smoke 1)")
     parser.add_argument("--predict-examples", type=int, help="examples to predict (default 8; smoke 2)")
     parser.add_argument("--max-new-tokens", type=int, help="generation budget (default: demo-cpu.yaml's; smoke 32)")
@@ -740,9 +553,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     demo_new_tokens = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"].get("max_new_tokens", 96)
     defaults = (
-        dict(batch_size=2, seq_tokens=32, steps=2, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32)
+        dict(batch_size=2, seq_tokens=32, steps=2, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32, cache_tokens=360)
         if args.smoke
-        else dict(batch_size=4, seq_tokens=1000, steps=20, warmup_steps=3, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens)
+        else dict(
+            batch_size=4, seq_tokens=1000, steps=20, warmup_steps=3, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens,
+            cache_tokens=600, logit_layers=4,
+        )
     )
     for key, value in defaults.items():
         if getattr(args, key) is None:

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ask": ("qgmem_train.ask", "answer a question over a memory store, citing its source turns"),
     "serve": ("qgmem_train.serve.cli", "serve memory over HTTP: add sessions, search, ask, list and delete, per tenant"),
     "eval": ("qgmem_train.eval.cli", "retrieval and answer evaluation with metrics.json and plots"),
+    "fetch": ("qgmem_train.llm.fetch", "put a training config's Hub models in the local cache once, before many ranks start"),
     "doctor": ("qgmem_train.doctor", "check the configured models: one constrained JSON record and a few embeddings"),
 }
 

@@ -30,3 +30,25 @@ def _validate(llm_dir: Path, root: Path, devices: int) -> float:
 
 def test_two_ranks_report_the_validation_loss_of_one(llm_dir: Path, tmp_path: Path) -> None:
     assert _validate(llm_dir, tmp_path / "two", devices=2) == pytest.approx(_validate(llm_dir, tmp_path / "one", devices=1), rel=1e-5)
+
+
+class RefusedBeforeLoading(GraphAugmentedLM):
+    """A module whose backbone must never load: the refusal comes first."""
+
+    def configure_model(self) -> None:
+        raise AssertionError("the LLM loaded before the split was refused")
+
+
+def test_a_validation_split_smaller_than_the_ranks_is_refused_before_the_model_loads(llm_dir: Path, tmp_path: Path) -> None:
+    """Two ranks and one validation example: UnrepeatedDistributedSampler would assert after every rank loaded the LLM."""
+    data = TrajectoryDataModule(str(FIXTURE), batch_size=1)
+    data.setup("fit")
+    data.splits["validation"] = data.splits["validation"][:1]
+    model = RefusedBeforeLoading(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    trainer = L.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    with pytest.raises(Exception, match=r"validation split: 1 example for 2 ranks") as refused:
+        trainer.validate(model, datamodule=data)
+    assert "InputError" in str(refused.value) and "the LLM loaded" not in str(refused.value)

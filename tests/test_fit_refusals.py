@@ -84,7 +84,32 @@ def test_validation_inside_an_accumulation_window_is_refused(llm_dir: Path, tmp_
     if refused:
         with pytest.raises(InputError, match="trainer.val_check_interval: validates every 3 batches, inside an accumulation window of 2"):
             trainer.fit(model, datamodule=data)
-        assert trainer.global_step == 0
+        assert model.llm is None, "refused in setup, before the LLM loads and the sanity validation runs"
     else:
         trainer.fit(model, datamodule=data)
         assert trainer.global_step == 1
+
+
+def test_timed_checkpoints_with_accumulation_are_refused_before_the_model_loads(llm_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint on a timer lands wherever the clock says, inside an accumulation window too."""
+    from datetime import timedelta
+
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from qgmem_train.errors import InputError
+    from qgmem_train.lightning_cli import always_on_callbacks
+    from qgmem_train.model.datamodule import TrajectoryDataModule
+    from qgmem_train.model.module import GraphAugmentedLM
+    from tests.tiny_decoder import FIXTURE, tiny_module_kwargs
+
+    data = TrajectoryDataModule(str(FIXTURE), batch_size=1)
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    timed = ModelCheckpoint(dirpath=tmp_path / "ckpt", train_time_interval=timedelta(minutes=30))
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=1, accumulate_grad_batches=2, limit_val_batches=0, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path, callbacks=[timed, *always_on_callbacks()],
+    )  # fmt: skip
+    with pytest.raises(InputError, match="checkpoint.train_time_interval: saves on a timer, inside an accumulation window of 2"):
+        trainer.fit(model, datamodule=data)
+    assert model.llm is None

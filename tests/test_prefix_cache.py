@@ -70,6 +70,22 @@ def test_the_cache_runs_only_the_tokens_after_the_prefix(llm_dir, data) -> None:
     assert torch.equal(with_cache["position_ids"], without["position_ids"][:, prefix:])
 
 
+def test_the_read_only_cache_holds_the_computed_prefix_itself_not_a_copy(llm_dir, data) -> None:
+    """Keys and values of the batch's cache share storage with the prefix computed once; each layer expands them in ``update``."""
+    cached, _ = _tiny(llm_dir, data)
+    batch = data.collate(data.splits["train"][:3])
+    cache = cached.training_inputs(batch)["cache"]
+    prefix = cached._prefix
+    assert prefix is not None and len(cache.layers) == len(prefix.layers)
+    for layer, (keys, values) in zip(cache.layers, prefix.layers):
+        assert layer.keys.data_ptr() == keys.data_ptr() and layer.values.data_ptr() == values.data_ptr()
+    new = torch.randn(3, *prefix.layers[0][0].shape[1:-2], 5, prefix.layers[0][0].shape[-1])
+    keys, values = cache.update(new, new, 0)
+    assert keys.shape == (3, *new.shape[1:-2], prefix.length + 5, new.shape[-1])
+    assert torch.equal(keys[:, :, : prefix.length], prefix.layers[0][0].expand(3, -1, -1, -1)) and torch.equal(keys[:, :, prefix.length :], new)
+    assert cache.get_seq_length() == prefix.length, "update stores nothing"
+
+
 def test_losses_and_gradients_equal_for_a_right_padded_batch_of_mixed_lengths(llm_dir, data) -> None:
     cached, plain = _tiny(llm_dir, data)
     batch = data.collate(data.splits["train"][:3])

@@ -163,22 +163,27 @@ def test_train_srun_gives_each_task_the_jobs_cpus_per_task(tmp_path: Path, cpus:
     assert [a for a in launcher if a.startswith("--cpus-per-task")] == ([f"--cpus-per-task={cpus}"] if cpus else []), launcher
 
 
-@pytest.mark.parametrize(("config", "offline"), [("configs/demo-cpu.yaml", True), ("configs/qwen3-8b.yaml", False)])
-def test_train_runs_offline_when_its_models_are_local_and_tokenizers_single_threaded(tmp_path: Path, config: str, offline: bool) -> None:
-    """Bundled or local-path models need no hub: the ranks run with HF_HUB_OFFLINE=1; hub ids leave it to the caller."""
+@pytest.mark.parametrize(("config", "fetched"), [("configs/demo-cpu.yaml", False), ("configs/qwen3-8b.yaml", True)])
+def test_train_fetches_hub_models_once_then_runs_the_ranks_offline(tmp_path: Path, config: str, fetched: bool) -> None:
+    """Hub ids are fetched by one single-task step before the ranks start (not by each of 16 ranks); the ranks then run
+    with HF_HUB_OFFLINE=1, as they do for bundled or local-path models, and with single-threaded tokenizers."""
     slurm = {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "7"}
     env = fake_slurm_env(tmp_path, RUN_DIR=str(tmp_path / "run"), RESUME="none", PYTHON=sys.executable, **slurm)
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM"):
         env.pop(name, None)
     result = subprocess.run(["bash", "slurm/train.sbatch", config], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    (call,) = fake_slurm_calls(tmp_path)
-    assert call["env"].get("TOKENIZERS_PARALLELISM") == "false"
-    expected = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"} if offline else {}
-    assert {k: v for k, v in call["env"].items() if k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")} == expected
+    *fetch, train = fake_slurm_calls(tmp_path)
+    if fetched:
+        (step,) = fetch
+        assert step["argv"][:2] == ["--nodes=1", "--ntasks=1"] and step["argv"][-3:] == ["qgmem_train", "fetch", config], step
+        assert "HF_HUB_OFFLINE" not in step["env"], "the fetch step reaches the hub"
+    else:
+        assert fetch == [], "bundled models need no fetch step"
+    assert "fit" in train["argv"] and train["env"].get("TOKENIZERS_PARALLELISM") == "false"
+    assert {k: v for k, v in train["env"].items() if k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")} == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-@pytest.mark.slow
 def test_stopping_the_cluster_ends_the_jobs_it_still_runs(tmp_path: Path) -> None:
     """A test that times out leaves its job running; stopping the cluster must end the job's processes too, not only the
     daemons (a job's step keeps running without slurmd)."""
@@ -325,3 +330,13 @@ def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm
     assert exported["JobState"] == "COMPLETED", export_log[-3000:]
     assert f"export {run / 'ckpt' / 'last.ckpt'}" in export_log
     assert {"graph_adapter.safetensors", "config.json", "README.md"} <= {p.name for p in (scratch / "export").iterdir()}
+
+
+def test_fetch_lists_the_hub_models_of_a_config_and_its_overrides(tmp_path: Path) -> None:
+    """What the fetch step fetches: Hub ids of the config as overridden; bundled and existing local models are left out."""
+    from qgmem_train.llm.fetch import hub_models, model_settings
+
+    overrides = ["--pipeline.models.llm=Qwen/Qwen3-0.6B", "--pipeline.models.llm_revision", "main", "--pipeline.models.embedder", str(tmp_path)]
+    assert hub_models(model_settings("configs/qwen3-8b.yaml", [])) == [("Qwen/Qwen3-8B", None), ("BAAI/bge-base-en-v1.5", None)]
+    assert hub_models(model_settings("configs/qwen3-8b.yaml", overrides)) == [("Qwen/Qwen3-0.6B", "main")]
+    assert hub_models(model_settings("configs/demo-cpu.yaml", [])) == []

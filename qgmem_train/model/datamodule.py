@@ -10,6 +10,7 @@ its question's embedding (``question_embedding``, read by the ``query`` readout)
 from __future__ import annotations
 
 import hashlib
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from tqdm.auto import tqdm
 from qgmem_train.config import BUNDLED_EMBEDDER
 from qgmem_train.errors import InputError
 from qgmem_train.graph.local_graph import graph_to_data
+from qgmem_train.model.prompt_tokens import PromptTokens
 from qgmem_train.model.trajectory import TrajectoryExample, read_trajectory_dataset
 
 SPLITS = ("train", "validation", "test")
@@ -83,6 +85,16 @@ class FirstDrawDataLoader(DataLoader):
         yield from super().__iter__()
 
 
+def ignore_sigterm(worker_id: int) -> None:
+    """DataLoader worker start-up: ignore SIGTERM, which Slurm sends to every process of a step on ``scancel`` or preemption.
+
+    PyTorch's workers die on a SIGTERM that their parent did not send, so the training process would fail on its next
+    batch instead of reaching the step boundary where it saves (:mod:`qgmem_train.model.requeue`); the workers still
+    end with the training process.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def split_of_case(case_id: str, validation_fraction: float, test_fraction: float) -> str:
     """Deterministic split of a case from the SHA-1 of its id: test, then validation, else train."""
     bucket = int(hashlib.sha1(case_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
@@ -135,6 +147,7 @@ class TrajectoryDataModule(L.LightningDataModule):
         self.splits: dict[str, list[TrajectoryExample]] = {}
         self._features: dict[str, np.ndarray] = {}
         self._questions: dict[str, np.ndarray] = {}
+        self.prompt_tokens: PromptTokens | None = None
 
     @property
     def feature_dim(self) -> int:
@@ -143,8 +156,13 @@ class TrajectoryDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Read and split the folder, then embed every distinct label once, on this process's device when a trainer runs it
-        (the embedder goes back to the CPU afterwards)."""
+        (the embedder goes back to the CPU afterwards). Under a trainer of several ranks, an evaluation split with fewer
+        examples than ranks is refused first (see :meth:`_refuse_splits_smaller_than_the_ranks`). Under a trainer whose module
+        tokenises prompts (``prompt_tokens``), batches carry their ids, computed in the loader's workers."""
+        if self.trainer is not None:
+            self.prompt_tokens = getattr(self.trainer.lightning_module, "prompt_tokens", None)
         if self.splits:
+            self._refuse_splits_smaller_than_the_ranks(stage)
             return
         loaded = read_trajectory_dataset(self.hparams.path)
         if set(loaded) & set(SPLITS):
@@ -158,6 +176,7 @@ class TrajectoryDataModule(L.LightningDataModule):
         self.splits = {name: part[:limit] if limit else part for name, part in splits.items()}
         if not self.splits["train"] and stage in (None, "fit"):
             raise InputError(f"{self.hparams.path}", "no training examples in the train split")
+        self._refuse_splits_smaller_than_the_ranks(stage)
         labels = sorted({label for part in self.splits.values() for ex in part for label in ex.graph.node_labels + ex.graph.edge_labels})
         if self.trainer is not None:
             # setup runs after the strategy has set up this process's environment, so root_device is this rank's device
@@ -170,6 +189,24 @@ class TrajectoryDataModule(L.LightningDataModule):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
+    def _refuse_splits_smaller_than_the_ranks(self, stage: str | None) -> None:
+        """One line for a validation or test split of this stage with fewer examples than ranks, before any model loads.
+
+        Each example is evaluated on exactly one rank (:meth:`_eval_sampler`), so a rank would get none and its sampler
+        asserts, after every rank has loaded the LLM. An empty split is no error: Lightning skips its loop.
+        """
+        world = self.trainer.world_size if self.trainer is not None else 1
+        for name in {"fit": ["validation"], "validate": ["validation"], "test": ["test"]}.get(stage or "", ["validation", "test"]):
+            if stage == "fit" and self.trainer is not None and self.trainer.limit_val_batches == 0:
+                continue  # a fit that never validates
+            size = len(self.splits[name])
+            if 0 < size < world:
+                raise InputError(
+                    f"{self.hparams.path} {name} split",
+                    f"{size} example{'s' if size > 1 else ''} for {world} ranks: each example is evaluated on one rank and every rank "
+                    "needs one; give the split more examples (data.max_examples, data.validation_fraction) or run fewer ranks",
+                )
+
     def _embed(self, labels: list[str]) -> dict[str, np.ndarray]:
         batch = 256
         rows = [self.embedder.encode(labels[i : i + batch]) for i in tqdm(range(0, len(labels), batch), desc="embedding graph labels and questions", disable=len(labels) <= batch)]
@@ -180,7 +217,8 @@ class TrajectoryDataModule(L.LightningDataModule):
         return np.stack([self._features[label] for label in labels])
 
     def collate(self, examples: list[TrajectoryExample]) -> dict[str, Any]:
-        """The examples plus the ``Batch`` of their local graphs with cached label features and question embeddings.
+        """The examples plus the ``Batch`` of their local graphs with cached label features and question embeddings, and
+        with :attr:`prompt_tokens` set, the examples' prompt and target ids (``prompts``, ``targets``).
 
         A question met after setup (an example swapped in by the caller) is embedded then.
         """
@@ -188,7 +226,8 @@ class TrajectoryDataModule(L.LightningDataModule):
         if missing:
             self._questions.update(zip(missing, self.embedder.encode(missing)))
         graphs = [graph_to_data(ex.graph, self._label_features, self.feature_dim, self._questions[ex.question]) for ex in examples]
-        return {"examples": examples, "graph": Batch.from_data_list(graphs)}
+        ids = self.prompt_tokens.batch(examples) if self.prompt_tokens is not None else {}
+        return {"examples": examples, "graph": Batch.from_data_list(graphs), **ids}
 
     def train_dataloader(self) -> DataLoader:
         """Training batches from where the fit loop stands (see :class:`ResumableSampler`)."""
@@ -238,4 +277,5 @@ class TrajectoryDataModule(L.LightningDataModule):
 
     def _loader(self, data: list[TrajectoryExample], batch_size: int, sampler: Any = None, loader: type = DataLoader) -> DataLoader:
         workers = self.hparams.num_workers
-        return loader(data, batch_size=batch_size, sampler=sampler, collate_fn=self.collate, num_workers=workers)
+        init = ignore_sigterm if workers else None
+        return loader(data, batch_size=batch_size, sampler=sampler, collate_fn=self.collate, num_workers=workers, worker_init_fn=init)

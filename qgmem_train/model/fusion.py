@@ -23,9 +23,12 @@ IGNORE_INDEX = -100
 """Label of positions that carry no loss (prompt, graph tokens, padding)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class PromptIds:
-    """A templated prompt's token ids and the index where graph tokens go (the first user content token)."""
+    """A templated prompt's token ids and the index where graph tokens go (the first user content token).
+
+    Not frozen: collated batches carry it, and Lightning rebuilds every dataclass of a batch it moves to the device.
+    """
 
     ids: list[int]
     graph_slot: int

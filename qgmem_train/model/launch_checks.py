@@ -1,20 +1,26 @@
-"""Trainer settings a fit refuses: ``*-true`` half precisions, stale Slurm requeue checkpoints, validation inside an
-accumulation window.
+"""Trainer settings a fit refuses: ``*-true`` half precisions, stale Slurm requeue checkpoints, validation or timed
+checkpoints inside an accumulation window.
 
 Each fails late or silently otherwise: a true half precision casts the graph encoder while PyG batches stay
 float32 (the first step fails on dtypes) and AdamW on half weights loses small updates; under Slurm, Lightning
 resumes from any ``hpc_ckpt_*.ckpt`` in the root folder when no ``ckpt_path`` is given, even one of a finished job;
 a checkpoint saved by validation inside an accumulation window lacks the accumulated gradients, so resuming from
-it is inexact. The first two are refused before anything loads, the last once Lightning knows the epoch's batches.
+it is inexact. The first two are refused before anything loads, the last in ``setup``, from the training loader's
+length, before the LLM loads on any rank.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+from lightning.pytorch.trainer.states import RunningStage
+from torch.utils.data import DistributedSampler
 
 from qgmem_train.errors import InputError
 
@@ -58,13 +64,44 @@ def refuse_stale_requeue_checkpoints(root: str | os.PathLike, ckpt_path: str | N
 
 
 class ValidationOnStepBoundaries(L.Callback):
-    """Refuse a ``val_check_interval`` that validates (and checkpoints) inside an accumulation window."""
+    """Refuse a ``val_check_interval`` that validates (and checkpoints), or a timed checkpoint, inside an accumulation window."""
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        accumulate, every = trainer.accumulate_grad_batches, trainer.val_check_batch
-        if accumulate > 1 and isinstance(every, int) and every % accumulate and every < trainer.num_training_batches:
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        accumulate = trainer.accumulate_grad_batches
+        if stage != "fit" or accumulate == 1:
+            return
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint) and callback._train_time_interval is not None:
+                raise InputError(
+                    "checkpoint.train_time_interval",
+                    f"saves on a timer, inside an accumulation window of {accumulate} too: such a checkpoint lacks the accumulated "
+                    "gradients, so resuming from it is inexact; use checkpoint.every_n_train_steps",
+                )
+        if getattr(trainer, "_val_check_time_interval", None) is not None:
+            raise InputError("trainer.val_check_interval", f"validates on a timer, inside an accumulation window of {accumulate} too; use a number of batches")
+        batches, interval = training_batches(trainer), trainer.val_check_interval
+        if not isinstance(interval, int) and batches == math.inf:
+            return
+        every = interval if isinstance(interval, int) else max(1, int(batches * interval))
+        if every % accumulate and every < batches:
             raise InputError(
                 "trainer.val_check_interval",
                 f"validates every {every} batches, inside an accumulation window of {accumulate}: a checkpoint saved there lacks "
                 f"the accumulated gradients, so resuming from it is inexact; use a multiple of {accumulate} batches",
             )
+
+
+def training_batches(trainer: L.Trainer) -> int | float:
+    """Training batches an epoch of this process will run, as Lightning will count them (``inf`` for a loader without length).
+
+    A loader without a DistributedSampler gets one from Lightning on several ranks, which splits the dataset first.
+    """
+    loader = trainer.fit_loop._data_source.dataloader()
+    try:
+        batches = len(loader)
+    except TypeError:
+        return math.inf
+    world = trainer.world_size
+    if world > 1 and not isinstance(getattr(loader, "sampler", None), DistributedSampler) and getattr(loader, "batch_size", None):
+        batches = math.ceil(math.ceil(len(loader.dataset) / world) / loader.batch_size)
+    return _parse_num_batches(RunningStage.TRAINING, batches, trainer.limit_train_batches)

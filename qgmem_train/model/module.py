@@ -22,7 +22,6 @@ from torch_geometric.data import Batch
 
 from qgmem_train.answer.capped import JSON_OVERHEAD_TOKENS, capped_answer_schema
 from qgmem_train.answer.parsing import parse_answer
-from qgmem_train.answer.prompt import final_answer_chat
 from qgmem_train.config import BUNDLED_LLM
 from qgmem_train.errors import InputError
 from qgmem_train.graph.centered_projector import ReferenceCenteredProjector
@@ -37,15 +36,12 @@ from qgmem_train.model.checkpoint import METADATA_KEY, check_compatible, config_
 from qgmem_train.model.ddp import frozen_backbone_names
 from qgmem_train.model.fusion import (
     PromptIds,
-    chat_prompt_ids,
     embed_token_ids,
     insert_graph_tokens,
     pad_left,
     pad_right,
     per_example_loss,
     sequence_labels,
-    target_ids,
-    truncate_to_tokens,
 )
 from qgmem_train.model.prefix_cache import (
     PrefixKV,
@@ -56,6 +52,7 @@ from qgmem_train.model.prefix_cache import (
     shared_prefix,
     unsupported_reason,
 )
+from qgmem_train.model.prompt_tokens import PromptTokens
 from qgmem_train.model.schedule import warmup_cosine
 from qgmem_train.model.trajectory import TrajectoryExample
 
@@ -172,6 +169,7 @@ class GraphAugmentedLM(L.LightningModule):
         self.strict_loading = False  # checkpoints hold trainable parameters only; on_load_checkpoint checks them
         backbone = describe_backbone(llm, llm_revision, cache_dir, trust_remote_code)
         self.tokenizer = backbone.tokenizer
+        self.prompt_tokens = PromptTokens(backbone.tokenizer, max_context_tokens, text_path)
         self.backbone_fingerprint = backbone.fingerprint
         self.llm: Any = None
         self.embedding_norm: float | None = None
@@ -280,9 +278,7 @@ class GraphAugmentedLM(L.LightningModule):
 
     def prompt_ids(self, example: TrajectoryExample) -> PromptIds:
         """Chat-templated FINAL_ANSWER token ids of one example (context cut to ``max_context_tokens``) and its graph slot."""
-        context = truncate_to_tokens(self.tokenizer, example.context, self.hparams.max_context_tokens)
-        chat = final_answer_chat(example.question, example.question_time, context, example.graph, text_path=self.hparams.text_path)
-        return chat_prompt_ids(self.tokenizer, chat)
+        return self.prompt_tokens.prompt(example)
 
     def prefix_cache_status(self) -> tuple[bool, str]:
         """Whether the frozen-prefix cache applies to this model, and why: the line fit prints at its start."""
@@ -328,8 +324,8 @@ class GraphAugmentedLM(L.LightningModule):
         read-only cache that holds it (``cache``), a mask covering it and position ids continuing it.
         """
         examples = batch["examples"]
-        prompts = [self.prompt_ids(ex) for ex in examples]
-        targets = [target_ids(self.tokenizer, ex.target_json()) for ex in examples]
+        ids = batch if "prompts" in batch else self.prompt_tokens.batch(examples)  # the data module's loader tokenises
+        prompts, targets = ids["prompts"], ids["targets"]
         prefix = self.cached_prefix(prompts)
         skip = prefix.length if prefix is not None else 0
         embeds = embed_token_ids(self._backbone().get_input_embeddings(), [p.ids[skip:] + t for p, t in zip(prompts, targets)])
@@ -453,17 +449,18 @@ class GraphAugmentedLM(L.LightningModule):
         return capped_answer_schema(self.hparams.max_new_tokens)
 
     @torch.no_grad()
-    def generate(self, examples: list[TrajectoryExample], graph: Batch) -> list[str]:
+    def generate(self, examples: list[TrajectoryExample], graph: Batch, prompts: list[PromptIds] | None = None) -> list[str]:
         """Greedy final-answer generations for a batch (left padded) under the answer JSON schema.
 
         Decoding starts from ``inputs_embeds`` (the graph tokens have no token ids) and every step is
         masked by the same llguidance JSON-schema constraint as the text path's answers. With the prefix
-        cache, decoding starts from the cached prefix and only the rest of each prompt is prefilled.
+        cache, decoding starts from the cached prefix and only the rest of each prompt is prefilled. ``prompts``: the
+        examples' prompt ids when the batch carries them (else tokenised here).
         """
         from qgmem_train.llm.local import JsonSchemaConstraint
 
         llm = self._backbone()
-        prompts = [self.prompt_ids(ex) for ex in examples]
+        prompts = prompts or [self.prompt_ids(ex) for ex in examples]
         prefix = self.cached_prefix(prompts)
         skip = prefix.length if prefix is not None else 0
         embeds = embed_token_ids(llm.get_input_embeddings(), [p.ids[skip:] for p in prompts])
@@ -495,7 +492,7 @@ class GraphAugmentedLM(L.LightningModule):
         """
         examples = batch["examples"]
         records = []
-        for example, text in zip(examples, self.generate(examples, batch["graph"])):
+        for example, text in zip(examples, self.generate(examples, batch["graph"], batch.get("prompts"))):
             parsed = parse_answer(text)
             scores = answer_scores(parsed.answer, example.answer) if parsed else {"exact_match": 0.0, "f1": 0.0, "bleu1": 0.0}
             records.append(

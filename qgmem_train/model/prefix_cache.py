@@ -16,20 +16,33 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from qgmem_train.model.fusion import PromptIds
 
 
 class ReadOnlyPrefixCache(DynamicCache):
-    """A ``DynamicCache`` holding the prefix's keys/values that returns ``prefix + new`` without storing ``new``.
+    """A ``DynamicCache`` holding the prefix's keys/values ``(1, kv_heads, P, head_dim)`` themselves (no copy) that returns
+    ``prefix + new`` for a batch of any size without storing ``new``.
 
-    Each forward pass of a decoder layer gets the same answer however often it runs, which is what
-    gradient checkpointing's recomputation needs.
+    ``update`` expands the prefix to the batch inside its one concatenation, so each layer copies it once a step.
+    Each forward pass of a decoder layer gets the same answer however often it runs, which is what gradient
+    checkpointing's recomputation needs.
     """
 
+    def __init__(self, prefix: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        layers = []
+        for keys, values in prefix:
+            layer = DynamicLayer()
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+            layers.append(layer)
+        Cache.__init__(self, layers=layers)  # DynamicCache's own __init__ would store a concatenated copy
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        layer = self.layers[layer_idx]
-        return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
+        layer, rows = self.layers[layer_idx], key_states.shape[0]
+        keys, values = layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)
+        return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
 
 @dataclass(frozen=True)
@@ -47,9 +60,9 @@ class PrefixKV:
     def _expanded(self, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(k.expand(batch_size, -1, -1, -1), v.expand(batch_size, -1, -1, -1)) for k, v in self.layers]
 
-    def read_only(self, batch_size: int) -> ReadOnlyPrefixCache:
-        """A cache for one training or scoring forward pass of ``batch_size`` sequences (expanded views, no copy)."""
-        return ReadOnlyPrefixCache(ddp_cache_data=self._expanded(batch_size))
+    def read_only(self) -> ReadOnlyPrefixCache:
+        """A cache for one training or scoring forward pass of any batch size, holding these tensors (no copy)."""
+        return ReadOnlyPrefixCache(self.layers)
 
     def for_generation(self, batch_size: int) -> DynamicCache:
         """A cache that generation grows token by token, starting from the prefix of each of ``batch_size`` rows."""
@@ -84,7 +97,7 @@ def attend_to_prefix(inputs: dict[str, torch.Tensor], prefix: PrefixKV) -> dict[
         **inputs,
         "attention_mask": torch.cat([covered, mask], dim=1),
         "position_ids": inputs["position_ids"] + prefix.length,
-        "cache": prefix.read_only(mask.shape[0]),
+        "cache": prefix.read_only(),
     }
 
 

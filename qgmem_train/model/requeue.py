@@ -1,16 +1,20 @@
-"""Slurm's requeue signal handled at a step boundary: the handler only sets a flag, the ranks save together.
+"""Slurm's requeue signal and SIGTERM handled at a step boundary: the handlers only set a flag, the ranks save together.
 
-Lightning's own handler saves ``hpc_ckpt_N.ckpt`` and runs ``scontrol requeue`` inside the signal handler, wherever
-each process is: a forked DataLoader worker (which inherits the handler) then calls ``save_checkpoint`` and its
-barrier, and one rank's barrier can meet another rank's gradient all-reduce (Lightning issue #21406). Here the
-handler records the signal in the training process only; after each optimizer step the ranks agree (one
-all-reduce of a flag) whether any of them was signalled, and if so all save the same checkpoint, rank 0 requeues
-the job, and every rank waits for Slurm to stop it, so no collective and no file write is cut off half-way.
+Lightning's own handlers act inside the signal handler, wherever each process is: on the requeue signal it saves
+``hpc_ckpt_N.ckpt`` and runs ``scontrol requeue``, on SIGTERM it broadcasts a tensor; a forked DataLoader worker
+inherits the handler and joins in, and one rank's barrier or broadcast can meet another rank's gradient all-reduce
+(Lightning issue #21406). Here the handlers record the signal in the training process only (workers ignore it);
+after each optimizer step, and after each validation batch that every rank runs, the ranks agree (one all-reduce)
+whether any of them was signalled, and if so all save the same checkpoint. On the requeue signal rank 0 then
+requeues the job and every rank waits for Slurm to stop it; on SIGTERM (``scancel``, preemption) the fit ends.
+A validation pass changes no weights, so a save in it holds the step boundary the pass started from; resuming
+from it trains on from there.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import signal
@@ -21,57 +25,102 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 log = logging.getLogger(__name__)
 
+REQUEUE, TERMINATE = 1, 2
+"""What a rank was signalled to do; the ranks agree on the largest (a SIGTERM anywhere ends the fit)."""
+
 
 class StepBoundaryRequeue(L.Callback):
-    """Under Slurm with auto-requeue, save ``hpc_ckpt_N.ckpt`` and requeue at the optimizer step after the signal."""
+    """Save at the optimizer step (or validation batch) after a signal: then requeue (Slurm's requeue signal, with auto-requeue) or end (SIGTERM)."""
 
     def __init__(self) -> None:
-        self.requested = False
+        self.requested = 0
         self._pid: int | None = None
-        self._signal: int | None = None
-        self._previous: Any = None
+        self._originals: dict[int, Any] = {}
+        self._shared_val_batches = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Install the flag-setting handler before Lightning's signal set-up, which then leaves the signal alone."""
+        """Install the requeue signal's handler before Lightning's signal set-up, which then leaves that signal alone."""
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return
+        self.requested, self._pid = 0, os.getpid()
+        self._originals = {signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
         environment = trainer._accelerator_connector.cluster_environment
-        if stage != "fit" or not isinstance(environment, SLURMEnvironment) or not environment.auto_requeue:
-            return
-        if threading.current_thread() is not threading.main_thread():
-            return
-        self.requested, self._pid, self._signal = False, os.getpid(), int(environment.requeue_signal or signal.SIGUSR1)
-        self._previous = signal.signal(self._signal, self._note)
+        if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+            requeue_signal = int(environment.requeue_signal or signal.SIGUSR1)
+            self._originals[requeue_signal] = signal.signal(requeue_signal, self._note_requeue)
 
-    def _note(self, signum: int, frame: FrameType | None) -> None:
-        """Record the signal in the training process; a forked DataLoader worker inherits this handler and does nothing."""
+    def _install_sigterm(self) -> None:
+        """Replace the SIGTERM handler that Lightning installs on every fit, before any loader worker is forked."""
+        if self._pid == os.getpid() and signal.getsignal(signal.SIGTERM) != self._note_sigterm:
+            signal.signal(signal.SIGTERM, self._note_sigterm)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install_sigterm()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install_sigterm()
+
+    def _note_requeue(self, signum: int, frame: FrameType | None) -> None:
+        """Record the requeue signal in the training process; a forked DataLoader worker inherits this handler and does nothing."""
         if os.getpid() == self._pid:
-            self.requested = True
+            self.requested = max(self.requested, REQUEUE)
+
+    def _note_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """Record SIGTERM in the training process; a forked DataLoader worker ignores it (it ends with the training process)."""
+        if os.getpid() == self._pid:
+            self.requested = TERMINATE
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """After an optimizer step, on every rank at once: save and requeue when any rank was signalled."""
-        if self._pid is None or trainer.fit_loop.epoch_loop._should_accumulate():
-            return
-        if not trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+        """After an optimizer step, on every rank at once."""
+        if self._pid is not None and not trainer.fit_loop.epoch_loop._should_accumulate():
+            self._act_on_signals(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Agree on the validation batches every rank runs of every loader (the ranks' shares of a split may differ by one batch)."""
+        self._shared_val_batches = 0
+        if self._pid is not None and trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            batches = min(trainer.num_val_batches, default=0)
+            mine = torch.tensor(int(batches) if math.isfinite(batches) else 0, device=trainer.strategy.root_device)
+            self._shared_val_batches = int(trainer.strategy.reduce(mine, reduce_op="min"))
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """After a validation batch that every rank runs: the pass stops here when a rank was signalled."""
+        if batch_idx < self._shared_val_batches:
+            self._act_on_signals(trainer)
+
+    def _act_on_signals(self, trainer: L.Trainer) -> None:
+        """When any rank was signalled: every rank saves ``hpc_ckpt_N.ckpt``, then ends the fit (SIGTERM) or requeues and waits."""
+        flags = torch.tensor(self.requested, device=trainer.strategy.root_device)
+        decision = int(trainer.strategy.reduce(flags, reduce_op="max"))
+        if not decision:
             return
         path = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
         for logger in trainer.loggers:
             logger.finalize("finished")
         trainer.save_checkpoint(path)
+        if decision == TERMINATE:
+            log.info(f"saved {path} at step {trainer.global_step} on SIGTERM: ending the fit")
+            raise SIGTERMException(128 + signal.SIGTERM)
         requeued = trainer.strategy.broadcast(requeue_job() if trainer.is_global_zero else False, src=0)
         if not requeued:
-            self.requested = False
+            self.requested = 0
             return
         log.info(f"saved {path} at step {trainer.global_step} and requeued the job: waiting for Slurm to stop this step")
         while True:
             time.sleep(1)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Give the signal its previous handler back."""
-        if self._pid == os.getpid() and self._signal is not None:
-            signal.signal(self._signal, self._previous)
+        """Give the signals their handlers from before the fit back."""
+        if self._pid == os.getpid():
+            for signum, handler in self._originals.items():
+                signal.signal(signum, handler)
         self._pid = None
 
 
