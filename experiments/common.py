@@ -105,3 +105,14 @@ def remake_reports(files: list[Path], markdown: Markdown, check: bool = False) -
             print(f"error: {target}: table row {first + 1} differs from its JSON's: {found}", file=sys.stderr)
             return 1
     return 0
+
+
+def machine_text(machine: dict[str, Any]) -> str:
+    """One line of :func:`bench.machine.machine_info`'s record, as the reports print it."""
+    return (f"{machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} ({machine.get('torch_threads')} threads), "
+            f"load average {machine.get('load_average_1m')} at the start")
+
+
+def commit_text(git: dict[str, Any]) -> str:
+    """The commit of :func:`git_state`'s record, with the count of modified files when there are any."""
+    return f"`{git['commit']}`" + (f" ({git['dirty_files']} files modified)" if git["dirty_files"] else "")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import machine_info
-from experiments.common import git_state, paired_bootstrap
+from experiments.common import commit_text, git_state, machine_text, paired_bootstrap
 from experiments.graph_token.cli import parser as study_parser
 from experiments.graph_token.steps import question_sample, run_step, saved_or_computed, step_folder
 
@@ -193,7 +193,7 @@ def markdown(result: dict[str, Any]) -> str:
         "| target | T | own | swapped | shared | swapped − own | shared − own | wall (s) |", "|---|---|---|---|---|---|---|---|",
         *(f"| {result['targets'][r['target']]} | {r['tokens']} | {r['mean']['own']:.3f} | {r['mean']['swapped']:.3f} | "
           f"{r['mean']['shared']:.3f} | {fmt_diff(r['swap_cost'])} | {fmt_diff(r['own_vs_shared'])} | {r['wall_s']:.0f} |" for r in result["rows"]),
-        "", f"Machine: {result['machine']}. Commit: {result['git']}. Total wall time {result['wall_s']:.0f} s.", "",
+        "", f"Commit: {commit_text(result['git'])}. Machine: {machine_text(result['machine'])}. Total wall time {result['wall_s']:.0f} s.", "",
     ]  # fmt: skip
     return "\n".join(lines)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import machine_info
-from experiments.common import git_state, paired_bootstrap
+from experiments.common import commit_text, git_state, machine_text, paired_bootstrap
 from experiments.graph_token.arms import variants
 from experiments.graph_token.cli import parser as study_parser
 from experiments.graph_token.steps import question_sample, run_step, saved_or_computed, step_folder
@@ -119,14 +119,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
          **paired_bootstrap(answer_loss[control], answer_loss[treatment], args.bootstrap_resamples, args.bootstrap_seed)}
         for control, treatment, what in COMPARISONS
     ]  # fmt: skip
-    test_step = comparisons[0]
+    test_step, context_step = comparisons[0], comparisons[2]
     passed = test_step["mean_difference"] > 0 and test_step["ci95"][0] > 0
+    context_helps = context_step["mean_difference"] > 0 and context_step["ci95"][0] > 0
     return {
         "step": 0,
         "question": "does the local graph hold the answer?",
         "passed": passed,
-        "verdict": ("passes: the graph's triples as text make the answer likelier than the question alone"
-                    if passed else "fails: no information in the graph the frozen LLM can use"),
+        "verdict": ("passes: the graph's triples as text make the answer likelier than the question alone" if passed
+                    else "fails: no information in the graph the frozen LLM can use" if context_helps
+                    else "fails: neither the graph's triples nor the memory context make the answer likelier to this LLM"),
+        "context_helps": context_helps,
+        "context_note": None if context_helps else (
+            "The memory context does not make the answer likelier either (question − context above): this frozen LLM reads no "
+            "useful information from any text here, so the step cannot tell a graph without the answer from an LLM too small "
+            "to use it; repeat it with a larger LLM (`--llm`) before building on either reading."),
         "test_questions": len(test),
         "test_questions_total": len(every),
         "split": summary["split"],
@@ -156,7 +163,8 @@ def markdown(result: dict[str, Any]) -> str:
         "| control | treatment | measures | difference | 95% interval |", "|---|---|---|---|---|",
         *(f"| {c['control']} | {c['treatment']} | {c['measures']} | {c['mean_difference']:+.3f} | [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}] |"
           for c in result["comparisons"]), "",
-        f"Machine: {result['machine']}. Commit: {result['git']}. Total wall time {result['wall_s']['total']:.0f} s.", "",
+        *([result["context_note"], ""] if result.get("context_note") else []),
+        f"Commit: {commit_text(result['git'])}. Machine: {machine_text(result['machine'])}.", "",
     ]  # fmt: skip
     return "\n".join(lines)
 

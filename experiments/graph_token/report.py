@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from experiments.common import commit_text, machine_text
 from experiments.graph_token.data import SPLITS
 from experiments.graph_token.stats import summarize
 from experiments.graph_token.training import run_relative
@@ -38,9 +39,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Graph token experiment: graph tokens against a soft prompt, no graph, the text path and LoRA", "",
         f"Command: `{result['command']}`  ",
-        f"Commit: `{result['git']['commit']}`" + (f" ({result['git']['dirty_files']} files modified)" if result["git"]["dirty_files"] else "") + "  ",
-        f"Machine: {m.get('cpu')}, {m.get('cores')} cores, torch {m.get('torch')} ({m.get('torch_threads')} threads), "
-        f"load average {m.get('load_average_1m')} at the start. Wall time {result['wall_s'] / 60:.1f} min.", "",
+        f"Commit: {commit_text(result['git'])}  ",
+        f"Machine: {machine_text(m)}. Wall time {result['wall_s'] / 60:.1f} min.", "",
         f"Data: `{d['source']}`; split by conversation (never one conversation in two splits), split seed {s['split_seed']}:", "",
         "| split | conversations | questions used | per category |", "|---|---|---|---|",
     ]  # fmt: skip
