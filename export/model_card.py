@@ -64,7 +64,7 @@ def graph_reading_section(reading: Mapping[str, Any] | None) -> list[str]:
             f"| {'not measured' if cosine is None else f'{cosine:.4f}'} |",
             "",
         ]
-    return lines + ["What these measure and how: `docs/graph-tokens.md` in the qgmem repository.", ""]
+    return lines + ["What these measure and how: `docs/graph-token.md` in the qgmem repository.", ""]
 
 
 def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | None, repo_id: str | None) -> str:

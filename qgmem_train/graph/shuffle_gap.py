@@ -8,7 +8,7 @@ Student-t interval over the examples.
 
 The verdict needs more than an interval that excludes 0: the loss pass is deterministic, so with enough examples even
 tokens that collapsed into one prompt show a gap that is "significant" and meaningless (0.0002 to 0.0015 nats in
-``bench/results/graph_token.md``, token cosine 0.99999). A gap counts as read only when its whole interval lies above
+``experiments/graph_token/results/graph_token.md``, token cosine 0.99999). A gap counts as read only when its whole interval lies above
 a noise floor (``model.graph_shuffle_floor``, default :data:`DEFAULT_FLOOR`, several times the largest collapsed gap
 measured), and as nothing when its whole interval lies below it; in between, the split is too small to tell.
 """
@@ -29,7 +29,7 @@ def graph_donors(case_ids: Sequence[str], seed: int = 0) -> list[int | None]:
     """For each example (by its case id, i.e. conversation), the index of the example whose graph it is given.
 
     Within a case of two or more examples: a seeded random cycle (each example takes the next one's graph, the last the
-    first's), the same derangement as the shuffled-graph test of ``bench/graph_token_experiment.py``. The lone examples
+    first's), the same derangement as the shuffled-graph test of ``experiments/graph_token/arms.py``. The lone examples
     of their cases form one more cycle among themselves; a single lone example takes a seeded other example's graph.
     ``None`` only when the split has one example.
     """
