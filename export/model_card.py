@@ -6,6 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from qgmem_train.graph.shuffle_gap import graph_reading_line
+
 LOCOMO_LICENCE = "CC BY-NC 4.0 (LoCoMo, Maharana et al., ACL 2024): non-commercial use, attribution required"
 SOURCE_LICENCES = {
     "convomem": f"ConvoMem-format cases re-packed from LoCoMo: content {LOCOMO_LICENCE}; ConvoMem code Apache-2.0",
@@ -40,6 +42,31 @@ def reranker_source(reranker: Mapping[str, Any]) -> str:
     return f" ({reranker['model']})" if reranker.get("model") else ""
 
 
+def projector_output(module: Mapping[str, Any]) -> str:
+    """What the projector does after its MLP: the shipped LayerNorm to the word-embedding norm, or nothing (paper Eq. 7)."""
+    if module.get("projector_norm", True):
+        return "layer-normalised to the norm of the LLM's word embeddings"
+    return "no LayerNorm (the paper's Eq. 7)"
+
+
+def graph_reading_section(reading: Mapping[str, Any] | None) -> list[str]:
+    """The card's lines on whether the model reads its graph tokens: the last validation's shuffle gap and token cosine."""
+    lines = ["## Does it read its graphs?", "", graph_reading_line(reading), ""]
+    if reading and "skipped" not in reading:
+        low, high, cosine = reading["shuffle_gap_low"], reading["shuffle_gap_high"], reading.get("token_cosine")
+        interval = f" [{low:+.4f}, {high:+.4f}]" if low is not None and high is not None else ""
+        lines += [
+            f"| measured at the validation of step {reading.get('step')} | value |",
+            "|---|---|",
+            f"| `val/graph_shuffle_gap`: loss with another question's graph minus with its own, nats a token (95% interval) "
+            f"| {reading['shuffle_gap']:+.4f}{interval} over {reading['examples']} examples |",
+            f"| `val/graph_token_cosine`: mean cosine between different questions' graph tokens (1: one shared prompt) "
+            f"| {'not measured' if cosine is None else f'{cosine:.4f}'} |",
+            "",
+        ]
+    return lines + ["What these measure and how: `docs/graph-token.md` in the qgmem repository.", ""]
+
+
 def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | None, repo_id: str | None) -> str:
     """Markdown with Hub front matter, from an export's ``config.json`` and an optional flat metrics dict."""
     base = config["base_model"]
@@ -69,7 +96,7 @@ def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | No
         f"| embedder (retrieval, graph features) | `{config['embedder']['id']}` ({config['feature_dim']}-d) |",
         f"| reranker | `{config['reranker']['kind']}`{reranker_source(config['reranker'])} |",
         f"| graph encoder | TransformerConv, {module['gnn_layers']} layers, hidden {module['gnn_hidden']}, {module['gnn_heads']} heads |",
-        f"| projector | MLP hidden {module['projector_hidden']} → {config['graph_tokens']} token(s) |",
+        f"| projector | MLP hidden {module['projector_hidden']} → {config['graph_tokens']} token(s), {projector_output(module)} |",
         f"| LoRA | {lora} |",
         f"| memory units | `{pipeline['construction']['units']}`; window {pipeline['construction']['window']}, overlap {pipeline['construction']['overlap']} |",
         f"| retrieval | channels {', '.join(pipeline['retrieval']['channels'])}; n={pipeline['retrieval']['n']}, κ={pipeline['retrieval']['kappa']}, k={pipeline['retrieval']['k']} |",
@@ -114,6 +141,7 @@ def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | No
         "accordingly. ConvoMem's code is Apache-2.0. A model trained on ConvoMem-format cases re-packed from LoCoMo",
         "must never be scored on LoCoMo. The base LLM and the embedder keep their own licences.",
         "",
+        *graph_reading_section(config.get("graph_reading")),
         "## Metrics",
         "",
     ]

@@ -200,6 +200,7 @@ def export_config(
         "prompts_version": PROMPTS_VERSION,
         "module": portable_module(hparams),
         "adapter": {"graph": ADAPTER_FILE, "lora": LORA_WEIGHTS_FILE if has_lora else None, "config_hash": meta["config_hash"]},
+        "graph_reading": meta.get("graph_reading"),
         "pipeline": pipeline,
         "training": {
             "global_step": checkpoint.get("global_step"),

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from qgmem_train.config import PipelineConfig
+from qgmem_train.graph.shuffle_gap import graph_reading_line
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.launch_checks import ValidationOnStepBoundaries, refuse_stale_requeue_checkpoints, refuse_true_precision
@@ -73,7 +74,8 @@ def always_on_callbacks() -> list[Callback]:
 
 
 def summary(subcommand: str, trainer: Trainer) -> str | None:
-    """The line a run ends with: steps, validation loss and last checkpoint after fit, the file after predict.
+    """The lines a run ends with: steps, validation loss and last checkpoint after fit, then whether the model reads its
+    graphs (:func:`~qgmem_train.graph.shuffle_gap.graph_reading_line`); the file after predict.
 
     validate and test end with Lightning's own table of metrics.
     """
@@ -85,7 +87,7 @@ def summary(subcommand: str, trainer: Trainer) -> str | None:
             parts.append(f"val/loss {float(loss):.4f}")
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.last_model_path:
             parts.append(f"last checkpoint {checkpoint.last_model_path}")
-        return ", ".join(parts)
+        return ", ".join(parts) + "\n" + graph_reading_line(trainer.lightning_module.graph_reading)
     if subcommand == "predict":
         writer = next(c for c in trainer.callbacks if isinstance(c, JsonlPredictionWriter))
         return f"predict: wrote {writer.target(trainer)}"

@@ -13,7 +13,7 @@ from qgmem_train.model.module import GraphAugmentedLM
 from tests.tiny_decoder import FIXTURE, tiny_module_kwargs
 
 
-def _validate(llm_dir: Path, root: Path, devices: int) -> float:
+def _validate(llm_dir: Path, root: Path, devices: int) -> dict[str, float]:
     data = TrajectoryDataModule(str(FIXTURE), batch_size=1)
     data.setup("fit")
     data.splits["validation"] = (data.splits["validation"] + data.splits["test"])[:3]
@@ -25,11 +25,14 @@ def _validate(llm_dir: Path, root: Path, devices: int) -> float:
         enable_model_summary=False, enable_checkpointing=False, default_root_dir=root,
     )  # fmt: skip
     (metrics,) = trainer.validate(model, datamodule=data)
-    return metrics["val/loss"]
+    return metrics
 
 
-def test_two_ranks_report_the_validation_loss_of_one(llm_dir: Path, tmp_path: Path) -> None:
-    assert _validate(llm_dir, tmp_path / "two", devices=2) == pytest.approx(_validate(llm_dir, tmp_path / "one", devices=1), rel=1e-5)
+def test_two_ranks_report_the_validation_loss_and_shuffle_gap_of_one(llm_dir: Path, tmp_path: Path) -> None:
+    """Each example takes its donor's graph from the whole split, whichever rank validates either of them."""
+    two, one = _validate(llm_dir, tmp_path / "two", devices=2), _validate(llm_dir, tmp_path / "one", devices=1)
+    assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-5)
+    assert two["val/graph_shuffle_gap"] == pytest.approx(one["val/graph_shuffle_gap"], rel=1e-5) and one["val/graph_shuffle_gap"] != 0, (one, two)
 
 
 class RefusedBeforeLoading(GraphAugmentedLM):

@@ -94,3 +94,18 @@ def test_projector_makes_t_tokens_of_the_llm_width_that_depend_on_the_input() ->
     for i in range(1, 5):
         assert _changed(tokens[0], tokens[i]), f"graphs 0 and {i} differ, their tokens must too"
     assert torch.allclose(projector(pooled[2:3])[0], tokens[2], atol=1e-6), "each graph's tokens come from its own vector"
+
+
+def test_projector_without_norm_is_the_papers_eq7_two_layer_mlp() -> None:
+    """``normalize=False`` (``model.projector_norm: false``) is ``W2 σ(W1 g + b1) + b2`` with nothing after it (paper Eq. 7)."""
+    torch.manual_seed(0)
+    projector = GraphTokenProjector(in_dim=32, hidden_dim=16, llm_hidden_size=48, tokens=3, normalize=False)
+    first, act, second = projector.mlp
+    assert (type(first), type(act), type(second)) == (torch.nn.Linear, torch.nn.GELU, torch.nn.Linear)
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in projector.modules())
+    assert {name for name, _ in projector.named_parameters()} == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}
+    pooled = torch.randn(5, 32)
+    by_hand = torch.nn.functional.gelu(pooled @ first.weight.T + first.bias) @ second.weight.T + second.bias
+    assert torch.allclose(projector(pooled), by_hand.view(5, 3, 48), atol=1e-6)
+    projector.set_scale(3.0)
+    assert torch.allclose(projector(pooled), by_hand.view(5, 3, 48), atol=1e-6), "no scale to set without the norm"

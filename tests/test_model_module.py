@@ -36,6 +36,26 @@ def test_gradients_reach_only_encoder_and_projector(llm_dir, data) -> None:
     assert model.encoder.training and model.projector.training
 
 
+def test_the_papers_projector_without_layernorm_trains(llm_dir, data) -> None:
+    """``projector_norm: false``, the paper's Eq. 7 projector: a few steps on one batch change its weights and lower its loss
+    (a little: the tiny decoder's logits barely move, see ``tests/tiny_decoder.py``)."""
+    model = _module(llm_dir, data, projector_norm=False)
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.projector.modules())
+    assert _grads(model, data) == {"encoder", "projector"}
+    before = {name: p.detach().clone() for name, p in model.projector.named_parameters()}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    batch = data.collate(data.splits["train"][:2])
+    losses = []
+    for _ in range(8):
+        optimizer.zero_grad()
+        loss = model.example_losses(batch).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0], losses
+    assert all(not torch.equal(p, before[name]) for name, p in model.projector.named_parameters())
+
+
 def test_lora_adds_only_adapter_gradients(llm_dir, data) -> None:
     model = _module(llm_dir, data, lora_r=4)
     names = {n for n, p in model.named_parameters() if p.grad is None and p.requires_grad}

@@ -93,8 +93,14 @@ def tiny_tokenizer(corpus: list[str], chat: ChatTokens = TINY_CHAT) -> PreTraine
     )
 
 
-def save_tiny_decoder(folder: Path, corpus: list[str], hidden_size: int = 64, seed: int = 0, chat: ChatTokens = TINY_CHAT) -> Path:
-    """Save :func:`tiny_tokenizer` of ``corpus`` and ``chat`` with a random Qwen3 model sized to its vocabulary."""
+def save_tiny_decoder(
+    folder: Path, corpus: list[str], hidden_size: int = 64, seed: int = 0, chat: ChatTokens = TINY_CHAT, initializer_range: float = 0.02
+) -> Path:
+    """Save :func:`tiny_tokenizer` of ``corpus`` and ``chat`` with a random Qwen3 model sized to its vocabulary.
+
+    At the default ``initializer_range`` the model's logits barely move whatever its input (its loss stays near the
+    log of its vocabulary); a larger one gives inputs, graph tokens included, room to change what it predicts.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = tiny_tokenizer(corpus, chat)
     tokenizer.save_pretrained(folder)
@@ -111,6 +117,7 @@ def save_tiny_decoder(folder: Path, corpus: list[str], hidden_size: int = 64, se
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
+        initializer_range=initializer_range,
     )
     Qwen3ForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     return folder

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import replace
 from typing import Any, Literal
 
 import lightning as L
@@ -29,6 +30,7 @@ from qgmem_train.graph.diagnostics import graph_token_diagnostics
 from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.graph.readout import READOUTS, GraphTokens, build_readout
+from qgmem_train.graph.shuffle_gap import DEFAULT_FLOOR, graph_donors, shuffle_gap_summary
 from qgmem_train.model.answer_span import answer_labels, answer_token_mask
 from qgmem_train.model.answers import answer_scores
 from qgmem_train.model.backbone import describe_backbone
@@ -60,6 +62,9 @@ log = logging.getLogger(__name__)
 
 GraphBatch = dict[str, Any]
 """What the data module yields: ``{"examples": list[TrajectoryExample], "graph": torch_geometric Batch}``."""
+
+EVALUATED_SPLITS = {"val": "validation", "test": "test"}
+"""The data module's split each evaluation stage runs over (graph donors for the shuffle gap come from all of it)."""
 
 ANSWER_METRICS = {"json_valid": "valid_json", "exact_match": "exact_match", "f1": "f1", "bleu1": "bleu1"}
 """Answer scores that validation and test log (means over the split), by logged name: the prediction record's key."""
@@ -104,6 +109,8 @@ class GraphAugmentedLM(L.LightningModule):
         max_context_tokens: int | None = None,
         max_new_tokens: int = 256,
         val_generate: bool = True,
+        graph_shuffle_gap: bool = True,
+        graph_shuffle_floor: float = DEFAULT_FLOOR,
     ) -> None:
         """Build the trainable graph path; the frozen LLM's weights load later (``configure_model``).
 
@@ -150,13 +157,18 @@ class GraphAugmentedLM(L.LightningModule):
             max_context_tokens: cut the serialized working memory to this many tokens (None: keep all).
             max_new_tokens: generation budget of validation, test and predict (answers are schema-constrained to fit it).
             val_generate: generate answers in validation/test to report valid-JSON rate, exact match, F1 and BLEU-1.
+            graph_shuffle_gap: in validation and test, also score each example with another example's graph (another
+                question of its conversation where there is one) and log the mean loss difference as
+                ``val/graph_shuffle_gap``, whether the model reads its graphs; costs one more loss pass per batch (false: off).
+            graph_shuffle_floor: nats a token that the shuffle gap's whole 95% interval must clear for fit's last line to
+                say the model reads its graphs, or stay under to say it reads nothing (see :mod:`qgmem_train.graph.shuffle_gap`).
         """
         super().__init__()
         if graph_tokens < 0:
             raise InputError("model.graph_tokens", "must be 0 (no graph) or more")
         if graph_readout not in READOUTS:
             raise InputError("model.graph_readout", f"{graph_readout!r} is not one of {', '.join(READOUTS)}")
-        for name, value in (("graph_contrast", graph_contrast), ("graph_contrast_margin", graph_contrast_margin)):
+        for name, value in (("graph_contrast", graph_contrast), ("graph_contrast_margin", graph_contrast_margin), ("graph_shuffle_floor", graph_shuffle_floor)):
             if value < 0:
                 raise InputError(f"model.{name}", f"must be 0 or more, not {value}")
         if graph_center not in ("none", "reference"):
@@ -176,6 +188,12 @@ class GraphAugmentedLM(L.LightningModule):
         self._constraint: Any = None
         self._prefix: PrefixKV | None = None
         self._eval_tokens: list[torch.Tensor] = []
+        self._eval_gaps: list[float] = []
+        self._donors: dict[tuple[str, str], TrajectoryExample] = {}
+        self._gap_skipped: str | None = None
+        self.graph_reading: dict[str, Any] | None = None
+        """The last validation's shuffle gap and token cosine (:func:`~qgmem_train.graph.shuffle_gap.graph_reading_line` says
+        what they mean), or why it was not measured; saved in checkpoints' metadata."""
         self.encoder: RelationalGraphEncoder | None = None
         self.projector: GraphTokenProjector | ReferenceCenteredProjector | None = None
         self.readout: torch.nn.Module | None = None
@@ -386,42 +404,77 @@ class GraphAugmentedLM(L.LightningModule):
         self._evaluate(batch, "test")
 
     def on_validation_epoch_start(self) -> None:
-        self._eval_tokens = []
+        self._start_evaluation("val")
 
     def on_test_epoch_start(self) -> None:
-        self._eval_tokens = []
+        self._start_evaluation("test")
 
     def on_validation_epoch_end(self) -> None:
-        self._log_token_diagnostics("val")
+        self._log_graph_reading("val")
 
     def on_test_epoch_end(self) -> None:
-        self._log_token_diagnostics("test")
+        self._log_graph_reading("test")
 
-    def _log_token_diagnostics(self, stage: str) -> None:
-        """Log how much the pass's graph tokens vary with the question (:mod:`qgmem_train.graph.diagnostics`); nothing without a graph.
+    def _start_evaluation(self, stage: str) -> None:
+        """Empty the pass's graph tokens and shuffle-gap differences and give each example of the split its graph donor."""
+        self._eval_tokens, self._eval_gaps = [], []
+        self._donors, self._gap_skipped = {}, None
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        examples = getattr(datamodule, "splits", {}).get(EVALUATED_SPLITS[stage], [])
+        if not self.hparams.graph_shuffle_gap:
+            self._gap_skipped = "off: model.graph_shuffle_gap: false"
+        elif self.encoder is None:
+            self._gap_skipped = "graph_tokens is 0: no graph to shuffle"
+        elif len(examples) < 2 or not hasattr(datamodule, "collate"):
+            self._gap_skipped = f"no data module split of two or more {EVALUATED_SPLITS[stage]} examples to draw other graphs from"
+        else:
+            donors = graph_donors([ex.case_id for ex in examples])
+            self._donors = {(ex.case_id, ex.question_id): examples[d] for ex, d in zip(examples, donors) if d is not None}
 
-        On several ranks the tokens of all ranks are gathered first: the figures are the split's, and every rank logs the
-        same names (a rank with fewer than two questions would otherwise log none, and the ranks' syncs would not pair).
+    def _shuffle_differences(self, batch: GraphBatch, own: torch.Tensor) -> list[float]:
+        """Each example's loss with its donor's graph minus its loss with its own graph (``own``), from one more loss pass."""
+        examples = batch["examples"]
+        donated = [replace(ex, graph=self._donors[(ex.case_id, ex.question_id)].graph) for ex in examples]
+        shuffled = self.example_losses(self.trainer.datamodule.collate(donated))
+        return (shuffled - own).float().tolist()
+
+    def _log_graph_reading(self, stage: str) -> None:
+        """Log whether the pass's graphs are read: the shuffle gap and how much the graph tokens vary with the question
+        (:mod:`qgmem_train.graph.shuffle_gap`, :mod:`qgmem_train.graph.diagnostics`); keep a validation's as :attr:`graph_reading`.
+
+        On several ranks the tokens and differences of all ranks are gathered first: the figures are the split's, and every
+        rank logs the same names (a rank with fewer than two questions would otherwise log none, and the ranks' syncs would
+        not pair).
         """
-        tokens = self._eval_tokens
+        tokens, gaps = self._eval_tokens, self._eval_gaps
         if self._trainer is not None and self._trainer.world_size > 1:
             gathered: list[Any] = [None] * self._trainer.world_size
-            torch.distributed.all_gather_object(gathered, tokens)
-            tokens = [t for part in gathered for t in part]
-        for name, value in graph_token_diagnostics(tokens).items():
+            torch.distributed.all_gather_object(gathered, (tokens, gaps))
+            tokens = [t for part, _ in gathered for t in part]
+            gaps = [d for _, part in gathered for d in part]
+        diagnostics = graph_token_diagnostics(tokens)
+        for name, value in diagnostics.items():
             self.log(f"{stage}/graph_token_{name}", value, sync_dist=True)
-        self._eval_tokens = []
+        reading = {"skipped": self._gap_skipped} if self._gap_skipped else None
+        if gaps:
+            reading = {**shuffle_gap_summary(gaps), "token_cosine": diagnostics.get("cosine"), "floor": self.hparams.graph_shuffle_floor, "step": self.global_step}
+            self.log(f"{stage}/graph_shuffle_gap", reading["shuffle_gap"], sync_dist=True)
+        if stage == "val" and reading is not None and not self.trainer.sanity_checking:
+            self.graph_reading = reading
+        self._eval_tokens, self._eval_gaps = [], []
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         """Log the split's loss on the whole target and on the answer field alone and, with ``val_generate``, its answer scores.
 
-        The graph tokens are kept for the pass's diagnostics. Every logged value is a mean over the split's examples, each
+        The graph tokens, and each example's shuffle gap, are kept for the pass's diagnostics. Every logged value is a mean over the split's examples, each
         counted once (see :meth:`_log_split_mean`), kept in tensors on the module's device so that NCCL can reduce them.
         """
         graph_embeds = self.graph_embeddings(batch["graph"])
         if graph_embeds is not None:
             self._eval_tokens += [t.detach().cpu() for t in graph_embeds.per_example()]
         whole, answer = self.evaluation_losses(batch, graph_embeds)
+        if self._donors:
+            self._eval_gaps += self._shuffle_differences(batch, whole.detach())
         self._log_split_mean(f"{stage}/loss", whole.detach(), prog_bar=True)
         self._log_split_mean(f"{stage}/answer_loss", answer.detach())
         if not self.hparams.val_generate:
@@ -541,12 +594,13 @@ class GraphAugmentedLM(L.LightningModule):
         }
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep only trainable parameters and record what they belong to."""
+        """Keep only trainable parameters and record what they belong to, and whether the last validation found them read."""
         checkpoint["state_dict"] = trainable_state_dict(self)
-        checkpoint[METADATA_KEY] = self.checkpoint_metadata()
+        checkpoint[METADATA_KEY] = {**self.checkpoint_metadata(), "graph_reading": self.graph_reading}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another base model, revision, backbone files, configuration or parameter set."""
+        """Refuse a checkpoint of another base model, revision, backbone files, configuration or parameter set; take its
+        graph reading (a resumed fit that ends before its next validation still says it)."""
         check_compatible(
             checkpoint.get(METADATA_KEY),
             self.checkpoint_metadata(),
@@ -554,6 +608,7 @@ class GraphAugmentedLM(L.LightningModule):
             set(trainable_state_dict(self)),
             "checkpoint",
         )
+        self.graph_reading = checkpoint[METADATA_KEY].get("graph_reading")
 
 
 def reference_graphs(datamodule: Any, count: int) -> Batch:
