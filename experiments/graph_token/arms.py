@@ -3,8 +3,7 @@ projector, LoRA), and the shuffled-graph test's derangement."""
 
 from __future__ import annotations
 
-import random
-from collections import defaultdict
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -75,20 +74,14 @@ def variants(edge_tokens: int = 10, query_tokens: int = 4, lora_readout: str = "
 
 
 def shuffled_graphs(examples: list[Any], seed: int) -> list[Any]:
-    """Each example with the local graph of another example of the same case (conversation), never its own.
+    """Each example with the local graph of another example of the same case (conversation), never its own: the
+    derangement fit's shuffle gap uses (:func:`qgmem_train.graph.shuffle_gap.graph_donors`). A case with a single
+    example has no other graph to give: refused."""
+    from qgmem_train.graph.shuffle_gap import graph_donors
 
-    Within a case the examples are put in a seeded random order and each takes the graph of the next one (the last
-    the first's): a derangement by position. A case with a single example has no other graph to give: refused.
-    """
-    by_case: dict[str, list[int]] = defaultdict(list)
-    for i, example in enumerate(examples):
-        by_case[example.case_id].append(i)
-    out = list(examples)
-    for case_id, members in sorted(by_case.items()):
-        if len(members) < 2:
-            raise InputError(case_id, "one test question only: no other question's graph to shuffle in")
-        order = list(members)
-        random.Random(f"shuffle:{seed}:{case_id}").shuffle(order)
-        for i, j in zip(order, order[1:] + order[:1]):
-            out[i] = replace(examples[i], graph=examples[j].graph)
-    return out
+    sizes = Counter(example.case_id for example in examples)
+    lone = sorted(case_id for case_id, size in sizes.items() if size < 2)
+    if lone:
+        raise InputError(lone[0], "one test question only: no other question's graph to shuffle in")
+    donors = graph_donors([example.case_id for example in examples], seed)
+    return [replace(example, graph=examples[donor].graph) for example, donor in zip(examples, donors)]
