@@ -28,6 +28,9 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 - ``ask`` without ``--namespace`` listing the store's other namespaces; an export recording a local path
   for its base model; tokens in ``;token=`` or ``#access_token=`` of a URL in a log line; a config sending
   the API key over plain http to another machine (one warning);
+- a store pointed at a folder of other files (``memory(ns, folder)``, ``build --store``), a user's files in an
+  existing store's ``vectors/`` (one of the store's own name form), a store whose ``vectors/`` or ``trace_graphs/``
+  links to another folder: nothing but the store's own files is ever removed;
 - a checksum file ``sha256sum -c`` accepts (uppercase hex, ``*`` marker, comment, blank line) must load.
 """
 
@@ -53,6 +56,7 @@ from qgmem_train.__main__ import main
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.llm.resolver import resolve_model_dir
+from qgmem_train.memory.store import MemoryStore
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.predictor import CHECKSUM_FILE, CONFIG_FILE, QGMemPredictor, file_sha256
@@ -714,3 +718,65 @@ def test_the_cli_warns_once_when_a_config_sends_the_key_over_plain_http(tmp_path
         main(["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--config", str(config), QUESTION])
     err = capsys.readouterr().err
     assert err.count("plain http to another machine") == 1 and SECRET not in err
+
+
+def _rules_predictor(minilm, traces: bool = False) -> QGMemPredictor:
+    """A predictor building turn units without an LLM (``traces``: consolidating traces too, the scripted LLM restating none)."""
+    cfg = PipelineConfig()
+    cfg.construction.units, cfg.construction.traces = "turns", traces
+    return QGMemPredictor(None, cfg, llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+
+
+def _victim_files(folder: Path) -> dict[str, bytes]:
+    """A user's files in ``folder`` (one of them in its own ``vectors/``); returns name → content, to check them afterwards."""
+    files = {"notes.txt": b"my notes", "vectors/photo.jpg": b"\xff\xd8 a photo", f"vectors/{'ab' * 16}.vec": b"not the store's"}
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(content)
+    return files
+
+
+def _intact(folder: Path, files: dict[str, bytes]) -> bool:
+    return all((folder / name).is_file() and (folder / name).read_bytes() == content for name, content in files.items())
+
+
+def test_a_store_is_not_made_in_a_folder_of_other_files(minilm, tmp_path, capsys) -> None:
+    folder = tmp_path / "documents"
+    files = _victim_files(folder)
+    with pytest.raises(InputError, match="documents: not a memory store, and not empty"):
+        with _rules_predictor(minilm).memory("alice", folder) as memory:
+            memory.add_session(SESSION)
+    samples = Path(__file__).resolve().parents[1] / "samples" / "plain_chat.jsonl"
+    (tmp_path / "cfg.yaml").write_text("pipeline:\n  construction:\n    traces: false\n")
+    capsys.readouterr()
+    arguments = ["build", "--dataset", "jsonl", "--input", str(samples), "--store", str(folder), "--units", "turns", "--config", str(tmp_path / "cfg.yaml")]
+    assert main(arguments) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a memory store, and not empty" in err
+    assert _intact(folder, files) and sorted(p.name for p in folder.iterdir()) == ["notes.txt", "vectors"]
+
+
+def test_a_write_deletes_only_files_the_store_wrote(minilm, tmp_path) -> None:
+    store = _store(tmp_path, minilm)
+    files = _victim_files(store)
+    predictor = _rules_predictor(minilm)
+    with predictor.memory("alice", store) as memory:
+        memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
+        memory.add_session([{"speaker": "Melanie", "text": "We went camping in the mountains."}], session_id="S3")
+    with MemoryStore.open(store) as opened:
+        assert len(opened.load_namespace("alice").units) == 4
+    assert _intact(store, files)
+
+
+@pytest.mark.parametrize("folder", ["vectors", "trace_graphs"])
+def test_a_symlinked_store_subfolder_is_refused(minilm, tmp_path, folder) -> None:
+    store = _store(tmp_path, minilm)
+    victim = tmp_path / "victim"
+    (store / folder).mkdir(exist_ok=True)
+    shutil.move(store / folder, victim)
+    files = _victim_files(victim)
+    (store / folder).symlink_to(victim, target_is_directory=True)
+    with pytest.raises(InputError, match=f"{folder}: a link to .*; a store's folders must be its own"):
+        with _rules_predictor(minilm, traces=True).memory("alice", store) as memory:
+            memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
+    assert _intact(victim, files)
