@@ -31,6 +31,8 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 - a store pointed at a folder of other files (``memory(ns, folder)``, ``build --store``), a user's files in an
   existing store's ``vectors/`` (one of the store's own name form), a store whose ``vectors/`` or ``trace_graphs/``
   links to another folder: nothing but the store's own files is ever removed;
+- a handed-over ``memory.sqlite`` with a trigger (one deleting other namespaces' turns), a view, an index or a
+  table of ours defined otherwise: refused before any write, other namespaces' rows unchanged;
 - a checksum file ``sha256sum -c`` accepts (uppercase hex, ``*`` marker, comment, blank line) must load.
 """
 
@@ -780,3 +782,37 @@ def test_a_symlinked_store_subfolder_is_refused(minilm, tmp_path, folder) -> Non
         with _rules_predictor(minilm, traces=True).memory("alice", store) as memory:
             memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
     assert _intact(victim, files)
+
+
+SCHEMA_CASES = {
+    "a trigger wiping other namespaces": ("CREATE TRIGGER wipe AFTER INSERT ON turns BEGIN DELETE FROM turns WHERE namespace <> NEW.namespace; END", "trigger wipe"),
+    "a view": ("CREATE VIEW everyone AS SELECT * FROM turns", "view everyone"),
+    "an index": ("CREATE INDEX turns_text ON turns (text)", "index turns_text"),
+    "a table of the store's defined otherwise": ("ALTER TABLE turns ADD COLUMN note TEXT DEFAULT 'x'", "table turns"),
+}
+"""Case → (the statement a handed-over ``memory.sqlite`` was given, the entry the one line names)."""
+
+
+@pytest.mark.parametrize("case", list(SCHEMA_CASES))
+def test_a_store_whose_schema_is_not_ours_is_refused_and_left_as_it_was(minilm, tmp_path, case) -> None:
+    import sqlite3
+
+    statement, entry = SCHEMA_CASES[case]
+    predictor = _rules_predictor(minilm)
+    for user in ("alice", "bob"):
+        with predictor.memory(user, tmp_path / "store") as memory:
+            memory.add_session(SESSION)
+    file = tmp_path / "store" / "memory.sqlite"
+    queries = ["SELECT namespace, id, session_id, position, speaker, text, time FROM turns WHERE namespace = 'bob' ORDER BY id", "SELECT * FROM segment_parts WHERE namespace = 'bob' ORDER BY kind, seq, part, piece"]
+
+    def bobs_rows() -> list[list[tuple]]:
+        with sqlite3.connect(file) as db:
+            return [db.execute(query).fetchall() for query in queries]
+
+    before = bobs_rows()
+    with sqlite3.connect(file) as db:
+        db.execute(statement)
+    with pytest.raises(InputError, match=f"memory.sqlite: not a memory store: {entry} .*not in a memory store's schema"):
+        with predictor.memory("alice", tmp_path / "store") as memory:
+            memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
+    assert bobs_rows() == before and before[0] and before[1]
