@@ -33,6 +33,7 @@ The attacks, each refused (or one line, exit 2 in the CLI):
   links to another folder: nothing but the store's own files is ever removed;
 - a handed-over ``memory.sqlite`` with a trigger (one deleting other namespaces' turns), a view, an index or a
   table of ours defined otherwise: refused before any write, other namespaces' rows unchanged;
+- a store recording a vector sidecar named ``../../victim/x.vec`` or ``/etc/passwd``: refused before any open;
 - a checksum file ``sha256sum -c`` accepts (uppercase hex, ``*`` marker, comment, blank line) must load.
 """
 
@@ -527,10 +528,27 @@ def _chat_template_the_sandbox_refuses(clean: Path, tmp_path: Path) -> Path:
     return folder
 
 
+def _sidecar_named(store: Path, name: str) -> None:
+    """Record ``name`` for the store's first vector sidecar; a name inside the store's parent gets a copy of the genuine file."""
+    import sqlite3
+
+    with sqlite3.connect(store / "memory.sqlite") as db:
+        (real,) = db.execute("SELECT name FROM segment_files ORDER BY namespace, seq").fetchone()
+        db.execute("UPDATE segment_files SET name = ? WHERE name = ?", (name, real))
+    copy = store / "vectors" / name
+    if not Path(name).is_absolute() and not copy.exists():
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(store / "vectors" / real, copy)
+
+
 QUESTION = "What did Melanie paint?"
 CLI_CASES: dict[str, tuple[Callable[[Path, Path, Path], tuple[str, str]], str]] = {
     "a damaged SQLite page": (lambda clean, store, tmp: (_damage_last_page(store), (str(clean), QUESTION))[1], "the store is damaged"),
     "a chat template the sandbox refuses": (lambda clean, store, tmp: (str(_chat_template_the_sandbox_refuses(clean, tmp)), QUESTION), "chat_template: the sandbox refuses"),
+    "a sidecar name leaving the store": (
+        lambda clean, store, tmp: (_sidecar_named(store, "../../victim/x.vec"), (str(clean), QUESTION))[1], "named '../../victim/x.vec', not one of the store's own"
+    ),
+    "an absolute sidecar name": (lambda clean, store, tmp: (_sidecar_named(store, "/etc/passwd"), (str(clean), QUESTION))[1], "named '/etc/passwd', not one of the store's own"),
     "a --model folder that does not exist": (lambda clean, store, tmp: ("exports/missing", QUESTION), "no such folder 'exports/missing'"),
     "a --model path that does not exist": (lambda clean, store, tmp: (str(tmp / "missing"), QUESTION), "missing: no such folder"),
     "a 1 MB question": (lambda clean, store, tmp: (str(clean), "x" * 1_000_000), "more than the 4000 a question may have"),

@@ -72,7 +72,13 @@ def write(folder: Path, arrays: Mapping[str, np.ndarray], coded: Sequence[str] =
 
 
 def read(folder: Path, name: str, size: int, token: str, what: str) -> dict[str, np.ndarray]:
-    """The arrays of sidecar ``name``, as read-only views of a memory map; one that does not match its record is an :class:`InputError`."""
+    """The arrays of sidecar ``name``, as read-only views of a memory map; one that does not match its record is an :class:`InputError`.
+
+    A name that is not the store's own form for ``token`` (``<token>.vec``) is refused before anything is opened:
+    a handed-over store's records name no file outside its folder.
+    """
+    if token_of(name) != token:
+        raise InputError(str(folder), f"vector sidecar of {what} is named {name!r}, not one of the store's own (its token followed by {SUFFIX}); refusing to open it")
     path = folder / name
     try:
         with open(path, "rb") as handle:
