@@ -34,6 +34,8 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 - a handed-over ``memory.sqlite`` with a trigger (one deleting other namespaces' turns), a view, an index or a
   table of ours defined otherwise: refused before any write, other namespaces' rows unchanged;
 - a store recording a vector sidecar named ``../../victim/x.vec`` or ``/etc/passwd``: refused before any open;
+- a cached trace graph that is compressed, a compressed bomb (256 MiB of zeros), a member header claiming 2**40 rows,
+  or has an extra member: not read, the graph built anew (``tests/test_traces_scale.py``);
 - a checksum file ``sha256sum -c`` accepts (uppercase hex, ``*`` marker, comment, blank line) must load.
 """
 
