@@ -10,13 +10,13 @@ turns. ``--json`` prints one JSON object instead, for scripts.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import InputError
 from qgmem_train.predictor import AskResult, IntentMode, QGMemPredictor
+from qgmem_train.terminal import json_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,5 +84,5 @@ def main(argv: list[str]) -> int:
         predictor = text_path_predictor(args.config, args.reranker, args.intent)
     with predictor.memory(namespace, args.store) as memory:
         result = memory.ask(args.question, args.time)
-    print(json.dumps(ask_record(result), ensure_ascii=False) if args.json else result.render())
+    print(json_line(ask_record(result)) if args.json else result.render())
     return 0

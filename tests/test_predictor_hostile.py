@@ -17,13 +17,17 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 - checksums that leave a file out, list a file in a subfolder, or name an adapter outside the folder;
 - a listed file that is not one of the exporter's types (``reranker.modeling_evil.py``, ``reranker.``,
   ``reranker..``, ``reranker..json``, ``notes.pkl``); a verified bundled reranker file swapped right after the check;
-- a listed file that is a symlink out of the folder or a hard link (the Hub cache's own layout still loads);
+- a listed file that is a symlink out of the folder or a hard link (the Hub cache's own layout still loads), a Hub
+  blob that is a hard link to a file outside, the checksum file a symlink out of the folder;
+- an exported reranker given as a local file (its path would be written into config.json);
+- terminal escapes, carriage returns, line separators, bidi controls and C1 controls in stored turns and speakers:
+  escaped by ``ask`` (no spoofed ``A:`` line) and by ``ask --json``;
 - a replaced graph in the ONNX cache;
 - malformed config.json (bad JSON or UTF-8, wrong types, unknown settings), or config.json or adapter
   metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape;
 - a damaged SQLite page in the store; a base model whose chat template Jinja's sandbox refuses; a ``--model``
   folder or path that does not exist; a 1 MB question (CLI and Python); a JSONL record nested 100k deep;
-- Python API misuse: lone surrogates in a namespace or turn text, ``turns=None``, a non-string
+- Python API misuse: lone surrogates in a namespace or turn text, a NUL in a namespace, ``turns=None``, a non-string
   ``session_id``, ``ask(None)``;
 - ``ask`` without ``--namespace`` listing the store's other namespaces; an export recording a local path
   for its base model; tokens in ``;token=`` or ``#access_token=`` of a URL in a log line; a config sending
@@ -466,6 +470,7 @@ def loaded(clean_export) -> QGMemPredictor:
 
 MISUSE: dict[str, tuple[Callable[[QGMemPredictor, Path], Any], str]] = {
     "a lone surrogate in the namespace": (lambda p, store: p.memory("al\ud800ice", store), "namespace: not valid text"),
+    "a NUL in the namespace": (lambda p, store: p.memory("al\x00ice", store), "namespace: not valid text: NUL at character 2"),
     "a lone surrogate in a turn's text": (lambda p, store: p.memory("alice", store).add_session([{"speaker": "A", "text": "hi \udc00"}]), "turn 1.text: not valid text"),
     "turns=None": (lambda p, store: p.memory("alice", store).add_session(None), "turns: expected a list of turns"),  # type: ignore[arg-type]
     "a session_id that is not a string": (lambda p, store: p.memory("alice", store).add_session(SESSION, session_id=7), "session_id: expected a string"),  # type: ignore[arg-type]
@@ -836,3 +841,64 @@ def test_a_store_whose_schema_is_not_ours_is_refused_and_left_as_it_was(minilm, 
         with predictor.memory("alice", tmp_path / "store") as memory:
             memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
     assert bobs_rows() == before and before[0] and before[1]
+
+
+def _hub_blob_hard_linked(clean: Path, tmp_path: Path) -> str:
+    """The export published to the Hub cache layout, its adapter's blob a hard link to a file outside the cache."""
+    from huggingface_hub import constants
+
+    repo_id = publish_to_hub_cache(clean, owner="qgmem-hard-linked")
+    [link] = (Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "snapshots").glob("*/adapter_model.safetensors")
+    blob = link.resolve()
+    shutil.move(blob, tmp_path / "outside.safetensors")
+    os.link(tmp_path / "outside.safetensors", blob)
+    return repo_id
+
+
+def _checksums_linked_out(clean: Path, tmp_path: Path) -> str:
+    """A copy of the export whose checksum file is a symlink to a file outside it."""
+    folder = _hostile(clean, tmp_path / "export")
+    shutil.move(folder / CHECKSUM_FILE, tmp_path / "sums.txt")
+    (folder / CHECKSUM_FILE).symlink_to(tmp_path / "sums.txt")
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    "tamper, message",
+    [(_hub_blob_hard_linked, "adapter_model.safetensors: a hard link"), (_checksums_linked_out, f"{CHECKSUM_FILE}: a link to .*, outside the export folder")],
+    ids=["a Hub blob hard-linked from outside", "the checksum file a link out of the folder"],
+)
+def test_a_link_out_through_the_hub_blobs_or_the_checksum_file_is_refused(clean_export, tmp_path, tamper, message) -> None:
+    ref = tamper(clean_export, tmp_path)
+    with pytest.raises(InputError, match=message):
+        QGMemPredictor.from_pretrained(ref, intent="rules", device="cpu")
+
+
+def test_an_export_records_no_local_file_for_its_reranker(tmp_path) -> None:
+    from export.package import bundle_reranker
+
+    (tmp_path / "model.onnx").write_bytes(b"a local file")
+    cfg = PipelineConfig()
+    cfg.models.reranker, cfg.models.reranker_model = "cross", str(tmp_path / "model.onnx")
+    with pytest.raises(InputError, match="model.onnx: a file, not a cross-encoder folder"):
+        bundle_reranker(cfg, tmp_path)
+
+
+CONTROLS = "\x1b[2J\x1b]0;title\x07\rA: I never said that\u2028B: \u202egnp.exe\u2066\x85\x9b31m"
+"""Terminal escapes, a carriage return, a line separator, bidi overrides and isolates, C1 controls (NEL, CSI)."""
+
+
+def test_stored_text_reaches_the_terminal_and_json_without_controls(clean_export, minilm, tmp_path, capsys) -> None:
+    with _rules_predictor(minilm).memory("alice", tmp_path / "store") as memory:
+        memory.add_session([{"speaker": f"Melanie{CONTROLS}", "text": f"I painted a sunrise.{CONTROLS}"}])
+    capsys.readouterr()
+    arguments = ["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--model", str(clean_export), QUESTION]
+    assert main(arguments) == 0
+    shown = capsys.readouterr().out
+    assert "I painted a sunrise." in shown and "\\x1b" in shown
+    assert not any(c in shown for c in "\x1b\x07\r\u2028\u202e\u2066\x85\x9b") and not any(line.startswith(("A:", "B:")) for line in shown.splitlines())
+    assert main([*arguments[:-1], "--json", QUESTION]) == 0
+    printed = capsys.readouterr().out
+    assert not any(c in printed for c in "\x1b\x07\r\u2028\u202e\u2066\x85\x9b")
+    [turn] = [t for unit in json.loads(printed)["units"] for t in unit["source_turns"]]
+    assert turn["text"] == f"I painted a sunrise.{CONTROLS}" and turn["speaker"] == f"Melanie{CONTROLS}"

@@ -111,6 +111,7 @@ def read_checksums(folder: Path) -> dict[str, str]:
     path = folder / CHECKSUM_FILE
     if not path.is_file():
         raise InputError(str(path), "checksum file missing: not a complete QGMem export")
+    _refuse_outside_link(path, folder)
     sums: dict[str, str] = {}
     for number, line in enumerate(read_text(path, kind="checksum file").splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
@@ -167,14 +168,15 @@ def _check_file_type(name: str, where: str) -> None:
 
 
 def _refuse_outside_link(path: Path, folder: Path) -> None:
-    """Refuse a listed file that is a symlink leading out of the folder, or a hard link; the Hub cache's snapshot links into its blobs pass."""
+    """Refuse a listed file (or the checksum file) that is a symlink leading out of the folder, or a hard link, or a link
+    to one; the Hub cache's snapshot links into its blobs pass."""
     if path.is_symlink():
         target, inside = path.resolve(), folder.resolve()
         snapshots = inside.parent
         hub_blob = snapshots.name == "snapshots" and snapshots.parent.name.startswith("models--") and target.parent == snapshots.parent / "blobs"
         if target.parent != inside and not hub_blob:
             raise InputError(str(path), f"a link to {target}, outside the export folder: an export holds its own files")
-    elif path.stat().st_nlink > 1:
+    if path.stat().st_nlink > 1:  # of the file a link leads to, too: a Hub blob may itself be a hard link
         raise InputError(str(path), "a hard link (the same file has another name elsewhere): an export holds its own files")
 
 
