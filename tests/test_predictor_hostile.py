@@ -556,7 +556,7 @@ CLI_CASES: dict[str, tuple[Callable[[Path, Path, Path], tuple[str, str]], str]] 
         lambda clean, store, tmp: (_sidecar_named(store, "../../victim/x.vec"), (str(clean), QUESTION))[1], "named '../../victim/x.vec', not one of the store's own"
     ),
     "an absolute sidecar name": (lambda clean, store, tmp: (_sidecar_named(store, "/etc/passwd"), (str(clean), QUESTION))[1], "named '/etc/passwd', not one of the store's own"),
-    "a --model folder that does not exist": (lambda clean, store, tmp: ("exports/missing", QUESTION), "no such folder 'exports/missing'"),
+    "a --model folder that does not exist": (lambda clean, store, tmp: ("exports/missing", QUESTION), "exports/missing: no such folder"),
     "a --model path that does not exist": (lambda clean, store, tmp: (str(tmp / "missing"), QUESTION), "missing: no such folder"),
     "a 1 MB question": (lambda clean, store, tmp: (str(clean), "x" * 1_000_000), "more than the 4000 a question may have"),
 }
@@ -902,3 +902,29 @@ def test_stored_text_reaches_the_terminal_and_json_without_controls(clean_export
     assert not any(c in printed for c in "\x1b\x07\r\u2028\u202e\u2066\x85\x9b")
     [turn] = [t for unit in json.loads(printed)["units"] for t in unit["source_turns"]]
     assert turn["text"] == f"I painted a sunrise.{CONTROLS}" and turn["speaker"] == f"Melanie{CONTROLS}"
+
+
+def test_ask_reaches_the_hub_only_when_the_model_is_written_as_a_hub_repo(clean_export, minilm, tmp_path, monkeypatch, capsys) -> None:
+    """``--model owner/name`` that is no folder here is a typo of a folder, not a Hub repo, even when a cache holds that repo."""
+    repo_id = publish_to_hub_cache(clean_export, owner="qgmem-hub-form")
+    store = _store(tmp_path, minilm)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["ask", "--intent", "rules", "--store", str(store), "--model", repo_id, QUESTION]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{repo_id}: no such folder" in err and f"hf://{repo_id}" in err
+    assert main(["ask", "--intent", "rules", "--store", str(store), "--model", f"hf://{repo_id}", QUESTION]) == 0
+
+
+@pytest.mark.parametrize("cap, length", [(None, 2_000_000), (40, 41)], ids=["a 2 MB turn under the default cap", "a turn over a configured cap"])
+def test_a_turn_longer_than_the_cap_is_one_line_and_nothing_is_stored(tmp_path, capsys, cap, length) -> None:
+    turns = [{"id": "t1", "speaker": "Alex", "text": "I adopted a beagle."}, {"id": "t2", "speaker": "Sam", "text": "x" * length}]
+    (tmp_path / "chats.jsonl").write_text(json.dumps({"id": "alex", "sessions": [{"id": "s1", "turns": turns}]}) + "\n")
+    construction = {"traces": False, **({"max_turn_chars": cap} if cap else {})}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({"pipeline": {"construction": construction}}))
+    capsys.readouterr()
+    arguments = ["build", "--dataset", "jsonl", "--input", str(tmp_path / "chats.jsonl"), "--store", str(tmp_path / "store"), "--units", "turns"]
+    assert main([*arguments, "--config", str(tmp_path / "cfg.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"session s1, turn t2: {length} characters, more than the {cap or 100_000} a turn may have" in err
+    assert not (tmp_path / "store").exists()
