@@ -13,7 +13,8 @@ The attacks, each refused (or one line, exit 2 in the CLI):
   Hub-id-shaped local path (embedder, base model, reranker), ``pkg:<name>.<sub>`` (importing ``<name>`` runs
   its code), ``pkg:`` of a package that is not a bundled model;
 - it names a repo with its own code (base model or embedder) while the caller passes ``trust_remote_code``
-  for the models the caller names;
+  for the models the caller names; it picks a branch of the base model the caller names and trusts
+  (``module.llm_revision``), whose code would run with the caller's trust;
 - checksums that leave a file out, list a file in a subfolder, or name an adapter outside the folder;
 - a listed file that is not one of the exporter's types (``reranker.modeling_evil.py``, ``reranker.``,
   ``reranker..``, ``reranker..json``, ``notes.pkl``); a verified bundled reranker file swapped right after the check;
@@ -45,6 +46,7 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -928,3 +930,30 @@ def test_a_turn_longer_than_the_cap_is_one_line_and_nothing_is_stored(tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"session s1, turn t2: {length} characters, more than the {cap or 100_000} a turn may have" in err
     assert not (tmp_path / "store").exists()
+
+
+def _add_revision(repo_id: str, folder: Path, branch: str) -> None:
+    """Add ``folder``'s files to the cached Hub repo ``repo_id`` as the head of ``branch`` (as a push to a branch or PR would)."""
+    from huggingface_hub import constants
+
+    repo = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / uuid.uuid4().hex
+    snapshot.mkdir(parents=True)
+    for path in sorted(folder.iterdir()):
+        digest = file_sha256(path)
+        shutil.copyfile(path, repo / "blobs" / digest)
+        (snapshot / path.name).symlink_to(os.path.relpath(repo / "blobs" / digest, snapshot))
+    (repo / "refs" / branch).write_text(snapshot.name)
+
+
+def test_the_callers_trust_applies_only_at_the_revision_the_caller_names(clean_export, tmp_path) -> None:
+    """The caller names (and trusts) the base model; the export picks a branch of that repo holding code: it never runs."""
+    marker = tmp_path / "marker"
+    trusted, branch = json.loads((clean_export / CONFIG_FILE).read_text())["module"]["llm"], f"evil-{uuid.uuid4().hex[:8]}"
+    _add_revision(trusted, _model_with_repository_code(clean_export, tmp_path, marker), branch)
+    folder = _hostile(clean_export, tmp_path / "export", lambda c: c["module"].update(llm_revision=branch))
+    loaded = None
+    with contextlib.suppress(InputError):  # today's code loads the branch, runs its code, then refuses its fingerprint
+        loaded = QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", trust_remote_code=True, models={"llm": trusted})
+    assert not marker.exists()
+    assert loaded is not None and loaded.path == "graph"

@@ -171,7 +171,9 @@ class QGMemPredictor(Predictor):
             embedder = build_embedder(pipeline)
             reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
             return cls(None, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent, max_question_chars=max_question_chars)
-        base = {key: caller[key] for key in ("llm", "llm_revision") if key in caller}
+        # A base model the caller names is taken at the caller's revision only (None: its default branch): the
+        # caller's trust never reaches a branch or pull request of that repo the export picked.
+        base = {"llm": caller["llm"], "llm_revision": caller.get("llm_revision")} if "llm" in caller else {}
         model = load_exported_module(export, cache_dir=cache_dir, device=device, trust_remote_code=trusted and "llm" in caller, base_model=base)
         if max_new_tokens is not None:
             model.hparams.max_new_tokens = max_new_tokens
