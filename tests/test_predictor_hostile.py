@@ -17,7 +17,8 @@ The attacks, each refused (or one line, exit 2 in the CLI):
   (``module.llm_revision``), whose code would run with the caller's trust;
 - checksums that leave a file out, list a file in a subfolder, or name an adapter outside the folder;
 - a listed file that is not one of the exporter's types (``reranker.modeling_evil.py``, ``reranker.``,
-  ``reranker..``, ``reranker..json``, ``notes.pkl``); a verified bundled reranker file swapped right after the check;
+  ``reranker..``, ``reranker..json``, ``notes.pkl``); a verified bundled reranker file, config.json or adapter
+  swapped right after the check (the verified bytes are the ones parsed);
 - a listed file that is a symlink out of the folder or a hard link (the Hub cache's own layout still loads), a Hub
   blob that is a hard link to a file outside, the checksum file a symlink out of the folder;
 - an exported reranker given as a local file (its path would be written into config.json);
@@ -61,6 +62,7 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
 import yaml
 
 from qgmem_train.__main__ import main
@@ -638,6 +640,37 @@ def test_the_bundled_reranker_is_written_from_the_bytes_that_were_verified(clean
     predictor = QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
     [cached] = (tmp_path / "cache" / "rerankers").iterdir()
     assert (cached / "config.json").read_bytes() == original and predictor.reranker is not None
+
+
+def test_config_and_adapters_are_read_from_the_bytes_that_were_verified(clean_export, tmp_path, monkeypatch) -> None:
+    """config.json and both adapters swapped (checksums too) right after the check: the verified bytes are the ones used."""
+    from safetensors.torch import load_file
+
+    from qgmem_train.predictor import artifact
+
+    folder = _hostile(clean_export, tmp_path / "export")
+    graph, lora = load_file(folder / "graph_adapter.safetensors"), load_file(folder / "adapter_model.safetensors")
+    verify = artifact._verify_files
+
+    def swapped_after_the_check(*args: Any, **kwargs: Any) -> Any:
+        verified = verify(*args, **kwargs)
+        config = json.loads((folder / CONFIG_FILE).read_text())
+        config["pipeline"]["retrieval"]["k"] = 7
+        (folder / CONFIG_FILE).write_text(json.dumps(config))
+        for name in ("graph_adapter.safetensors", "adapter_model.safetensors"):
+            _resave(folder / name, lambda tensors, metadata: tensors.update({k: v + 1.0 for k, v in tensors.items()}))
+        _write_sums(folder)
+        return verified
+
+    monkeypatch.setattr(artifact, "_verify_files", swapped_after_the_check)
+    predictor = QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu")
+    assert predictor.pipeline.retrieval.k == 3
+    state = predictor.model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in graph.items())
+    from peft import get_peft_model_state_dict
+
+    loaded_lora = get_peft_model_state_dict(predictor.model.llm)
+    assert set(loaded_lora) == set(lora) and all(torch.equal(loaded_lora[k], v) for k, v in lora.items())
 
 
 def _link_outside(kind: str) -> Callable[[Path, Path], None]:

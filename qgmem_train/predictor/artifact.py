@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from qgmem_train.config import ModelsConfig, PipelineConfig, pipeline_from_dict, settings_from_dict
 from qgmem_train.errors import InputError, ModelUnavailableError
-from qgmem_train.fileio import checksums_digest, file_sha256, parse_json, read_text
+from qgmem_train.fileio import checksums_digest, decode_text, file_sha256, parse_json, read_text
 from qgmem_train.llm.prompts import PROMPTS_VERSION
 
 EXPORT_FORMAT = "qgmem-export"
@@ -85,6 +85,8 @@ class Export:
     """File name of the peft LoRA weights, ``None`` without LoRA."""
     reranker_files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
     """The bundled cross-encoder's files (each name starts with :data:`RERANKER_PREFIX`), their bytes as verified; empty when none is bundled."""
+    adapters: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    """The bytes of the graph adapter and LoRA files as verified, by file name: what the module loads."""
 
 
 def is_plain_name(name: str) -> bool:
@@ -207,9 +209,9 @@ def locate_export(ref: str | Path, *, revision: str | None = None) -> Path:
 
 def read_export(folder: Path) -> Export:
     """Verify the folder's checksums, then read and check its config.json; anything malformed is one :class:`InputError`."""
-    listed, held = _verify_files(folder, hold=lambda name: name.startswith(RERANKER_PREFIX))
+    listed, held = _verify_files(folder, hold=lambda name: True)  # parsed from the bytes hashed, never read again
     path = folder / CONFIG_FILE
-    config = parse_json(read_text(path, kind="export config"), str(path))
+    config = parse_json(decode_text(held[CONFIG_FILE], str(path)), str(path))
     if not isinstance(config, dict) or config.get("format") != EXPORT_FORMAT:
         raise InputError(f"{path}: format", f"not a {EXPORT_FORMAT} config")
     if config.get("format_version") != EXPORT_FORMAT_VERSION:
@@ -228,7 +230,8 @@ def read_export(folder: Path) -> Export:
     adapter = _section(config, "adapter", path)
     graph = _adapter_file(adapter.get("graph"), "graph", listed, path)
     lora = _adapter_file(adapter["lora"], "lora", listed, path) if adapter.get("lora") is not None else None
-    return Export(folder, config, portable, portable_module(module), graph, lora, _bundled_reranker_files(config, held, path))
+    adapters = {name: held[name] for name in (graph, lora) if name is not None}
+    return Export(folder, config, portable, portable_module(module), graph, lora, _bundled_reranker_files(config, held, path), adapters)
 
 
 def bundled_reranker_folder(export: Export, cache_dir: str | Path | None = None) -> Path | None:

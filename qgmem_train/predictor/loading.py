@@ -7,7 +7,6 @@ settings (:mod:`qgmem_train.predictor.artifact` refuses anything else).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,15 +35,16 @@ def _not_an_adapter(path: Path, exc: Exception) -> InputError:
     return InputError(str(path), f"not a safetensors adapter: {why}")
 
 
-def read_adapter_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Tensors and qgmem metadata of a safetensors adapter; a file that is not one is an :class:`InputError`."""
+def read_adapter(data: bytes, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Tensors and qgmem metadata of the safetensors adapter ``path`` whose verified bytes are ``data``; bytes that are
+    not one are an :class:`InputError`."""
     from safetensors import SafetensorError
 
-    from qgmem_train.model.checkpoint import load_adapter
+    from qgmem_train.model.checkpoint import load_adapter_bytes
 
     try:
-        state, metadata = load_adapter(path)
-    except (SafetensorError, OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        state, metadata = load_adapter_bytes(data)
+    except (SafetensorError, UnicodeDecodeError, ValueError) as exc:
         raise _not_an_adapter(path, exc) from None
     except RecursionError:
         raise InputError(str(path), "its qgmem metadata is not readable JSON: nested too deeply") from None
@@ -69,7 +69,7 @@ def load_exported_module(
     model.load_backbone(None if device == "auto" else device)
     expected = trainable_state_dict(model)
     adapter = export.folder / export.graph_adapter
-    state, metadata = read_adapter_file(adapter)
+    state, metadata = read_adapter(export.adapters[export.graph_adapter], adapter)
     graph_keys = {k for k in expected if not k.startswith("llm.")}
     check_compatible(metadata, model.checkpoint_metadata(), set(state), graph_keys, str(adapter))
     check_shapes(state, expected, adapter)
@@ -79,7 +79,7 @@ def load_exported_module(
         where = f"{export.folder / CONFIG_FILE}: adapter.lora"
         raise InputError(where, f"is {export.lora_adapter!r} but the module has {len(lora_expected)} LoRA parameters")
     if export.lora_adapter:
-        _load_lora(model, export.folder / export.lora_adapter)
+        _load_lora(model, export.adapters[export.lora_adapter], export.folder / export.lora_adapter)
     model.eval()
     return model
 
@@ -91,15 +91,16 @@ def check_shapes(found: Mapping[str, Any], expected: Mapping[str, Any], path: Pa
             raise InputError(f"{path}: {name}", f"has shape {list(tensor.shape)}, but the module's parameter is {list(expected[name].shape)}")
 
 
-def _load_lora(model: GraphAugmentedLM, path: Path) -> None:
-    """Load peft-format LoRA weights into the module's LoRA-wrapped LLM; any missing, extra or misshapen tensor is refused."""
+def _load_lora(model: GraphAugmentedLM, data: bytes, path: Path) -> None:
+    """Load peft-format LoRA weights (the verified bytes ``data`` of ``path``) into the module's LoRA-wrapped LLM; any
+    missing, extra or misshapen tensor is refused."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     try:
-        weights = load_file(str(path))
-    except (SafetensorError, OSError) as exc:
+        weights = load(data)
+    except SafetensorError as exc:
         raise _not_an_adapter(path, exc) from None
     check_shapes(weights, get_peft_model_state_dict(model.llm), path)
     result = set_peft_model_state_dict(model.llm, weights)
