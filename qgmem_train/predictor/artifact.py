@@ -260,14 +260,14 @@ def bundled_reranker_folder(export: Export, cache_dir: str | Path | None = None)
 
 
 def _bundled_reranker_files(config: Mapping[str, Any], files: Mapping[str, bytes], path: Path) -> dict[str, bytes]:
-    """The verified ``reranker.*`` files, when config.json says a cross-encoder is bundled; its required files must be there."""
+    """The verified ``reranker.*`` files among ``files``, when config.json says a cross-encoder is bundled; its required files must be there."""
     reranker = config.get("reranker")
     if not isinstance(reranker, dict) or reranker.get("bundled") is not True:
         return {}
     for name in RERANKER_REQUIRED:
         if RERANKER_PREFIX + name not in files:
             raise InputError(f"{path}: reranker", f"says a cross-encoder is bundled, but {RERANKER_PREFIX + name} is not in the export")
-    return dict(files)
+    return {name: data for name, data in files.items() if name.startswith(RERANKER_PREFIX)}
 
 
 def is_public_reference(ref: str) -> bool:
