@@ -26,7 +26,8 @@ The attacks, each refused (or one line, exit 2 in the CLI):
   escaped by ``ask`` (no spoofed ``A:`` line) and by ``ask --json``;
 - a replaced graph in the ONNX cache;
 - malformed config.json (bad JSON or UTF-8, wrong types, unknown settings), or config.json or adapter
-  metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape;
+  metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape; module sizes (``gnn_hidden``,
+  ``lora_r``) that would allocate terabytes, or overflow any tensor, before the adapters' shapes are checked;
 - a damaged SQLite page in the store; a base model whose chat template Jinja's sandbox refuses; a ``--model``
   folder or path that does not exist; a 1 MB question (CLI and Python); a JSONL record nested 100k deep;
 - Python API misuse: lone surrogates in a namespace or turn text, a NUL in a namespace, ``turns=None``, a non-string
@@ -452,6 +453,9 @@ ADAPTER_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "adapter metadata nested 100k deep": (_deep_metadata, "graph_adapter.safetensors: its qgmem metadata is not readable JSON"),
     "a graph adapter tensor of the wrong shape": (_misshapen("graph_adapter.safetensors"), "graph_adapter.safetensors: encoder."),
     "a LoRA tensor of the wrong shape": (_misshapen("adapter_model.safetensors"), "adapter_model.safetensors: base_model."),
+    "module sizes of terabytes": (_edited(lambda c: c["module"].update(gnn_hidden=1 << 20)), "but config.json's module settings make it ["),
+    "module sizes past any tensor's": (_edited(lambda c: c["module"].update(gnn_hidden=1 << 40)), "config.json: module: its sizes make a module no adapter fits"),
+    "a LoRA rank of terabytes": (_edited(lambda c: c["module"].update(lora_r=1 << 40)), f"module.lora_r: is {1 << 40}, but the LoRA adapter's rank is 2"),
 }
 
 

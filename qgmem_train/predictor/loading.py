@@ -65,11 +65,12 @@ def load_exported_module(
     from qgmem_train.model.module import GraphAugmentedLM
 
     arguments = {**module_arguments(export), **(base_model or {})}
+    adapter = export.folder / export.graph_adapter
+    state, metadata = read_adapter(export.adapters[export.graph_adapter], adapter)
+    _check_sizes(export, arguments, state)
     model = GraphAugmentedLM(**arguments, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     model.load_backbone(None if device == "auto" else device)
     expected = trainable_state_dict(model)
-    adapter = export.folder / export.graph_adapter
-    state, metadata = read_adapter(export.adapters[export.graph_adapter], adapter)
     graph_keys = {k for k in expected if not k.startswith("llm.")}
     check_compatible(metadata, model.checkpoint_metadata(), set(state), graph_keys, str(adapter))
     check_shapes(state, expected, adapter)
@@ -82,6 +83,36 @@ def load_exported_module(
         _load_lora(model, export.adapters[export.lora_adapter], export.folder / export.lora_adapter)
     model.eval()
     return model
+
+
+def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Refuse module settings whose parameters differ from the adapters' tensors before any parameter is allocated
+    (config.json's sizes could ask for terabytes): the graph path is built on the meta device and compared, and
+    ``lora_r`` is compared with the LoRA adapter's rank."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    from qgmem_train.model.checkpoint import trainable_state_dict
+    from qgmem_train.model.module import GraphAugmentedLM
+
+    if export.lora_adapter:
+        path = export.folder / export.lora_adapter
+        try:
+            ranks = sorted({int(t.shape[0]) for name, t in load(export.adapters[export.lora_adapter]).items() if "lora_A" in name})
+        except SafetensorError as exc:
+            raise _not_an_adapter(path, exc) from None
+        if arguments.get("lora_r") not in ranks:
+            raise InputError(f"{export.folder / CONFIG_FILE}: module.lora_r", f"is {arguments.get('lora_r')}, but the LoRA adapter's rank is {', '.join(map(str, ranks))}")
+    try:
+        with torch.device("meta"):
+            shell = GraphAugmentedLM(**arguments)
+    except (RuntimeError, ValueError, OverflowError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{export.folder / CONFIG_FILE}: module", f"its sizes make a module no adapter fits ({why})") from None
+    for name, shape in ((n, tuple(t.shape)) for n, t in trainable_state_dict(shell).items()):
+        if name in state and tuple(state[name].shape) != shape:
+            raise InputError(f"{export.folder / export.graph_adapter}: {name}", f"has shape {list(state[name].shape)}, but config.json's module settings make it {list(shape)}")
 
 
 def check_shapes(found: Mapping[str, Any], expected: Mapping[str, Any], path: Path) -> None:
