@@ -24,7 +24,7 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 - an exported reranker given as a local file (its path would be written into config.json);
 - terminal escapes, carriage returns, line separators, bidi controls and C1 controls in stored turns and speakers:
   escaped by ``ask`` (no spoofed ``A:`` line) and by ``ask --json``;
-- a replaced graph in the ONNX cache;
+- a replaced graph in the ONNX cache; an exported ``reranker_max_length`` past the cross-encoder's positions;
 - malformed config.json (bad JSON or UTF-8, wrong types, unknown settings), or config.json or adapter
   metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape; module sizes (``gnn_hidden``,
   ``lora_r``) that would allocate terabytes, or overflow any tensor, before the adapters' shapes are checked;
@@ -675,6 +675,17 @@ def test_config_and_adapters_are_read_from_the_bytes_that_were_verified(clean_ex
 
     loaded_lora = get_peft_model_state_dict(predictor.model.llm)
     assert set(loaded_lora) == set(lora) and all(torch.equal(loaded_lora[k], v) for k, v in lora.items())
+
+
+def test_an_exported_reranker_length_past_the_models_positions_is_one_line(clean_export, cross_encoder, tmp_path) -> None:
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder)
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    config["pipeline"]["models"]["reranker_max_length"] = 4096
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+    _write_sums(folder)
+    with pytest.raises(InputError, match="reranker_max_length: is 4096, more than the 512 positions of the cross-encoder") as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
+    assert "\n" not in str(refusal.value)
 
 
 def _link_outside(kind: str) -> Callable[[Path, Path], None]:

@@ -162,15 +162,14 @@ class OnnxCrossEncoderReranker:
         from sentence_transformers import CrossEncoder
 
         from qgmem_train.llm.resolver import resolve_model_dir
-        from qgmem_train.retrieval.rerank import trained_document_layout
+        from qgmem_train.retrieval.rerank import set_max_length, trained_document_layout
 
         folder = resolve_model_dir(ref, cache_dir)
         self.model_id = ref
         self.batch_size = batch_size
         self.cross_encoder = CrossEncoder(str(folder), device="cpu")
         self.document_layout = trained_document_layout(self.cross_encoder, folder)
-        if max_length is not None:
-            self.cross_encoder.max_seq_length = max_length
+        set_max_length(self.cross_encoder, max_length, ref)
         self.input_names = list(self.cross_encoder.tokenizer.model_input_names)
         self.workers = workers or torch.get_num_threads()
         self.batch_threads = ThreadPoolExecutor(self.workers, thread_name_prefix="rerank") if self.workers > 1 else None

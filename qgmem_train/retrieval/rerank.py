@@ -182,8 +182,7 @@ class CrossEncoderReranker:
         folder = resolve_model_dir(ref, cache_dir)
         self.cross_encoder = CrossEncoder(str(folder), device=device)
         self.document_layout = trained_document_layout(self.cross_encoder, folder)
-        if max_length is not None:
-            self.cross_encoder.max_seq_length = max_length
+        set_max_length(self.cross_encoder, max_length, ref)
         if quantization == "int8" and device == "cpu":
             quantize_linear_int8(self.cross_encoder)
         elif quantization != "none":
@@ -195,6 +194,17 @@ class CrossEncoderReranker:
             return np.zeros(0, np.float32)
         pairs = [(query, d) for d in documents]
         return np.asarray(self.cross_encoder.predict(pairs, batch_size=self.batch_size, show_progress_bar=False), dtype=np.float32).reshape(-1)
+
+
+def set_max_length(cross_encoder: Any, max_length: int | None, ref: str) -> None:
+    """Cut pairs to ``max_length`` tokens (``models.reranker_max_length``; None: the model's own limit); a length past
+    the model's position embeddings is refused here, not met as an index error on the first long pool."""
+    if max_length is None:
+        return
+    positions = getattr(cross_encoder.model.config, "max_position_embeddings", None)
+    if positions is not None and max_length > positions:
+        raise InputError("pipeline.models.reranker_max_length", f"is {max_length}, more than the {positions} positions of the cross-encoder {ref}")
+    cross_encoder.max_seq_length = max_length
 
 
 def trained_document_layout(cross_encoder: Any, folder: Path) -> str:
