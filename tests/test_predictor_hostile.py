@@ -25,6 +25,7 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 - terminal escapes, carriage returns, line separators, bidi controls and C1 controls in stored turns and speakers:
   escaped by ``ask`` (no spoofed ``A:`` line) and by ``ask --json``;
 - a replaced graph in the ONNX cache; an exported ``reranker_max_length`` past the cross-encoder's positions;
+  a bundled reranker config.json that does not fit its weights;
 - malformed config.json (bad JSON or UTF-8, wrong types, unknown settings), or config.json or adapter
   metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape; module sizes (``gnn_hidden``,
   ``lora_r``) that would allocate terabytes, or overflow any tensor, before the adapters' shapes are checked;
@@ -684,6 +685,17 @@ def test_an_exported_reranker_length_past_the_models_positions_is_one_line(clean
     (folder / CONFIG_FILE).write_text(json.dumps(config))
     _write_sums(folder)
     with pytest.raises(InputError, match="reranker_max_length: is 4096, more than the 512 positions of the cross-encoder") as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
+    assert "\n" not in str(refusal.value)
+
+
+def test_a_bundled_reranker_config_that_does_not_fit_its_weights_is_one_line(clean_export, cross_encoder, tmp_path) -> None:
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder)
+    config = json.loads((folder / "reranker.config.json").read_text())
+    config["intermediate_size"] *= 2
+    (folder / "reranker.config.json").write_text(json.dumps(config))
+    _write_sums(folder)
+    with pytest.raises(InputError, match="the cross-encoder does not load: .*ignore_mismatched_sizes") as refusal:
         QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
     assert "\n" not in str(refusal.value)
 

@@ -172,15 +172,13 @@ class CrossEncoderReranker:
 
     def __init__(self, ref: str, *, batch_size: int = 8, device: str = "auto", cache_dir: str | None = None, quantization: str = "none",
                  max_length: int | None = None):
-        from sentence_transformers import CrossEncoder
-
         from qgmem_train.llm.resolver import pick_device, resolve_model_dir
 
         device = pick_device(device)
         self.model_id = ref
         self.batch_size = batch_size
         folder = resolve_model_dir(ref, cache_dir)
-        self.cross_encoder = CrossEncoder(str(folder), device=device)
+        self.cross_encoder = load_cross_encoder(folder, ref, device)
         self.document_layout = trained_document_layout(self.cross_encoder, folder)
         set_max_length(self.cross_encoder, max_length, ref)
         if quantization == "int8" and device == "cpu":
@@ -194,6 +192,18 @@ class CrossEncoderReranker:
             return np.zeros(0, np.float32)
         pairs = [(query, d) for d in documents]
         return np.asarray(self.cross_encoder.predict(pairs, batch_size=self.batch_size, show_progress_bar=False), dtype=np.float32).reshape(-1)
+
+
+def load_cross_encoder(folder: Path, ref: str, device: str) -> Any:
+    """The sentence-transformers CrossEncoder in ``folder`` (named ``ref``); a config that does not fit its weights
+    (or files that are no cross-encoder) is one :class:`InputError`, not transformers' multi-line report."""
+    from sentence_transformers import CrossEncoder
+
+    try:
+        return CrossEncoder(str(folder), device=device)
+    except (RuntimeError, ValueError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(ref, f"the cross-encoder does not load: {why}") from None
 
 
 def set_max_length(cross_encoder: Any, max_length: int | None, ref: str) -> None:
