@@ -13,7 +13,7 @@ from qgmem_train.config import PipelineConfig, pipeline_from_dict
 from qgmem_train.errors import InputError
 from qgmem_train.memory import traces as traces_module
 from qgmem_train.memory.neighbours import can_extend, extend_neighbours, moved, nearest_neighbours, neighbour_count
-from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
+from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, NamespaceMemory, WindowResult
 from qgmem_train.memory.trace_graph import build_trace_graph, extend_trace_graph, linked_components, moved_graph
 from qgmem_train.memory.trace_graph_file import cached_rows, fingerprints, graph_path, read_graph
 from qgmem_train.memory.traces import consolidate_traces, time_runs
@@ -236,14 +236,20 @@ def test_adding_units_updates_only_the_traces_they_touch_and_equals_a_rebuild(tm
     assert len(expected) == 7 and sorted(t.member_ids for t in after.values()) == expected
 
 
+def _consolidated_store(path: Path, rng: np.random.Generator, cfg: PipelineConfig) -> tuple[MemoryStore, np.ndarray, NamespaceMemory]:
+    """A store of five groups of five related units, its traces consolidated (so its graph cached); the group centres and
+    the namespace loaded with its relation vectors."""
+    centres = rng.standard_normal((DIM, DIM)).astype(np.float32)
+    store = _store(path, [[u for g in range(5) for u in _group_units("a", g, 5, 10 * g, rng, centres)]])
+    assert consolidate_traces(store, "n", cfg) == 5
+    return store, centres, store.load_namespace("n", relations=True)
+
+
 def test_stale_or_broken_cached_graph_is_rebuilt(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
-    centres = rng.standard_normal((DIM, DIM)).astype(np.float32)
-    units = [u for g in range(5) for u in _group_units("a", g, 5, 10 * g, rng, centres)]
     cfg = PipelineConfig()
-    with _store(tmp_path / "s", [units]) as store:
-        assert consolidate_traces(store, "n", cfg) == 5
-        memory = store.load_namespace("n", relations=True)
+    store, centres, memory = _consolidated_store(tmp_path / "s", rng, cfg)
+    with store:
         relations = memory.relation_embeddings
         ids = [u.id for u in memory.units]
         path = graph_path(store.path, "n")
@@ -422,13 +428,9 @@ def _hostile_cache(path: Path, case: str) -> None:
 
 @pytest.mark.parametrize("case", ["compressed", "a compressed bomb", "a header claiming 2**40 rows", "an extra member"])
 def test_a_cached_graph_is_read_within_the_namespaces_bounds_or_not_at_all(tmp_path: Path, case: str) -> None:
-    rng = np.random.default_rng(9)
-    centres = rng.standard_normal((DIM, DIM)).astype(np.float32)
-    units = [u for g in range(5) for u in _group_units("a", g, 5, 10 * g, rng, centres)]
     cfg = PipelineConfig()
-    with _store(tmp_path / "s", [units]) as store:
-        assert consolidate_traces(store, "n", cfg) == 5
-        memory = store.load_namespace("n", relations=True)
+    store, _, memory = _consolidated_store(tmp_path / "s", np.random.default_rng(9), cfg)
+    with store:
         ids, prints = [u.id for u in memory.units], fingerprints(memory.fact_embeddings, memory.relation_embeddings)
         path = graph_path(store.path, "n")
         _hostile_cache(path, case)
