@@ -225,6 +225,8 @@ def bundle_reranker(cfg: PipelineConfig, staging: Path) -> dict[str, Any]:
         log.warning("warning: cross-encoder folder %s not found (build it with `make reranker`); the export has no reranker", ref)
         return {"kind": "none", "model": None, "bundled": False}
     folder = Path(ref).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise InputError(ref, "a file, not a cross-encoder folder: an export bundles a folder or names a Hub id, never a path of this machine")
     if not folder.is_dir():
         return {"kind": kind, "model": ref, "bundled": False}
     entries = sorted(folder.iterdir())

@@ -10,13 +10,16 @@ turns. ``--json`` prints one JSON object instead, for scripts.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import InputError
 from qgmem_train.predictor import AskResult, IntentMode, QGMemPredictor
+from qgmem_train.terminal import json_line
+
+HUB_FORM = "hf://"
+"""How ``--model`` names a Hub repo: ``hf://owner/name``."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time", help="when the question is asked (ISO date); resolves relative expressions only")
     parser.add_argument("--reranker", choices=["llm", "cross", "none"], help="reranker (default: models.reranker)")
     parser.add_argument("--intent", choices=["llm", "rules"], default="llm", help="query-intent parser: the paper's prompt, or rules without an LLM")
-    parser.add_argument("--model", help="exported QGMem model (folder or Hub repo id): answer with it; its config replaces --config/--reranker")
+    parser.add_argument(
+        "--model", help=f"exported QGMem model (a folder, or {HUB_FORM}owner/name for a Hub repo): answer with it; its config replaces --config/--reranker"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (answer, reasoning path, cited units with source turns, tokens, seconds)")
     return parser
 
@@ -43,6 +48,19 @@ def pick_namespace(available: list[str], wanted: str | None, store: Path) -> str
     if len(available) != 1:
         raise InputError(f"{store}", f"holds {len(available)} namespaces; pick one with --namespace")  # the others are other users' ids
     return available[0]
+
+
+def export_reference(value: str) -> str | Path:
+    """``--model`` as :meth:`QGMemPredictor.from_pretrained` takes it: a Hub repo id only when written ``hf://owner/name``,
+    else a folder that must exist (a typo of a folder never reaches the Hub, nor a cache holding a repo of that name)."""
+    if value.startswith(HUB_FORM):
+        return value[len(HUB_FORM):]
+    if not Path(value).expanduser().exists():
+        from qgmem_train.llm.resolver import looks_like_hub_repo_id
+
+        hint = f"for the Hub repo, write {HUB_FORM}{value}" if looks_like_hub_repo_id(value) else f"an export on the Hub is named {HUB_FORM}owner/name"
+        raise InputError(value, f"no such folder ({hint})")
+    return Path(value)
 
 
 def ask_record(result: AskResult) -> dict[str, Any]:
@@ -79,10 +97,10 @@ def main(argv: list[str]) -> int:
     with MemoryStore.open(args.store) as store:
         namespace = pick_namespace(store.namespaces(), args.namespace, args.store)
     if args.model is not None:
-        predictor = QGMemPredictor.from_pretrained(args.model, intent=args.intent)
+        predictor = QGMemPredictor.from_pretrained(export_reference(args.model), intent=args.intent)
     else:
         predictor = text_path_predictor(args.config, args.reranker, args.intent)
     with predictor.memory(namespace, args.store) as memory:
         result = memory.ask(args.question, args.time)
-    print(json.dumps(ask_record(result), ensure_ascii=False) if args.json else result.render())
+    print(json_line(ask_record(result)) if args.json else result.render())
     return 0

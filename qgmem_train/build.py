@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from qgmem_train.config import load_pipeline_config
 from qgmem_train.errors import InputError
 from qgmem_train.llm.factory import build_embedder, build_llm
-from qgmem_train.memory.construct import build_conversation, conversation_windows
+from qgmem_train.memory.construct import build_conversation, conversation_windows, refuse_long_turns
 from qgmem_train.memory.loaders import DATASETS, load_conversations
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S
@@ -54,6 +54,8 @@ def main(argv: list[str]) -> int:
     conversations = load_conversations(args.dataset, args.input, args.conversation)
     if not conversations:
         raise InputError(args.input, "no conversations found")
+    for conversation in conversations:
+        refuse_long_turns(conversation, cfg.construction.max_turn_chars)
     started = time.perf_counter()
     with MemoryStore.open(args.store, create=True, busy_timeout=args.busy_timeout) as store:
         cc = cfg.construction

@@ -101,6 +101,9 @@ class ConstructionConfig:
     """Texts per embedder call."""
     sentence_vectors: bool = True
     """Also embed each sentence of a multi-sentence fact, for ``retrieval.sentence_vectors`` (not in the paper)."""
+    max_turn_chars: int | None = 100_000
+    """Longest turn a build accepts, in characters (not in the paper; ``null``: no cap): a longer one is refused in one
+    line before anything is stored, rather than kept whole in the store and every prompt that cites it."""
 
 
 @dataclass

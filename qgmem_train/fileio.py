@@ -40,11 +40,17 @@ def read_text(path: str | os.PathLike, *, kind: str = "file") -> str:
         raise InputError(str(path), f"expected a {kind}, got a folder") from None
     except OSError as exc:
         raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    return decode_text(data, str(path))
+
+
+def decode_text(data: bytes, where: str) -> str:
+    """``data`` (the bytes of the file ``where``) as UTF-8 text, a leading byte-order mark dropped; bad bytes are an
+    :class:`InputError` naming the line."""
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise InputError(f"{path}: line {line}", f"not valid UTF-8 (byte {exc.start} of the file: {exc.reason})") from None
+        raise InputError(f"{where}: line {line}", f"not valid UTF-8 (byte {exc.start} of the file: {exc.reason})") from None
 
 
 def parse_json(text: str | bytes, where: str) -> Any:

@@ -215,8 +215,8 @@ def test_an_adapter_for_other_settings_is_refused_even_with_fresh_checksums(trai
     config["module"]["gnn_hidden"] = 16
     (changed / "config.json").write_text(json.dumps(config))
     write_checksums(changed)
-    with pytest.raises(InputError, match="graph_adapter.safetensors: config_hash"):
-        QGMemPredictor.from_pretrained(changed)
+    with pytest.raises(InputError, match="graph_adapter.safetensors: encoder.*, but config.json's module settings make it"):
+        QGMemPredictor.from_pretrained(changed)  # refused on the meta device, before any parameter is allocated
 
 
 def _forbid_network(monkeypatch) -> None:

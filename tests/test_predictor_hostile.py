@@ -13,26 +13,43 @@ The attacks, each refused (or one line, exit 2 in the CLI):
   Hub-id-shaped local path (embedder, base model, reranker), ``pkg:<name>.<sub>`` (importing ``<name>`` runs
   its code), ``pkg:`` of a package that is not a bundled model;
 - it names a repo with its own code (base model or embedder) while the caller passes ``trust_remote_code``
-  for the models the caller names;
+  for the models the caller names; it picks a branch of the base model the caller names and trusts
+  (``module.llm_revision``), whose code would run with the caller's trust;
 - checksums that leave a file out, list a file in a subfolder, or name an adapter outside the folder;
 - a listed file that is not one of the exporter's types (``reranker.modeling_evil.py``, ``reranker.``,
-  ``reranker..``, ``reranker..json``, ``notes.pkl``); a verified bundled reranker file swapped right after the check;
-- a listed file that is a symlink out of the folder or a hard link (the Hub cache's own layout still loads);
-- a replaced graph in the ONNX cache;
+  ``reranker..``, ``reranker..json``, ``notes.pkl``); a verified bundled reranker file, config.json or adapter
+  swapped right after the check (the verified bytes are the ones parsed);
+- a listed file that is a symlink out of the folder or a hard link (the Hub cache's own layout still loads), a Hub
+  blob that is a hard link to a file outside, the checksum file a symlink out of the folder;
+- an exported reranker given as a local file (its path would be written into config.json);
+- terminal escapes, carriage returns, line separators, bidi controls and C1 controls in stored turns and speakers:
+  escaped by ``ask`` (no spoofed ``A:`` line) and by ``ask --json``;
+- a replaced graph in the ONNX cache; an exported ``reranker_max_length`` past the cross-encoder's positions;
+  a bundled reranker config.json that does not fit its weights;
 - malformed config.json (bad JSON or UTF-8, wrong types, unknown settings), or config.json or adapter
-  metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape;
+  metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape; module sizes (``gnn_hidden``,
+  ``lora_r``) that would allocate terabytes, or overflow any tensor, before the adapters' shapes are checked;
 - a damaged SQLite page in the store; a base model whose chat template Jinja's sandbox refuses; a ``--model``
   folder or path that does not exist; a 1 MB question (CLI and Python); a JSONL record nested 100k deep;
-- Python API misuse: lone surrogates in a namespace or turn text, ``turns=None``, a non-string
+- Python API misuse: lone surrogates in a namespace or turn text, a NUL in a namespace, ``turns=None``, a non-string
   ``session_id``, ``ask(None)``;
 - ``ask`` without ``--namespace`` listing the store's other namespaces; an export recording a local path
   for its base model; tokens in ``;token=`` or ``#access_token=`` of a URL in a log line; a config sending
   the API key over plain http to another machine (one warning);
+- a store pointed at a folder of other files (``memory(ns, folder)``, ``build --store``), a user's files in an
+  existing store's ``vectors/`` (one of the store's own name form), a store whose ``vectors/`` or ``trace_graphs/``
+  links to another folder: nothing but the store's own files is ever removed;
+- a handed-over ``memory.sqlite`` with a trigger (one deleting other namespaces' turns), a view, an index or a
+  table of ours defined otherwise: refused before any write, other namespaces' rows unchanged;
+- a store recording a vector sidecar named ``../../victim/x.vec`` or ``/etc/passwd``: refused before any open;
+- a cached trace graph that is compressed, a compressed bomb (256 MiB of zeros), a member header claiming 2**40 rows,
+  or has an extra member: not read, the graph built anew (``tests/test_traces_scale.py``);
 - a checksum file ``sha256sum -c`` accepts (uppercase hex, ``*`` marker, comment, blank line) must load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -47,12 +64,14 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
 import yaml
 
 from qgmem_train.__main__ import main
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.llm.resolver import resolve_model_dir
+from qgmem_train.memory.store import MemoryStore
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.predictor import CHECKSUM_FILE, CONFIG_FILE, QGMemPredictor, file_sha256
@@ -435,6 +454,9 @@ ADAPTER_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "adapter metadata nested 100k deep": (_deep_metadata, "graph_adapter.safetensors: its qgmem metadata is not readable JSON"),
     "a graph adapter tensor of the wrong shape": (_misshapen("graph_adapter.safetensors"), "graph_adapter.safetensors: encoder."),
     "a LoRA tensor of the wrong shape": (_misshapen("adapter_model.safetensors"), "adapter_model.safetensors: base_model."),
+    "module sizes of terabytes": (_edited(lambda c: c["module"].update(gnn_hidden=1 << 20)), "but config.json's module settings make it ["),
+    "module sizes past any tensor's": (_edited(lambda c: c["module"].update(gnn_hidden=1 << 40)), "config.json: module: its sizes make a module no adapter fits"),
+    "a LoRA rank of terabytes": (_edited(lambda c: c["module"].update(lora_r=1 << 40)), f"module.lora_r: is {1 << 40}, but the LoRA adapter's rank is 2"),
 }
 
 
@@ -457,6 +479,7 @@ def loaded(clean_export) -> QGMemPredictor:
 
 MISUSE: dict[str, tuple[Callable[[QGMemPredictor, Path], Any], str]] = {
     "a lone surrogate in the namespace": (lambda p, store: p.memory("al\ud800ice", store), "namespace: not valid text"),
+    "a NUL in the namespace": (lambda p, store: p.memory("al\x00ice", store), "namespace: not valid text: NUL at character 2"),
     "a lone surrogate in a turn's text": (lambda p, store: p.memory("alice", store).add_session([{"speaker": "A", "text": "hi \udc00"}]), "turn 1.text: not valid text"),
     "turns=None": (lambda p, store: p.memory("alice", store).add_session(None), "turns: expected a list of turns"),  # type: ignore[arg-type]
     "a session_id that is not a string": (lambda p, store: p.memory("alice", store).add_session(SESSION, session_id=7), "session_id: expected a string"),  # type: ignore[arg-type]
@@ -521,11 +544,28 @@ def _chat_template_the_sandbox_refuses(clean: Path, tmp_path: Path) -> Path:
     return folder
 
 
+def _sidecar_named(store: Path, name: str) -> None:
+    """Record ``name`` for the store's first vector sidecar; a name inside the store's parent gets a copy of the genuine file."""
+    import sqlite3
+
+    with sqlite3.connect(store / "memory.sqlite") as db:
+        (real,) = db.execute("SELECT name FROM segment_files ORDER BY namespace, seq").fetchone()
+        db.execute("UPDATE segment_files SET name = ? WHERE name = ?", (name, real))
+    copy = store / "vectors" / name
+    if not Path(name).is_absolute() and not copy.exists():
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(store / "vectors" / real, copy)
+
+
 QUESTION = "What did Melanie paint?"
 CLI_CASES: dict[str, tuple[Callable[[Path, Path, Path], tuple[str, str]], str]] = {
     "a damaged SQLite page": (lambda clean, store, tmp: (_damage_last_page(store), (str(clean), QUESTION))[1], "the store is damaged"),
     "a chat template the sandbox refuses": (lambda clean, store, tmp: (str(_chat_template_the_sandbox_refuses(clean, tmp)), QUESTION), "chat_template: the sandbox refuses"),
-    "a --model folder that does not exist": (lambda clean, store, tmp: ("exports/missing", QUESTION), "no such folder 'exports/missing'"),
+    "a sidecar name leaving the store": (
+        lambda clean, store, tmp: (_sidecar_named(store, "../../victim/x.vec"), (str(clean), QUESTION))[1], "named '../../victim/x.vec', not one of the store's own"
+    ),
+    "an absolute sidecar name": (lambda clean, store, tmp: (_sidecar_named(store, "/etc/passwd"), (str(clean), QUESTION))[1], "named '/etc/passwd', not one of the store's own"),
+    "a --model folder that does not exist": (lambda clean, store, tmp: ("exports/missing", QUESTION), "exports/missing: no such folder"),
     "a --model path that does not exist": (lambda clean, store, tmp: (str(tmp / "missing"), QUESTION), "missing: no such folder"),
     "a 1 MB question": (lambda clean, store, tmp: (str(clean), "x" * 1_000_000), "more than the 4000 a question may have"),
 }
@@ -605,6 +645,59 @@ def test_the_bundled_reranker_is_written_from_the_bytes_that_were_verified(clean
     predictor = QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
     [cached] = (tmp_path / "cache" / "rerankers").iterdir()
     assert (cached / "config.json").read_bytes() == original and predictor.reranker is not None
+
+
+def test_config_and_adapters_are_read_from_the_bytes_that_were_verified(clean_export, tmp_path, monkeypatch) -> None:
+    """config.json and both adapters swapped (checksums too) right after the check: the verified bytes are the ones used."""
+    from safetensors.torch import load_file
+
+    from qgmem_train.predictor import artifact
+
+    folder = _hostile(clean_export, tmp_path / "export")
+    graph, lora = load_file(folder / "graph_adapter.safetensors"), load_file(folder / "adapter_model.safetensors")
+    verify = artifact._verify_files
+
+    def swapped_after_the_check(*args: Any, **kwargs: Any) -> Any:
+        verified = verify(*args, **kwargs)
+        config = json.loads((folder / CONFIG_FILE).read_text())
+        config["pipeline"]["retrieval"]["k"] = 7
+        (folder / CONFIG_FILE).write_text(json.dumps(config))
+        for name in ("graph_adapter.safetensors", "adapter_model.safetensors"):
+            _resave(folder / name, lambda tensors, metadata: tensors.update({k: v + 1.0 for k, v in tensors.items()}))
+        _write_sums(folder)
+        return verified
+
+    monkeypatch.setattr(artifact, "_verify_files", swapped_after_the_check)
+    predictor = QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu")
+    assert predictor.pipeline.retrieval.k == 3
+    state = predictor.model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in graph.items())
+    from peft import get_peft_model_state_dict
+
+    loaded_lora = get_peft_model_state_dict(predictor.model.llm)
+    assert set(loaded_lora) == set(lora) and all(torch.equal(loaded_lora[k], v) for k, v in lora.items())
+
+
+def test_an_exported_reranker_length_past_the_models_positions_is_one_line(clean_export, cross_encoder, tmp_path) -> None:
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder)
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    config["pipeline"]["models"]["reranker_max_length"] = 4096
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+    _write_sums(folder)
+    with pytest.raises(InputError, match="reranker_max_length: is 4096, more than the 512 positions of the cross-encoder") as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
+    assert "\n" not in str(refusal.value)
+
+
+def test_a_bundled_reranker_config_that_does_not_fit_its_weights_is_one_line(clean_export, cross_encoder, tmp_path) -> None:
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder)
+    config = json.loads((folder / "reranker.config.json").read_text())
+    config["intermediate_size"] *= 2
+    (folder / "reranker.config.json").write_text(json.dumps(config))
+    _write_sums(folder)
+    with pytest.raises(InputError, match="the cross-encoder does not load: .*ignore_mismatched_sizes") as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
+    assert "\n" not in str(refusal.value)
 
 
 def _link_outside(kind: str) -> Callable[[Path, Path], None]:
@@ -714,3 +807,213 @@ def test_the_cli_warns_once_when_a_config_sends_the_key_over_plain_http(tmp_path
         main(["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--config", str(config), QUESTION])
     err = capsys.readouterr().err
     assert err.count("plain http to another machine") == 1 and SECRET not in err
+
+
+def _rules_predictor(minilm, traces: bool = False) -> QGMemPredictor:
+    """A predictor building turn units without an LLM (``traces``: consolidating traces too, the scripted LLM restating none)."""
+    cfg = PipelineConfig()
+    cfg.construction.units, cfg.construction.traces = "turns", traces
+    return QGMemPredictor(None, cfg, llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+
+
+def _victim_files(folder: Path) -> dict[str, bytes]:
+    """A user's files in ``folder`` (one of them in its own ``vectors/``); returns name → content, to check them afterwards."""
+    files = {"notes.txt": b"my notes", "vectors/photo.jpg": b"\xff\xd8 a photo", f"vectors/{'ab' * 16}.vec": b"not the store's"}
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(content)
+    return files
+
+
+def _intact(folder: Path, files: dict[str, bytes]) -> bool:
+    return all((folder / name).is_file() and (folder / name).read_bytes() == content for name, content in files.items())
+
+
+def test_a_store_is_not_made_in_a_folder_of_other_files(minilm, tmp_path, capsys) -> None:
+    folder = tmp_path / "documents"
+    files = _victim_files(folder)
+    with pytest.raises(InputError, match="documents: not a memory store, and not empty"):
+        with _rules_predictor(minilm).memory("alice", folder) as memory:
+            memory.add_session(SESSION)
+    samples = Path(__file__).resolve().parents[1] / "samples" / "plain_chat.jsonl"
+    (tmp_path / "cfg.yaml").write_text("pipeline:\n  construction:\n    traces: false\n")
+    capsys.readouterr()
+    arguments = ["build", "--dataset", "jsonl", "--input", str(samples), "--store", str(folder), "--units", "turns", "--config", str(tmp_path / "cfg.yaml")]
+    assert main(arguments) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a memory store, and not empty" in err
+    assert _intact(folder, files) and sorted(p.name for p in folder.iterdir()) == ["notes.txt", "vectors"]
+
+
+def test_a_write_deletes_only_files_the_store_wrote(minilm, tmp_path) -> None:
+    store = _store(tmp_path, minilm)
+    files = _victim_files(store)
+    predictor = _rules_predictor(minilm)
+    with predictor.memory("alice", store) as memory:
+        memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
+        memory.add_session([{"speaker": "Melanie", "text": "We went camping in the mountains."}], session_id="S3")
+    with MemoryStore.open(store) as opened:
+        assert len(opened.load_namespace("alice").units) == 4
+    assert _intact(store, files)
+
+
+@pytest.mark.parametrize("folder", ["vectors", "trace_graphs"])
+def test_a_symlinked_store_subfolder_is_refused(minilm, tmp_path, folder) -> None:
+    store = _store(tmp_path, minilm)
+    victim = tmp_path / "victim"
+    (store / folder).mkdir(exist_ok=True)
+    shutil.move(store / folder, victim)
+    files = _victim_files(victim)
+    (store / folder).symlink_to(victim, target_is_directory=True)
+    with pytest.raises(InputError, match=f"{folder}: a link to .*; a store's folders must be its own"):
+        with _rules_predictor(minilm, traces=True).memory("alice", store) as memory:
+            memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
+    assert _intact(victim, files)
+
+
+SCHEMA_CASES = {
+    "a trigger wiping other namespaces": ("CREATE TRIGGER wipe AFTER INSERT ON turns BEGIN DELETE FROM turns WHERE namespace <> NEW.namespace; END", "trigger wipe"),
+    "a view": ("CREATE VIEW everyone AS SELECT * FROM turns", "view everyone"),
+    "an index": ("CREATE INDEX turns_text ON turns (text)", "index turns_text"),
+    "a table of the store's defined otherwise": ("ALTER TABLE turns ADD COLUMN note TEXT DEFAULT 'x'", "table turns"),
+}
+"""Case → (the statement a handed-over ``memory.sqlite`` was given, the entry the one line names)."""
+
+
+@pytest.mark.parametrize("case", list(SCHEMA_CASES))
+def test_a_store_whose_schema_is_not_ours_is_refused_and_left_as_it_was(minilm, tmp_path, case) -> None:
+    import sqlite3
+
+    statement, entry = SCHEMA_CASES[case]
+    predictor = _rules_predictor(minilm)
+    for user in ("alice", "bob"):
+        with predictor.memory(user, tmp_path / "store") as memory:
+            memory.add_session(SESSION)
+    file = tmp_path / "store" / "memory.sqlite"
+    queries = ["SELECT namespace, id, session_id, position, speaker, text, time FROM turns WHERE namespace = 'bob' ORDER BY id", "SELECT * FROM segment_parts WHERE namespace = 'bob' ORDER BY kind, seq, part, piece"]
+
+    def bobs_rows() -> list[list[tuple]]:
+        with sqlite3.connect(file) as db:
+            return [db.execute(query).fetchall() for query in queries]
+
+    before = bobs_rows()
+    with sqlite3.connect(file) as db:
+        db.execute(statement)
+    with pytest.raises(InputError, match=f"memory.sqlite: not a memory store: {entry} .*not in a memory store's schema"):
+        with predictor.memory("alice", tmp_path / "store") as memory:
+            memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
+    assert bobs_rows() == before and before[0] and before[1]
+
+
+def _hub_blob_hard_linked(clean: Path, tmp_path: Path) -> str:
+    """The export published to the Hub cache layout, its adapter's blob a hard link to a file outside the cache."""
+    from huggingface_hub import constants
+
+    repo_id = publish_to_hub_cache(clean, owner="qgmem-hard-linked")
+    [link] = (Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "snapshots").glob("*/adapter_model.safetensors")
+    blob = link.resolve()
+    shutil.move(blob, tmp_path / "outside.safetensors")
+    os.link(tmp_path / "outside.safetensors", blob)
+    return repo_id
+
+
+def _checksums_linked_out(clean: Path, tmp_path: Path) -> str:
+    """A copy of the export whose checksum file is a symlink to a file outside it."""
+    folder = _hostile(clean, tmp_path / "export")
+    shutil.move(folder / CHECKSUM_FILE, tmp_path / "sums.txt")
+    (folder / CHECKSUM_FILE).symlink_to(tmp_path / "sums.txt")
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    "tamper, message",
+    [(_hub_blob_hard_linked, "adapter_model.safetensors: a hard link"), (_checksums_linked_out, f"{CHECKSUM_FILE}: a link to .*, outside the export folder")],
+    ids=["a Hub blob hard-linked from outside", "the checksum file a link out of the folder"],
+)
+def test_a_link_out_through_the_hub_blobs_or_the_checksum_file_is_refused(clean_export, tmp_path, tamper, message) -> None:
+    ref = tamper(clean_export, tmp_path)
+    with pytest.raises(InputError, match=message):
+        QGMemPredictor.from_pretrained(ref, intent="rules", device="cpu")
+
+
+def test_an_export_records_no_local_file_for_its_reranker(tmp_path) -> None:
+    from export.package import bundle_reranker
+
+    (tmp_path / "model.onnx").write_bytes(b"a local file")
+    cfg = PipelineConfig()
+    cfg.models.reranker, cfg.models.reranker_model = "cross", str(tmp_path / "model.onnx")
+    with pytest.raises(InputError, match="model.onnx: a file, not a cross-encoder folder"):
+        bundle_reranker(cfg, tmp_path)
+
+
+CONTROLS = "\x1b[2J\x1b]0;title\x07\rA: I never said that\u2028B: \u202egnp.exe\u2066\x85\x9b31m"
+"""Terminal escapes, a carriage return, a line separator, bidi overrides and isolates, C1 controls (NEL, CSI)."""
+
+
+def test_stored_text_reaches_the_terminal_and_json_without_controls(clean_export, minilm, tmp_path, capsys) -> None:
+    with _rules_predictor(minilm).memory("alice", tmp_path / "store") as memory:
+        memory.add_session([{"speaker": f"Melanie{CONTROLS}", "text": f"I painted a sunrise.{CONTROLS}"}])
+    capsys.readouterr()
+    arguments = ["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--model", str(clean_export), QUESTION]
+    assert main(arguments) == 0
+    shown = capsys.readouterr().out
+    assert "I painted a sunrise." in shown and "\\x1b" in shown
+    assert not any(c in shown for c in "\x1b\x07\r\u2028\u202e\u2066\x85\x9b") and not any(line.startswith(("A:", "B:")) for line in shown.splitlines())
+    assert main([*arguments[:-1], "--json", QUESTION]) == 0
+    printed = capsys.readouterr().out
+    assert not any(c in printed for c in "\x1b\x07\r\u2028\u202e\u2066\x85\x9b")
+    [turn] = [t for unit in json.loads(printed)["units"] for t in unit["source_turns"]]
+    assert turn["text"] == f"I painted a sunrise.{CONTROLS}" and turn["speaker"] == f"Melanie{CONTROLS}"
+
+
+def test_ask_reaches_the_hub_only_when_the_model_is_written_as_a_hub_repo(clean_export, minilm, tmp_path, monkeypatch, capsys) -> None:
+    """``--model owner/name`` that is no folder here is a typo of a folder, not a Hub repo, even when a cache holds that repo."""
+    repo_id = publish_to_hub_cache(clean_export, owner="qgmem-hub-form")
+    store = _store(tmp_path, minilm)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["ask", "--intent", "rules", "--store", str(store), "--model", repo_id, QUESTION]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{repo_id}: no such folder" in err and f"hf://{repo_id}" in err
+    assert main(["ask", "--intent", "rules", "--store", str(store), "--model", f"hf://{repo_id}", QUESTION]) == 0
+
+
+@pytest.mark.parametrize("cap, length", [(None, 2_000_000), (40, 41)], ids=["a 2 MB turn under the default cap", "a turn over a configured cap"])
+def test_a_turn_longer_than_the_cap_is_one_line_and_nothing_is_stored(tmp_path, capsys, cap, length) -> None:
+    turns = [{"id": "t1", "speaker": "Alex", "text": "I adopted a beagle."}, {"id": "t2", "speaker": "Sam", "text": "x" * length}]
+    (tmp_path / "chats.jsonl").write_text(json.dumps({"id": "alex", "sessions": [{"id": "s1", "turns": turns}]}) + "\n")
+    construction = {"traces": False, **({"max_turn_chars": cap} if cap else {})}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({"pipeline": {"construction": construction}}))
+    capsys.readouterr()
+    arguments = ["build", "--dataset", "jsonl", "--input", str(tmp_path / "chats.jsonl"), "--store", str(tmp_path / "store"), "--units", "turns"]
+    assert main([*arguments, "--config", str(tmp_path / "cfg.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"session s1, turn t2: {length} characters, more than the {cap or 100_000} a turn may have" in err
+    assert not (tmp_path / "store").exists()
+
+
+def _add_revision(repo_id: str, folder: Path, branch: str) -> None:
+    """Add ``folder``'s files to the cached Hub repo ``repo_id`` as the head of ``branch`` (as a push to a branch or PR would)."""
+    from huggingface_hub import constants
+
+    repo = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / uuid.uuid4().hex
+    snapshot.mkdir(parents=True)
+    for path in sorted(folder.iterdir()):
+        digest = file_sha256(path)
+        shutil.copyfile(path, repo / "blobs" / digest)
+        (snapshot / path.name).symlink_to(os.path.relpath(repo / "blobs" / digest, snapshot))
+    (repo / "refs" / branch).write_text(snapshot.name)
+
+
+def test_the_callers_trust_applies_only_at_the_revision_the_caller_names(clean_export, tmp_path) -> None:
+    """The caller names (and trusts) the base model; the export picks a branch of that repo holding code: it never runs."""
+    marker = tmp_path / "marker"
+    trusted, branch = json.loads((clean_export / CONFIG_FILE).read_text())["module"]["llm"], f"evil-{uuid.uuid4().hex[:8]}"
+    _add_revision(trusted, _model_with_repository_code(clean_export, tmp_path, marker), branch)
+    folder = _hostile(clean_export, tmp_path / "export", lambda c: c["module"].update(llm_revision=branch))
+    loaded = None
+    with contextlib.suppress(InputError):  # today's code loads the branch, runs its code, then refuses its fingerprint
+        loaded = QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", trust_remote_code=True, models={"llm": trusted})
+    assert not marker.exists()
+    assert loaded is not None and loaded.path == "graph"

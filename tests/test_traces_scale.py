@@ -12,8 +12,8 @@ import pytest
 from qgmem_train.config import PipelineConfig, pipeline_from_dict
 from qgmem_train.errors import InputError
 from qgmem_train.memory import traces as traces_module
-from qgmem_train.memory.neighbours import can_extend, extend_neighbours, moved, nearest_neighbours
-from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, WindowResult
+from qgmem_train.memory.neighbours import can_extend, extend_neighbours, moved, nearest_neighbours, neighbour_count
+from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, NamespaceMemory, WindowResult
 from qgmem_train.memory.trace_graph import build_trace_graph, extend_trace_graph, linked_components, moved_graph
 from qgmem_train.memory.trace_graph_file import cached_rows, fingerprints, graph_path, read_graph
 from qgmem_train.memory.traces import consolidate_traces, time_runs
@@ -197,6 +197,11 @@ def _store(path: Path, windows: list[list[EmbeddedUnit]]) -> MemoryStore:
     return store
 
 
+def _bounds(units: list, cfg: PipelineConfig) -> dict[str, int]:
+    """What :func:`read_graph` reads a cached graph of ``units`` within: their neighbours per unit and embedding size."""
+    return {"k": neighbour_count(cfg.construction.neighbours, len(units)), "dim": DIM}
+
+
 def _trajectory(chat) -> str:
     return '{"trajectory": "written by the LLM"}'
 
@@ -231,31 +236,37 @@ def test_adding_units_updates_only_the_traces_they_touch_and_equals_a_rebuild(tm
     assert len(expected) == 7 and sorted(t.member_ids for t in after.values()) == expected
 
 
+def _consolidated_store(path: Path, rng: np.random.Generator, cfg: PipelineConfig) -> tuple[MemoryStore, np.ndarray, NamespaceMemory]:
+    """A store of five groups of five related units, its traces consolidated (so its graph cached); the group centres and
+    the namespace loaded with its relation vectors."""
+    centres = rng.standard_normal((DIM, DIM)).astype(np.float32)
+    store = _store(path, [[u for g in range(5) for u in _group_units("a", g, 5, 10 * g, rng, centres)]])
+    assert consolidate_traces(store, "n", cfg) == 5
+    return store, centres, store.load_namespace("n", relations=True)
+
+
 def test_stale_or_broken_cached_graph_is_rebuilt(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
-    centres = rng.standard_normal((DIM, DIM)).astype(np.float32)
-    units = [u for g in range(5) for u in _group_units("a", g, 5, 10 * g, rng, centres)]
     cfg = PipelineConfig()
-    with _store(tmp_path / "s", [units]) as store:
-        assert consolidate_traces(store, "n", cfg) == 5
-        memory = store.load_namespace("n", relations=True)
+    store, centres, memory = _consolidated_store(tmp_path / "s", rng, cfg)
+    with store:
         relations = memory.relation_embeddings
         ids = [u.id for u in memory.units]
         path = graph_path(store.path, "n")
         prints = fingerprints(memory.fact_embeddings, relations)
-        assert read_graph(path, ids, prints) is not None
+        assert read_graph(path, ids, prints, **_bounds(ids, cfg)) is not None
         moved_fact = prints.copy()
         moved_fact[3, 0] += 0.01
-        assert read_graph(path, ids, moved_fact) is None  # a unit embedded differently
-        assert read_graph(path, ids[1:], prints[1:]) is None  # a cached unit gone
+        assert read_graph(path, ids, moved_fact, **_bounds(ids, cfg)) is None  # a unit embedded differently
+        assert read_graph(path, ids[1:], prints[1:], **_bounds(ids[1:], cfg)) is None  # a cached unit gone
         path.write_bytes(b"not a cache")
-        assert read_graph(path, ids, prints) is None
+        assert read_graph(path, ids, prints, **_bounds(ids, cfg)) is None
         store.add_windows("n", [WindowResult("s", 1, _group_units("b", 2, 2, 400, rng, centres))])
         assert consolidate_traces(store, "n", cfg) == 5
         grown = store.load_namespace("n")
         grown_prints = fingerprints(grown.fact_embeddings, store.load_namespace("n", relations=True).relation_embeddings)
-    assert read_graph(path, ids, prints) is None  # the rebuilt cache names the new units too
-    assert read_graph(path, [u.id for u in grown.units], grown_prints) is not None
+    assert read_graph(path, ids, prints, **_bounds(ids, cfg)) is None  # the rebuilt cache names the new units too
+    assert read_graph(path, [u.id for u in grown.units], grown_prints, **_bounds(grown.units, cfg)) is not None
 
 
 def test_a_large_cluster_becomes_traces_of_consecutive_runs(tmp_path: Path) -> None:
@@ -380,3 +391,55 @@ def test_extending_cell_lists_merges_per_batch_not_per_cell(keep_pairs_block: in
     extend_neighbours(grown, vectors, np.arange(5940, 6000))
     probed = len(np.unique(grown.cells.probes[5940:]))
     assert probed > 100 and len(merges) <= 4
+
+
+def _stored_member(name: str, shape: tuple[int, ...], dtype: str, data: bytes) -> tuple[str, bytes]:
+    """An uncompressed ``.npz`` member whose header claims ``shape`` and ``dtype``, holding ``data`` after the header."""
+    import io
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": shape})
+    return f"{name}.npy", header.getvalue() + data
+
+
+def _hostile_cache(path: Path, case: str) -> None:
+    """Replace the cached graph at ``path`` by a hostile one built from its genuine arrays."""
+    import zipfile
+
+    with np.load(path) as stored:
+        arrays = {name: stored[name] for name in stored.files}
+    if case == "compressed":
+        np.savez_compressed(path, **arrays)
+    elif case == "a compressed bomb":
+        np.savez_compressed(path, **{**arrays, "index": np.zeros(64 << 20, np.int32)})  # 256 MiB inflated, about 256 KiB on disk
+    elif case == "a header claiming 2**40 rows":
+        np.savez(path, **arrays)
+        with zipfile.ZipFile(path, "a") as archive:
+            archive.writestr(*_stored_member("sims_big", (1 << 40, 4), "<f4", b"\0" * 16))
+        with zipfile.ZipFile(path) as archive:
+            members = {info.filename: archive.read(info) for info in archive.infolist()}
+        members["index.npy"] = members.pop("sims_big.npy")
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, data in members.items():
+                archive.writestr(name, data)
+    elif case == "an extra member":
+        np.savez(path, **arrays, extra=np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("case", ["compressed", "a compressed bomb", "a header claiming 2**40 rows", "an extra member"])
+def test_a_cached_graph_is_read_within_the_namespaces_bounds_or_not_at_all(tmp_path: Path, case: str) -> None:
+    cfg = PipelineConfig()
+    store, _, memory = _consolidated_store(tmp_path / "s", np.random.default_rng(9), cfg)
+    with store:
+        ids, prints = [u.id for u in memory.units], fingerprints(memory.fact_embeddings, memory.relation_embeddings)
+        path = graph_path(store.path, "n")
+        _hostile_cache(path, case)
+        tracemalloc.start()
+        try:
+            assert read_graph(path, ids, prints, **_bounds(ids, cfg)) is None
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 16 << 20  # nothing inflated or allocated past the namespace's 25 units
+        assert consolidate_traces(store, "n", cfg) == 5  # the cache is built anew
+        assert read_graph(path, ids, prints, **_bounds(ids, cfg)) is not None

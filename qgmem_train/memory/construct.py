@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from qgmem_train.config import PipelineConfig
+from qgmem_train.errors import InputError
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.structured import ParseStats
 from qgmem_train.memory.extraction import extract_windows
@@ -93,6 +94,19 @@ def embed_units(units: Sequence[MemoryUnit], embedder: TextEmbedder, batch_size:
     return out
 
 
+def refuse_long_turns(conversation: Conversation, max_chars: int | None) -> None:
+    """Refuse a conversation with a turn longer than ``max_chars`` characters (``construction.max_turn_chars``; None: no cap)."""
+    if max_chars is None:
+        return
+    for session in conversation.sessions:
+        for turn in session.turns:
+            if len(turn.text) > max_chars:
+                raise InputError(
+                    f"conversation {conversation.id}, session {session.id}, turn {turn.id}",
+                    f"{len(turn.text)} characters, more than the {max_chars} a turn may have (pipeline.construction.max_turn_chars)",
+                )
+
+
 def build_conversation(
     store: MemoryStore,
     conversation: Conversation,
@@ -111,6 +125,7 @@ def build_conversation(
     """
     started = time.perf_counter()
     cc = cfg.construction
+    refuse_long_turns(conversation, cc.max_turn_chars)
     namespace = namespace or conversation.id
     if cc.units == "llm" and llm is None:
         raise ValueError("units mode 'llm' needs an LLM")

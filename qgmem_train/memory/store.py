@@ -21,6 +21,7 @@ build that writes to it after the upgrade.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from qgmem_train.errors import InputError
-from qgmem_train.memory import segments
+from qgmem_train.memory import segments, sidecar, trace_graph_file
 from qgmem_train.memory.columns import take_children
 from qgmem_train.memory.row_stack import RowStack
 from qgmem_train.memory.sidecar import SidecarMissing
@@ -47,6 +48,8 @@ __all__ = [
 ]  # fmt: skip
 
 STORE_FILE = "memory.sqlite"
+OWN_FOLDERS = (sidecar.FOLDER, trace_graph_file.FOLDER)
+"""The folders a store writes and removes files in, beside its SQLite file: never links, so no write reaches outside the store."""
 LOAD_ATTEMPTS = 3
 """Reads of a namespace tried before giving up when writers keep replacing the segments read (see :mod:`~qgmem_train.memory.sidecar`)."""
 NAMESPACE_TABLES = ("turns", "windows", "unit_keys", "segments", "segment_parts", "segment_files", "traces")
@@ -119,7 +122,9 @@ class MemoryStore:
 
     @classmethod
     def open(cls, path: str | Path, *, create: bool = False, busy_timeout: float = BUSY_TIMEOUT_S) -> MemoryStore:
-        """Open the store in directory ``path``; ``create`` makes it when missing.
+        """Open the store in directory ``path``; ``create`` makes it when missing (in a new or empty folder only).
+
+        A store whose ``vectors/`` or ``trace_graphs/`` is a link is refused: writes remove and replace files there.
 
         A write waits up to ``busy_timeout`` seconds for other writers, then fails with
         :class:`~qgmem_train.memory.store_file.StoreLockedError` (an :class:`InputError`).
@@ -129,7 +134,12 @@ class MemoryStore:
         if not file.exists():
             if not create:
                 raise InputError(str(path), f"no memory store here (expected {STORE_FILE}); build one with `python -m qgmem_train build`")
+            if path.exists() and (not path.is_dir() or any(path.iterdir())):
+                raise InputError(str(path), f"not a memory store, and not empty (no {STORE_FILE}); name a new or empty folder for the store")
             path.mkdir(parents=True, exist_ok=True)
+        for folder in OWN_FOLDERS:
+            if (path / folder).is_symlink():
+                raise InputError(str(path / folder), f"a link to {os.readlink(path / folder)}; a store's folders must be its own (replace the link with the folder it names)")
         return cls(path, StoreFile.open(file, busy_timeout))
 
     @property

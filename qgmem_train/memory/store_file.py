@@ -1,7 +1,9 @@
 """The memory store's SQLite file: its schema and version, a connection per thread, and write transactions.
 
-Opening reads the file before writing anything to it, so an SQLite file of another program, or a store
-whose schema version is not a number or is newer than this code, is refused and left as it was; an older
+Opening reads the file before writing anything to it, so an SQLite file of another program, a store
+whose schema version is not a number or is newer than this code, or one whose schema holds anything
+not in ours (a trigger, view, index or table, or a table defined otherwise: a trigger would run inside
+our writes) is refused and left as it was; an older
 store is upgraded in one transaction (version 2's rows of units move into segments, version 3's unit
 vectors into sidecar files, see :mod:`qgmem_train.memory.store_upgrade`). Every write takes the write lock first (``BEGIN IMMEDIATE``) and
 waits up to ``busy_timeout`` seconds for another writer; past that it ends in :class:`StoreLockedError`.
@@ -12,7 +14,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
+from functools import cache
 from pathlib import Path
 
 from qgmem_train.errors import InputError
@@ -44,6 +47,32 @@ _SCHEMA = [
 _TABLES = {"meta", "namespaces", "turns", "windows", "unit_keys", "segments", "segment_parts", "segment_files", "traces", "units",
            "sentences"}
 """Tables of a store of any version (``units`` and ``sentences``: version 2 and older)."""
+
+
+_ENTRIES = "SELECT type, name, tbl_name, sql FROM sqlite_master"
+"""Every entry of a database's schema: (type, name, table, defining SQL)."""
+
+
+@cache
+def _schema_entries() -> frozenset[tuple[str, str, str, str | None]]:
+    """The entries of the schema of a store of :data:`SCHEMA_VERSION` (made or upgraded alike)."""
+    with closing(sqlite3.connect(":memory:")) as db:
+        for statement in _SCHEMA:
+            db.execute(statement)
+        return frozenset(db.execute(_ENTRIES).fetchall())
+
+
+def _foreign_entry(entries: list[tuple[str, str, str, str | None]], version: int) -> str | None:
+    """What a store of ``version`` would not hold among ``entries``, in words: any trigger or view; at the current
+    version, any entry not exactly the schema's, or one of the schema's missing (older versions differ in tables and indexes)."""
+    expected = _schema_entries()
+    for entry in sorted(entries, key=lambda e: e[:2]):
+        kind, name = entry[:2]
+        if kind not in ("table", "index") or (version == SCHEMA_VERSION and entry not in expected):
+            defined_otherwise = any(e[:2] == (kind, name) for e in expected)
+            return f"{kind} {name}{' as defined here' if defined_otherwise else ''} is not in a memory store's schema"
+    missing = sorted(e[:2] for e in expected - set(entries)) if version == SCHEMA_VERSION else []
+    return f"{missing[0][0]} {missing[0][1]} of a memory store's schema is missing" if missing else None
 
 
 def _upgrade_1_to_2(db: sqlite3.Connection) -> None:
@@ -168,8 +197,9 @@ class StoreFile:
         """The stored schema version, ``None`` for a new (empty) file; anything that is not a store is an error."""
         try:
             with self.busy_as_error():
-                tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-                if not tables:
+                entries = self.db.execute(_ENTRIES).fetchall()
+                tables = {name for kind, name, _, _ in entries if kind == "table"}
+                if not entries:
                     return None
                 if "meta" not in tables or not tables <= _TABLES:
                     raise InputError(str(self.file), "not a memory store: an SQLite database with other tables")
@@ -189,7 +219,14 @@ class StoreFile:
             raise InputError(str(self.file), f"schema version {version} is newer than this code reads ({SCHEMA_VERSION}); open it with a newer qgmem")
         if version < 1:
             raise InputError(f"{self.file}: schema_version", f"is {version}, not a store version")
+        self._refuse_foreign_entries(entries, version)
         return version
+
+    def _refuse_foreign_entries(self, entries: list[tuple[str, str, str, str | None]], version: int) -> None:
+        """Refuse a store whose schema holds an entry a store of ``version`` has not (see :func:`_foreign_entry`)."""
+        foreign = _foreign_entry(entries, version)
+        if foreign is not None:
+            raise InputError(str(self.file), f"not a memory store: {foreign}; refusing to open it")
 
     def _create_or_upgrade(self) -> None:
         """Make a new store, or bring an older one to :data:`SCHEMA_VERSION`, in one transaction."""
@@ -208,3 +245,4 @@ class StoreFile:
                 for step in range(version, SCHEMA_VERSION):
                     _UPGRADES[step](db)
                 db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+            self._refuse_foreign_entries(db.execute(_ENTRIES).fetchall(), SCHEMA_VERSION)

@@ -5,6 +5,10 @@ units the traces were last consolidated from, with each unit's id and a fingerpr
 relation embeddings (inner products with two fixed random vectors). It is a cache: a file that is
 missing, unreadable, or disagrees with the namespace (a listed unit gone, or embedded differently) is
 ignored and the graph built anew. Files are replaced atomically, so readers never see half of one.
+
+Reading checks the file before allocating anything for it (the folder is as writable as the store): exactly
+the members written, each uncompressed, its header's type and shape within what the namespace's units allow
+(rows at most its unit count, columns at most its neighbour count and embedding size).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from qgmem_train.fileio import atomic_output
-from qgmem_train.memory.neighbours import Cells, NeighbourLists
+from qgmem_train.memory.neighbours import PROBES, Cells, NeighbourLists
 from qgmem_train.memory.trace_graph import TraceGraph, moved_graph
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,13 @@ class StoredGraph:
 
     graph: TraceGraph
     new_rows: np.ndarray
+
+
+_MEMBERS = {
+    "ids": "u", "id_ends": "i", "fingerprints": "f", "index": "i", "sims": "f", "related": "b",
+    "threshold": "f", "centroids": "f", "probes": "i", "trained_units": "i",
+}  # fmt: skip
+"""The arrays a cached graph holds, with the kind of each one's type."""
 
 
 def graph_path(store_path: Path, namespace: str) -> Path:
@@ -71,12 +82,20 @@ def write_graph(path: Path, unit_ids: list[str], prints: np.ndarray, graph: Trac
         log.warning("%s: trace graph not cached (%s); the next consolidation searches every unit again", path, exc.strerror or exc)
 
 
-def read_graph(path: Path, unit_ids: list[str], prints: np.ndarray) -> StoredGraph | None:
-    """The graph cached at ``path`` renumbered to ``unit_ids``, or None when there is none or it no longer fits them."""
+def read_graph(path: Path, unit_ids: list[str], prints: np.ndarray, *, k: int, dim: int) -> StoredGraph | None:
+    """The graph cached at ``path`` renumbered to ``unit_ids``, or None when there is none or it no longer fits them
+    (``k``: the namespace's neighbours per unit, ``dim``: its embedding size, bounding what is read)."""
+    units = len(unit_ids)
+    bounds = {
+        "ids": (sum(len(uid.encode("utf-8")) for uid in unit_ids),), "id_ends": (units,), "fingerprints": (units, 2),
+        "index": (units, k), "sims": (units, k), "related": (units, k), "threshold": (), "centroids": (units, dim),
+        "probes": (units, PROBES), "trained_units": (),
+    }  # fmt: skip
     try:
-        with np.load(path, allow_pickle=False) as stored:
-            arrays = {name: stored[name] for name in stored.files}
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        arrays = _read_bounded(path, bounds)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if arrays is None:
         return None
     try:
         ends = arrays["id_ends"]
@@ -99,6 +118,34 @@ def read_graph(path: Path, unit_ids: list[str], prints: np.ndarray) -> StoredGra
     covered = np.zeros(len(unit_ids), bool)
     covered[rows] = True
     return StoredGraph(moved_graph(graph, rows, len(unit_ids)), np.flatnonzero(~covered))
+
+
+def _read_bounded(path: Path, bounds: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray] | None:
+    """The arrays of the ``.npz`` at ``path`` when it holds exactly :data:`_MEMBERS`, each stored uncompressed with a
+    header of its kind, as many dimensions as its bound and none larger; None otherwise, before reading any array's data."""
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+        if sorted(info.filename for info in infos) != sorted(f"{name}.npy" for name in _MEMBERS):
+            return None
+        arrays = {}
+        for info in infos:
+            name = info.filename.removesuffix(".npy")
+            if info.compress_type != zipfile.ZIP_STORED:
+                return None
+            with archive.open(info) as member:
+                if np.lib.format.read_magic(member) != (1, 0):
+                    return None
+                shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(member)
+                if dtype.kind != _MEMBERS[name] or dtype.itemsize > 8 or fortran_order or len(shape) != len(bounds[name]):
+                    return None
+                if any(size > bound for size, bound in zip(shape, bounds[name])):
+                    return None
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                data = bytearray(member.read(nbytes + 1))  # writable, as the arrays np.load returns
+            if len(data) != nbytes:
+                return None
+            arrays[name] = np.frombuffer(data, dtype).reshape(shape)
+    return arrays
 
 
 def cached_rows(blob: bytes, ends: np.ndarray, unit_ids: list[str]) -> np.ndarray:

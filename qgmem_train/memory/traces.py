@@ -28,7 +28,7 @@ from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import TRACE_CONSOLIDATION
 from qgmem_train.llm.schemas import TrajectoryOutput
 from qgmem_train.llm.structured import ParseStats, generate_structured
-from qgmem_train.memory.neighbours import can_extend
+from qgmem_train.memory.neighbours import can_extend, neighbour_count
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.trace_graph import TraceGraph, build_trace_graph, extend_trace_graph, linked_components
 from qgmem_train.memory.trace_graph_file import fingerprints, graph_path, read_graph, write_graph
@@ -96,7 +96,7 @@ def namespace_graph(store: MemoryStore, namespace: str, units: Sequence[MemoryUn
     path = graph_path(store.path, namespace)
     ids = unit_texts(units, "id")
     prints = fingerprints(facts, relations)
-    stored = read_graph(path, ids, prints)
+    stored = read_graph(path, ids, prints, k=neighbour_count(cc.neighbours, len(ids)), dim=facts.shape[1])
     if stored is not None and can_extend(stored.graph.lists, len(ids), cc.neighbours):
         if len(stored.new_rows) == 0 and stored.graph.threshold == cc.relation_threshold:
             return stored.graph

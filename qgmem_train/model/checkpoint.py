@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from qgmem_train.errors import InputError
 
@@ -86,8 +86,18 @@ def load_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
         path = path / ADAPTER_FILE
     if not path.exists():
         raise InputError(str(path), "adapter file not found")
-    from safetensors import safe_open
+    return load_adapter_bytes(path.read_bytes())
 
-    with safe_open(str(path), framework="pt") as handle:
-        raw = (handle.metadata() or {}).get(METADATA_KEY)
-    return load_file(str(path)), json.loads(raw) if raw else {}
+
+def load_adapter_bytes(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Tensors and metadata of the adapter file whose bytes are ``data`` (parsed from these bytes, not read again).
+
+    Malformed bytes raise ``SafetensorError`` (tensors) or ``ValueError`` (the header's JSON).
+    """
+    from safetensors.torch import load
+
+    tensors = load(data)  # checks the header's size and offsets before the JSON below is read
+    header_size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + header_size])
+    raw = (header.get("__metadata__") or {}).get(METADATA_KEY) if isinstance(header, dict) else None
+    return tensors, json.loads(raw) if raw else {}

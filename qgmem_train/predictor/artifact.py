@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from qgmem_train.config import ModelsConfig, PipelineConfig, pipeline_from_dict, settings_from_dict
 from qgmem_train.errors import InputError, ModelUnavailableError
-from qgmem_train.fileio import checksums_digest, file_sha256, parse_json, read_text
+from qgmem_train.fileio import checksums_digest, decode_text, file_sha256, parse_json, read_text
 from qgmem_train.llm.prompts import PROMPTS_VERSION
 
 EXPORT_FORMAT = "qgmem-export"
@@ -85,6 +85,8 @@ class Export:
     """File name of the peft LoRA weights, ``None`` without LoRA."""
     reranker_files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
     """The bundled cross-encoder's files (each name starts with :data:`RERANKER_PREFIX`), their bytes as verified; empty when none is bundled."""
+    adapters: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    """The bytes of the graph adapter and LoRA files as verified, by file name: what the module loads."""
 
 
 def is_plain_name(name: str) -> bool:
@@ -111,6 +113,7 @@ def read_checksums(folder: Path) -> dict[str, str]:
     path = folder / CHECKSUM_FILE
     if not path.is_file():
         raise InputError(str(path), "checksum file missing: not a complete QGMem export")
+    _refuse_outside_link(path, folder)
     sums: dict[str, str] = {}
     for number, line in enumerate(read_text(path, kind="checksum file").splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
@@ -167,14 +170,15 @@ def _check_file_type(name: str, where: str) -> None:
 
 
 def _refuse_outside_link(path: Path, folder: Path) -> None:
-    """Refuse a listed file that is a symlink leading out of the folder, or a hard link; the Hub cache's snapshot links into its blobs pass."""
+    """Refuse a listed file (or the checksum file) that is a symlink leading out of the folder, or a hard link, or a link
+    to one; the Hub cache's snapshot links into its blobs pass."""
     if path.is_symlink():
         target, inside = path.resolve(), folder.resolve()
         snapshots = inside.parent
         hub_blob = snapshots.name == "snapshots" and snapshots.parent.name.startswith("models--") and target.parent == snapshots.parent / "blobs"
         if target.parent != inside and not hub_blob:
             raise InputError(str(path), f"a link to {target}, outside the export folder: an export holds its own files")
-    elif path.stat().st_nlink > 1:
+    if path.stat().st_nlink > 1:  # of the file a link leads to, too: a Hub blob may itself be a hard link
         raise InputError(str(path), "a hard link (the same file has another name elsewhere): an export holds its own files")
 
 
@@ -205,9 +209,9 @@ def locate_export(ref: str | Path, *, revision: str | None = None) -> Path:
 
 def read_export(folder: Path) -> Export:
     """Verify the folder's checksums, then read and check its config.json; anything malformed is one :class:`InputError`."""
-    listed, held = _verify_files(folder, hold=lambda name: name.startswith(RERANKER_PREFIX))
+    listed, held = _verify_files(folder, hold=lambda name: True)  # parsed from the bytes hashed, never read again
     path = folder / CONFIG_FILE
-    config = parse_json(read_text(path, kind="export config"), str(path))
+    config = parse_json(decode_text(held[CONFIG_FILE], str(path)), str(path))
     if not isinstance(config, dict) or config.get("format") != EXPORT_FORMAT:
         raise InputError(f"{path}: format", f"not a {EXPORT_FORMAT} config")
     if config.get("format_version") != EXPORT_FORMAT_VERSION:
@@ -226,7 +230,8 @@ def read_export(folder: Path) -> Export:
     adapter = _section(config, "adapter", path)
     graph = _adapter_file(adapter.get("graph"), "graph", listed, path)
     lora = _adapter_file(adapter["lora"], "lora", listed, path) if adapter.get("lora") is not None else None
-    return Export(folder, config, portable, portable_module(module), graph, lora, _bundled_reranker_files(config, held, path))
+    adapters = {name: held[name] for name in (graph, lora) if name is not None}
+    return Export(folder, config, portable, portable_module(module), graph, lora, _bundled_reranker_files(config, held, path), adapters)
 
 
 def bundled_reranker_folder(export: Export, cache_dir: str | Path | None = None) -> Path | None:
@@ -255,14 +260,14 @@ def bundled_reranker_folder(export: Export, cache_dir: str | Path | None = None)
 
 
 def _bundled_reranker_files(config: Mapping[str, Any], files: Mapping[str, bytes], path: Path) -> dict[str, bytes]:
-    """The verified ``reranker.*`` files, when config.json says a cross-encoder is bundled; its required files must be there."""
+    """The verified ``reranker.*`` files among ``files``, when config.json says a cross-encoder is bundled; its required files must be there."""
     reranker = config.get("reranker")
     if not isinstance(reranker, dict) or reranker.get("bundled") is not True:
         return {}
     for name in RERANKER_REQUIRED:
         if RERANKER_PREFIX + name not in files:
             raise InputError(f"{path}: reranker", f"says a cross-encoder is bundled, but {RERANKER_PREFIX + name} is not in the export")
-    return dict(files)
+    return {name: data for name, data in files.items() if name.startswith(RERANKER_PREFIX)}
 
 
 def is_public_reference(ref: str) -> bool:

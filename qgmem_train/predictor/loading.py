@@ -7,7 +7,6 @@ settings (:mod:`qgmem_train.predictor.artifact` refuses anything else).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,15 +35,16 @@ def _not_an_adapter(path: Path, exc: Exception) -> InputError:
     return InputError(str(path), f"not a safetensors adapter: {why}")
 
 
-def read_adapter_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Tensors and qgmem metadata of a safetensors adapter; a file that is not one is an :class:`InputError`."""
+def read_adapter(data: bytes, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Tensors and qgmem metadata of the safetensors adapter ``path`` whose verified bytes are ``data``; bytes that are
+    not one are an :class:`InputError`."""
     from safetensors import SafetensorError
 
-    from qgmem_train.model.checkpoint import load_adapter
+    from qgmem_train.model.checkpoint import load_adapter_bytes
 
     try:
-        state, metadata = load_adapter(path)
-    except (SafetensorError, OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        state, metadata = load_adapter_bytes(data)
+    except (SafetensorError, UnicodeDecodeError, ValueError) as exc:
         raise _not_an_adapter(path, exc) from None
     except RecursionError:
         raise InputError(str(path), "its qgmem metadata is not readable JSON: nested too deeply") from None
@@ -65,11 +65,12 @@ def load_exported_module(
     from qgmem_train.model.module import GraphAugmentedLM
 
     arguments = {**module_arguments(export), **(base_model or {})}
+    adapter = export.folder / export.graph_adapter
+    state, metadata = read_adapter(export.adapters[export.graph_adapter], adapter)
+    _check_sizes(export, arguments, state)
     model = GraphAugmentedLM(**arguments, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     model.load_backbone(None if device == "auto" else device)
     expected = trainable_state_dict(model)
-    adapter = export.folder / export.graph_adapter
-    state, metadata = read_adapter_file(adapter)
     graph_keys = {k for k in expected if not k.startswith("llm.")}
     check_compatible(metadata, model.checkpoint_metadata(), set(state), graph_keys, str(adapter))
     check_shapes(state, expected, adapter)
@@ -79,9 +80,39 @@ def load_exported_module(
         where = f"{export.folder / CONFIG_FILE}: adapter.lora"
         raise InputError(where, f"is {export.lora_adapter!r} but the module has {len(lora_expected)} LoRA parameters")
     if export.lora_adapter:
-        _load_lora(model, export.folder / export.lora_adapter)
+        _load_lora(model, export.adapters[export.lora_adapter], export.folder / export.lora_adapter)
     model.eval()
     return model
+
+
+def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Refuse module settings whose parameters differ from the adapters' tensors before any parameter is allocated
+    (config.json's sizes could ask for terabytes): the graph path is built on the meta device and compared, and
+    ``lora_r`` is compared with the LoRA adapter's rank."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    from qgmem_train.model.checkpoint import trainable_state_dict
+    from qgmem_train.model.module import GraphAugmentedLM
+
+    if export.lora_adapter:
+        path = export.folder / export.lora_adapter
+        try:
+            ranks = sorted({int(t.shape[0]) for name, t in load(export.adapters[export.lora_adapter]).items() if "lora_A" in name})
+        except SafetensorError as exc:
+            raise _not_an_adapter(path, exc) from None
+        if arguments.get("lora_r") not in ranks:
+            raise InputError(f"{export.folder / CONFIG_FILE}: module.lora_r", f"is {arguments.get('lora_r')}, but the LoRA adapter's rank is {', '.join(map(str, ranks))}")
+    try:
+        with torch.device("meta"):
+            shell = GraphAugmentedLM(**arguments)
+    except (RuntimeError, ValueError, OverflowError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{export.folder / CONFIG_FILE}: module", f"its sizes make a module no adapter fits ({why})") from None
+    for name, shape in ((n, tuple(t.shape)) for n, t in trainable_state_dict(shell).items()):
+        if name in state and tuple(state[name].shape) != shape:
+            raise InputError(f"{export.folder / export.graph_adapter}: {name}", f"has shape {list(state[name].shape)}, but config.json's module settings make it {list(shape)}")
 
 
 def check_shapes(found: Mapping[str, Any], expected: Mapping[str, Any], path: Path) -> None:
@@ -91,15 +122,16 @@ def check_shapes(found: Mapping[str, Any], expected: Mapping[str, Any], path: Pa
             raise InputError(f"{path}: {name}", f"has shape {list(tensor.shape)}, but the module's parameter is {list(expected[name].shape)}")
 
 
-def _load_lora(model: GraphAugmentedLM, path: Path) -> None:
-    """Load peft-format LoRA weights into the module's LoRA-wrapped LLM; any missing, extra or misshapen tensor is refused."""
+def _load_lora(model: GraphAugmentedLM, data: bytes, path: Path) -> None:
+    """Load peft-format LoRA weights (the verified bytes ``data`` of ``path``) into the module's LoRA-wrapped LLM; any
+    missing, extra or misshapen tensor is refused."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     try:
-        weights = load_file(str(path))
-    except (SafetensorError, OSError) as exc:
+        weights = load(data)
+    except SafetensorError as exc:
         raise _not_an_adapter(path, exc) from None
     check_shapes(weights, get_peft_model_state_dict(model.llm), path)
     result = set_peft_model_state_dict(model.llm, weights)
@@ -171,7 +203,9 @@ class QGMemPredictor(Predictor):
             embedder = build_embedder(pipeline)
             reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
             return cls(None, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent, max_question_chars=max_question_chars)
-        base = {key: caller[key] for key in ("llm", "llm_revision") if key in caller}
+        # A base model the caller names is taken at the caller's revision only (None: its default branch): the
+        # caller's trust never reaches a branch or pull request of that repo the export picked.
+        base = {"llm": caller["llm"], "llm_revision": caller.get("llm_revision")} if "llm" in caller else {}
         model = load_exported_module(export, cache_dir=cache_dir, device=device, trust_remote_code=trusted and "llm" in caller, base_model=base)
         if max_new_tokens is not None:
             model.hparams.max_new_tokens = max_new_tokens

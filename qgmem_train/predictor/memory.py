@@ -247,7 +247,7 @@ def _turn(value: Turn | Mapping[str, Any], session_id: str, number: int, where: 
 
 
 def checked_text(value: object, where: str) -> str:
-    """``value`` when it is a non-blank string UTF-8 can store (no lone surrogates); anything else is an :class:`InputError` naming ``where``."""
+    """``value`` when it is a non-blank string UTF-8 can store (no lone surrogates, no NUL); anything else is an :class:`InputError` naming ``where``."""
     if not isinstance(value, str):
         raise InputError(where, f"expected a string, got {type(value).__name__}")
     if not value.strip():
@@ -256,4 +256,6 @@ def checked_text(value: object, where: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InputError(where, f"not valid text: {exc.reason} at character {exc.start}") from None
+    if "\x00" in value:
+        raise InputError(where, f"not valid text: NUL at character {value.index(chr(0))}")
     return value

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from qgmem_train.terminal import shown
+
 
 @dataclass
 class SourceTurn:
@@ -58,18 +60,19 @@ class AskResult:
         return asdict(self)
 
     def render(self) -> str:
-        """Answer, reasoning and evidence (the cited units, else the whole working memory) with source turns."""
-        lines = [f"answer: {self.answer}" if self.answer is not None else "answer: (the model gave no valid answer)"]
+        """Answer, reasoning and evidence (the cited units, else the whole working memory) with source turns; stored and
+        generated text is shown with its control, bidi and line-separator characters escaped (:func:`~qgmem_train.terminal.shown`)."""
+        lines = [f"answer: {shown(self.answer)}" if self.answer is not None else "answer: (the model gave no valid answer)"]
         if self.reasoning_path is not None:
-            lines.append(f"reasoning: {self.reasoning_path}")
+            lines.append(f"reasoning: {shown(self.reasoning_path)}")
         evidence = self.cited or self.units
         kind = "cited units" if self.cited else "working memory (nothing cited)"
         lines.append(f"\n{kind} ({len(evidence)} of {len(self.units)} units, {self.tokens.get('context', 0)} context tokens, {self.path} path):")
         for unit in evidence:
-            lines.append(f"[{unit.label}] {unit.fact_text}")
+            lines.append(f"[{shown(unit.label)}] {shown(unit.fact_text)}")
             for turn in unit.source_turns:
-                text = f"{turn.speaker}: {turn.text}" if turn.text is not None else "(turn not in store)"
-                lines.append(f"    {turn.id} ({turn.time or 'time unknown'}) {text}")
+                text = f"{shown(turn.speaker)}: {shown(turn.text)}" if turn.text is not None else "(turn not in store)"
+                lines.append(f"    {shown(turn.id)} ({shown(turn.time or 'time unknown')}) {text}")
         return "\n".join(lines)
 
 

@@ -159,18 +159,16 @@ class OnnxCrossEncoderReranker:
             raise ModelUnavailableError("models.reranker_runtime onnxruntime needs the onnxruntime package (pip install onnxruntime), "
                                         "or set it to torch") from None
         import torch
-        from sentence_transformers import CrossEncoder
 
         from qgmem_train.llm.resolver import resolve_model_dir
-        from qgmem_train.retrieval.rerank import trained_document_layout
+        from qgmem_train.retrieval.rerank import load_cross_encoder, set_max_length, trained_document_layout
 
         folder = resolve_model_dir(ref, cache_dir)
         self.model_id = ref
         self.batch_size = batch_size
-        self.cross_encoder = CrossEncoder(str(folder), device="cpu")
+        self.cross_encoder = load_cross_encoder(folder, ref, "cpu")
         self.document_layout = trained_document_layout(self.cross_encoder, folder)
-        if max_length is not None:
-            self.cross_encoder.max_seq_length = max_length
+        set_max_length(self.cross_encoder, max_length, ref)
         self.input_names = list(self.cross_encoder.tokenizer.model_input_names)
         self.workers = workers or torch.get_num_threads()
         self.batch_threads = ThreadPoolExecutor(self.workers, thread_name_prefix="rerank") if self.workers > 1 else None

@@ -172,18 +172,15 @@ class CrossEncoderReranker:
 
     def __init__(self, ref: str, *, batch_size: int = 8, device: str = "auto", cache_dir: str | None = None, quantization: str = "none",
                  max_length: int | None = None):
-        from sentence_transformers import CrossEncoder
-
         from qgmem_train.llm.resolver import pick_device, resolve_model_dir
 
         device = pick_device(device)
         self.model_id = ref
         self.batch_size = batch_size
         folder = resolve_model_dir(ref, cache_dir)
-        self.cross_encoder = CrossEncoder(str(folder), device=device)
+        self.cross_encoder = load_cross_encoder(folder, ref, device)
         self.document_layout = trained_document_layout(self.cross_encoder, folder)
-        if max_length is not None:
-            self.cross_encoder.max_seq_length = max_length
+        set_max_length(self.cross_encoder, max_length, ref)
         if quantization == "int8" and device == "cpu":
             quantize_linear_int8(self.cross_encoder)
         elif quantization != "none":
@@ -195,6 +192,29 @@ class CrossEncoderReranker:
             return np.zeros(0, np.float32)
         pairs = [(query, d) for d in documents]
         return np.asarray(self.cross_encoder.predict(pairs, batch_size=self.batch_size, show_progress_bar=False), dtype=np.float32).reshape(-1)
+
+
+def load_cross_encoder(folder: Path, ref: str, device: str) -> Any:
+    """The sentence-transformers CrossEncoder in ``folder`` (named ``ref``); a config that does not fit its weights
+    (or files that are no cross-encoder) is one :class:`InputError`, not transformers' multi-line report."""
+    from sentence_transformers import CrossEncoder
+
+    try:
+        return CrossEncoder(str(folder), device=device)
+    except (RuntimeError, ValueError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(ref, f"the cross-encoder does not load: {why}") from None
+
+
+def set_max_length(cross_encoder: Any, max_length: int | None, ref: str) -> None:
+    """Cut pairs to ``max_length`` tokens (``models.reranker_max_length``; None: the model's own limit); a length past
+    the model's position embeddings is refused here, not met as an index error on the first long pool."""
+    if max_length is None:
+        return
+    positions = getattr(cross_encoder.model.config, "max_position_embeddings", None)
+    if positions is not None and max_length > positions:
+        raise InputError("pipeline.models.reranker_max_length", f"is {max_length}, more than the {positions} positions of the cross-encoder {ref}")
+    cross_encoder.max_seq_length = max_length
 
 
 def trained_document_layout(cross_encoder: Any, folder: Path) -> str:
