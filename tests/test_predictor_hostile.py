@@ -1017,3 +1017,17 @@ def test_the_callers_trust_applies_only_at_the_revision_the_caller_names(clean_e
         loaded = QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", trust_remote_code=True, models={"llm": trusted})
     assert not marker.exists()
     assert loaded is not None and loaded.path == "graph"
+
+
+def test_a_store_its_owner_ran_analyze_on_still_opens(minilm, tmp_path) -> None:
+    """SQLite's own statistics tables (``ANALYZE``, ``PRAGMA optimize``) steer only the query planner: not a foreign entry."""
+    import sqlite3
+
+    predictor = _rules_predictor(minilm)
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION)
+    with sqlite3.connect(tmp_path / "store" / "memory.sqlite") as db:
+        db.execute("ANALYZE")
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
+        assert "Oscar" in memory.search("Who adopted a puppy?").memory_context

@@ -49,8 +49,9 @@ _TABLES = {"meta", "namespaces", "turns", "windows", "unit_keys", "segments", "s
 """Tables of a store of any version (``units`` and ``sentences``: version 2 and older)."""
 
 
-_ENTRIES = "SELECT type, name, tbl_name, sql FROM sqlite_master"
-"""Every entry of a database's schema: (type, name, table, defining SQL)."""
+_ENTRIES = "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_stat_' ESCAPE '\\'"
+"""Every entry of a database's schema: (type, name, table, defining SQL), less SQLite's own query-planner statistics
+(``sqlite_stat1`` and kin, made by ``ANALYZE`` or ``PRAGMA optimize``), which steer no data."""
 
 
 @cache
