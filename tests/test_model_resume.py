@@ -151,7 +151,9 @@ def test_graph_labels_are_embedded_on_the_trainers_device_which_the_embedder_the
     encoded: list[int] = []
     encode = data.embedder.encode
     monkeypatch.setattr(data.embedder, "encode", lambda texts: encoded.append(len(placed)) or encode(texts))
-    data.trainer = type("Trainer", (), {"strategy": type("Strategy", (), {"root_device": torch.device("cuda", 3)})()})()
+    strategy = type("Strategy", (), {"root_device": torch.device("cuda", 3)})()
+    # what setup reads of a one-rank trainer: its strategy's device, its module (no prompt tokens), its ranks and validation
+    data.trainer = type("Trainer", (), {"strategy": strategy, "lightning_module": None, "world_size": 1, "limit_val_batches": 1.0})()
     data.setup("fit")
     assert placed == [torch.device("cuda", 3), torch.device("cpu")], "the embedder leaves the GPU once the labels are cached"
     assert encoded and all(count == 1 for count in encoded), "labels are embedded between the two moves"
