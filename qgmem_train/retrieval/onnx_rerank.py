@@ -87,7 +87,8 @@ def onnx_graph(cross_encoder: Any, folder: Path, quantization: str, cache_dir: s
 
     Exported on first use (a few seconds, one info line); a cached folder whose files no longer match
     their recorded digests (cut short), or that someone else could have written (digests and all), is
-    never used: it is exported again, with one warning line; a cache folder others can write is refused. The bytes returned are the ones checked, so the file is not read twice.
+    never used: it is exported again, with one warning line; a cache folder others can write is refused.
+    The bytes returned are the ones checked, so the file is not read twice.
     """
     from qgmem_train.llm.resolver import default_cache_dir
 
