@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -19,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from qgmem_train.errors import InputError
+from qgmem_train.errors import InputError, ModelUnavailableError
 
 _RENAME_EXCHANGE = 2
 """renameat2 flag (Linux): swap two paths in one atomic step."""
@@ -160,13 +161,17 @@ def publish_folder_once(final: Path, write: Callable[[Path], None]) -> Path:
     """``final``, written by ``write(staging)`` into a temporary folder beside it and renamed into place, unless it exists.
 
     For caches of derived files: a reader sees nothing or a complete folder; when two processes write
-    at once, the second rename loses and its copy is discarded.
+    at once, the second rename loses and its copy is discarded. An existing ``final`` that someone else
+    could have written (:func:`trusted_cache_entry`) is written again and swapped in.
     """
-    if final.exists():
+    if trusted_cache_entry(final):
         return final
     with staging_beside(final) as staging:
         write(staging)
-        os.chmod(staging, 0o755)
+        seal_folder(staging)
+        if final.exists():
+            replace_folder(staging, final)
+            return final
         fsync_tree(staging)
         try:
             os.rename(staging, final)
@@ -174,6 +179,38 @@ def publish_folder_once(final: Path, write: Callable[[Path], None]) -> Path:
             if not final.exists():
                 raise
     return final
+
+
+def _writable_by_you_alone(info: os.stat_result) -> bool:
+    """Whether a file or folder (not a link) is this user's, or root's, and writable by no one else."""
+    return info.st_uid in {os.getuid(), 0} and not stat.S_ISLNK(info.st_mode) and not info.st_mode & 0o022
+
+
+def trusted_cache_entry(entry: Path) -> bool:
+    """Whether the derived-cache entry ``entry`` exists and nobody but this user (or root) can have written it.
+
+    The entry, everything under it and the folder holding it must be this user's and writable by no one
+    else: a digest recorded beside an entry proves nothing to whoever can write both. A holding folder
+    others can write is refused in one line (an entry written again there could be swapped as well); a
+    missing one is created writable by this user alone.
+    """
+    entry.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if not _writable_by_you_alone(entry.parent.stat()):
+        raise ModelUnavailableError(f"{entry.parent}: writable by others or not yours, so what is cached there could be anyone's; "
+                                    "use a cache folder only you can write (cache_dir, $QGMEM_CACHE)")
+    try:
+        return all(_writable_by_you_alone(path.lstat()) for path in [entry, *entry.rglob("*")])
+    except OSError:
+        return False
+
+
+def seal_folder(folder: Path) -> None:
+    """Make a folder about to be published as a cache entry readable by all and writable by its owner alone,
+    whatever the umask, so :func:`trusted_cache_entry` accepts it."""
+    os.chmod(folder, 0o755)
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, stat.S_IMODE(path.lstat().st_mode) & ~0o022)
 
 
 def file_sha256(path: Path) -> str:

@@ -128,6 +128,25 @@ def test_a_cached_folder_is_written_once_and_a_failed_write_leaves_nothing(tmp_p
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["derived"]
 
 
+
+def test_a_cached_folder_written_under_a_group_writable_umask_is_still_used(tmp_path: Path) -> None:
+    """Entries others can write are written again, so the writer seals what it publishes whatever the umask."""
+    final = tmp_path / "cache" / "derived"
+    calls: list[Path] = []
+
+    def write(staging: Path) -> None:
+        calls.append(staging)
+        (staging / "sub").mkdir()
+        (staging / "sub" / "out.txt").write_text("done")
+
+    previous = os.umask(0o002)
+    try:
+        fileio.publish_folder_once(final, write)
+        fileio.publish_folder_once(final, write)
+    finally:
+        os.umask(previous)
+    assert len(calls) == 1 and fileio.trusted_cache_entry(final)
+
 def test_a_set_of_checksums_has_one_short_digest_over_its_sha256sum_listing(tmp_path: Path) -> None:
     import hashlib
 

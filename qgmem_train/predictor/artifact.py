@@ -239,22 +239,24 @@ def bundled_reranker_folder(export: Export, cache_dir: str | Path | None = None)
 
     The ``reranker.*`` files are written once, under their own names, into ``<cache>/rerankers/<digest of
     their checksums>`` from the bytes that were verified (never read again from the export); a cached copy
-    is used only while every file still matches those checksums, else it is written again (atomically).
+    is used only while every file still matches those checksums and no one else can write it (it could be
+    swapped after the check), else it is written again (atomically).
     """
     if not export.reranker_files:
         return None
-    from qgmem_train.fileio import replace_folder, staging_beside
+    from qgmem_train.fileio import replace_folder, seal_folder, staging_beside, trusted_cache_entry
     from qgmem_train.llm.resolver import default_cache_dir
 
     sums = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(export.reranker_files.items())}
     wanted = {name[len(RERANKER_PREFIX):]: digest for name, digest in sums.items()}
     digest = checksums_digest(sums)
     final = default_cache_dir(cache_dir) / "rerankers" / digest
-    if final.is_dir() and {p.name for p in final.iterdir()} == set(wanted) and all(file_sha256(final / n) == d for n, d in wanted.items()):
+    if trusted_cache_entry(final) and final.is_dir() and {p.name for p in final.iterdir()} == set(wanted) and all(file_sha256(final / n) == d for n, d in wanted.items()):
         return final
     with staging_beside(final) as staging:
         for name, data in export.reranker_files.items():
             (staging / name[len(RERANKER_PREFIX):]).write_bytes(data)
+        seal_folder(staging)
         replace_folder(staging, final)
     return final
 

@@ -2,8 +2,9 @@
 
 The graph is exported once from the model folder's weights by torch's exporter, quantized to dynamic int8
 by ONNX Runtime when asked, and kept in ``<cache>/onnx/<folder>-<digest of its files>-<fp32|int8>`` with the
-SHA-256 of each file it wrote, checked before every use; an export therefore never ships an ONNX file, a
-changed model gets a new graph, and a changed graph is exported again rather than run. Pairs are tokenized by
+SHA-256 of each file it wrote, checked before every use with the entry's owner and permissions (writable by
+this user alone); an export therefore never ships an ONNX file, a changed model gets a new graph, and a
+changed graph, or one others could have written, is exported again rather than run. Pairs are tokenized by
 the CrossEncoder itself and batched by token count, longest first, and the CrossEncoder's activation
 is applied to the logits, so the fp32 scores are torch's.
 """
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from qgmem_train.errors import ModelUnavailableError
-from qgmem_train.fileio import checksums_digest, file_sha256, replace_folder, staging_beside, write_json_atomic
+from qgmem_train.fileio import checksums_digest, file_sha256, replace_folder, seal_folder, staging_beside, trusted_cache_entry, write_json_atomic
 from qgmem_train.logging_setup import is_verbose
 
 log = logging.getLogger(__name__)
@@ -85,18 +86,19 @@ def onnx_graph(cross_encoder: Any, folder: Path, quantization: str, cache_dir: s
     """The bytes of the model's cached graph, checked against the digests recorded when it was written.
 
     Exported on first use (a few seconds, one info line); a cached folder whose files no longer match
-    their recorded digests (replaced in a shared cache, or cut short) is never used: it is exported again,
-    with one warning line. The bytes returned are the ones checked, so the file is not read twice.
+    their recorded digests (cut short), or that someone else could have written (digests and all), is
+    never used: it is exported again, with one warning line; a cache folder others can write is refused.
+    The bytes returned are the ones checked, so the file is not read twice.
     """
     from qgmem_train.llm.resolver import default_cache_dir
 
     precision = "int8" if quantization == "int8" else "fp32"
     final = default_cache_dir(cache_dir) / "onnx" / f"{folder.name}-{folder_digest(folder)}-{precision}"
-    graph = recorded_graph(final)
+    graph = recorded_graph(final) if trusted_cache_entry(final) else None
     if graph is not None:
         return graph
     if final.exists():
-        log.warning("warning: the cached ONNX graph in %s differs from the digests recorded when it was written; exporting it again", final)
+        log.warning("warning: the cached ONNX graph in %s differs from its recorded digests or is writable by others; exporting it again", final)
     else:
         log.info("exporting the reranker %s to ONNX (%s) once into %s", folder, precision, final)
     with staging_beside(final) as staging:
@@ -105,7 +107,7 @@ def onnx_graph(cross_encoder: Any, folder: Path, quantization: str, cache_dir: s
         graph = (staging / GRAPH_FILE).read_bytes()
         digests = {p.name: file_sha256(p) for p in sorted(staging.iterdir()) if p.name != GRAPH_FILE}
         write_json_atomic(staging / DIGESTS_FILE, {**digests, GRAPH_FILE: hashlib.sha256(graph).hexdigest()})
-        os.chmod(staging, 0o755)
+        seal_folder(staging)
         replace_folder(staging, final)
     return graph
 
