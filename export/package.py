@@ -47,7 +47,7 @@ from qgmem_train.predictor.artifact import (
     portable_models,
     portable_module,
 )
-from qgmem_train.retrieval.rerank import names_missing_folder
+from qgmem_train.retrieval.rerank import build_command, names_missing_folder
 
 log = logging.getLogger(__name__)
 GRAPH_PREFIXES = ("encoder.", "projector.")
@@ -222,7 +222,7 @@ def bundle_reranker(cfg: PipelineConfig, staging: Path) -> dict[str, Any]:
     if kind != "cross" or not ref:
         return {"kind": kind, "model": ref, "bundled": False}
     if names_missing_folder(ref):
-        log.warning("warning: cross-encoder folder %s not found (build it with `make reranker`); the export has no reranker", ref)
+        log.warning("warning: cross-encoder folder %s not found (build it with `%s`); the export has no reranker", ref, build_command(ref))
         return {"kind": "none", "model": None, "bundled": False}
     folder = Path(ref).expanduser()
     if folder.exists() and not folder.is_dir():
