@@ -27,7 +27,8 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 - a replaced graph in the ONNX cache; a planted graph with a matching ``sha256.json``, other weights under the bundled
   SmolLM2's converted-GGUF key, a cached bundled reranker, each in an entry others can write (written again) or a
   cache folder others can write (one line); an exported ``reranker_max_length`` past the cross-encoder's positions;
-  a bundled reranker config.json that does not fit its weights;
+  a bundled reranker config.json that does not fit its weights; a bundled reranker tokenizer.json whose regex makes the
+  tokenizers library panic (a ``BaseException``), with torch or ONNX Runtime;
 - malformed config.json (bad JSON or UTF-8, wrong types, unknown settings), or config.json or adapter
   metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape; module sizes (``gnn_hidden``,
   ``lora_r``) that would allocate terabytes, or overflow any tensor, before the adapters' shapes are checked;
@@ -700,6 +701,32 @@ def test_a_bundled_reranker_config_that_does_not_fit_its_weights_is_one_line(cle
     with pytest.raises(InputError, match="the cross-encoder does not load: .*ignore_mismatched_sizes") as refusal:
         QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
     assert "\n" not in str(refusal.value)
+
+
+PANICKING_REGEX = r"(?:.|.)*\b\B"
+"""A pre-tokenizer pattern that never matches and backtracks past Oniguruma's retry limit on a question: the tokenizers
+library panics (pyo3's ``PanicException``, a ``BaseException`` that ``except Exception`` misses)."""
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+def test_a_bundled_reranker_tokenizer_that_panics_is_one_line(clean_export, cross_encoder, minilm, tmp_path, monkeypatch, capsys, runtime) -> None:
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder)
+    tokenizer = json.loads((folder / "reranker.tokenizer.json").read_text())
+    tokenizer["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": PANICKING_REGEX}, "behavior": "Isolated", "invert": False}
+    (folder / "reranker.tokenizer.json").write_text(json.dumps(tokenizer))
+    settings = json.loads((folder / "reranker.tokenizer_config.json").read_text())
+    (folder / "reranker.tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "PreTrainedTokenizerFast"}))  # tokenizer.json as written
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    config["pipeline"]["models"]["reranker_runtime"] = runtime
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+    _write_sums(folder)
+    store = _store(tmp_path, minilm)
+    monkeypatch.setenv("QGMEM_CACHE", str(tmp_path / "cache"))
+    capsys.readouterr()
+    assert main(["ask", "--intent", "rules", "--store", str(store), "--model", str(folder), QUESTION]) == 2
+    *progress, error = capsys.readouterr().err.splitlines()  # with ONNX Runtime, one line says the graph is exported first
+    assert error.startswith("error: ") and "tokenizer.json: the tokenizer fails: Onig: Regex search error: retry-limit-in-match over" in error
+    assert len(progress) == (runtime == "onnxruntime") and not any(line.startswith(("error", "Traceback")) for line in progress)
 
 
 def _link_outside(kind: str) -> Callable[[Path, Path], None]:

@@ -22,12 +22,12 @@ def render_chat(tokenizer: Any, chat: Chat) -> str:
     """
     from jinja2 import TemplateError
 
-    from qgmem_train.errors import InputError
+    from qgmem_train.errors import InputError, first_line
 
     try:
         return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     except TemplateError as exc:
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = first_line(exc)
         raise InputError(f"{getattr(tokenizer, 'name_or_path', 'model')}: chat_template", f"the sandbox refuses to render it: {why}") from None
 
 

@@ -24,7 +24,7 @@ from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
 from qgmem_train.config import ModelsConfig, PipelineConfig, pipeline_from_dict, settings_from_dict
-from qgmem_train.errors import InputError, ModelUnavailableError
+from qgmem_train.errors import InputError, ModelUnavailableError, first_line
 from qgmem_train.fileio import checksums_digest, decode_text, file_sha256, parse_json, read_text
 from qgmem_train.llm.prompts import PROMPTS_VERSION
 
@@ -203,7 +203,7 @@ def locate_export(ref: str | Path, *, revision: str | None = None) -> Path:
     try:
         return Path(snapshot_download(text, revision=revision, allow_patterns=HUB_PATTERNS))
     except Exception as exc:  # offline mode, missing repo, network, auth: all end as one line for the user
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = first_line(exc)
         raise ModelUnavailableError(f"no such folder {text!r}, and export {text!r}{'@' + revision if revision else ''} unavailable on the Hub: {why}") from None
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qgmem_train.config import PipelineConfig, pipeline_from_dict
-from qgmem_train.errors import InputError
+from qgmem_train.errors import InputError, first_line
 from qgmem_train.predictor.artifact import (
     CONFIG_FILE,
     Export,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 def _not_an_adapter(path: Path, exc: Exception) -> InputError:
     """The one-line error for an adapter file that safetensors (or its metadata's JSON) cannot read."""
-    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    why = first_line(exc)
     return InputError(str(path), f"not a safetensors adapter: {why}")
 
 
@@ -108,7 +108,7 @@ def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[st
         with torch.device("meta"):
             shell = GraphAugmentedLM(**arguments)
     except (RuntimeError, ValueError, OverflowError) as exc:
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = first_line(exc)
         raise InputError(f"{export.folder / CONFIG_FILE}: module", f"its sizes make a module no adapter fits ({why})") from None
     for name, shape in ((n, tuple(t.shape)) for n, t in trainable_state_dict(shell).items()):
         if name in state and tuple(state[name].shape) != shape:

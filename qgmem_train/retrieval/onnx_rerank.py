@@ -163,7 +163,7 @@ class OnnxCrossEncoderReranker:
         import torch
 
         from qgmem_train.llm.resolver import resolve_model_dir
-        from qgmem_train.retrieval.rerank import load_cross_encoder, set_max_length, trained_document_layout
+        from qgmem_train.retrieval.rerank import load_cross_encoder, set_max_length, tokenizer_panics_refused, trained_document_layout
 
         folder = resolve_model_dir(ref, cache_dir)
         self.model_id = ref
@@ -174,7 +174,8 @@ class OnnxCrossEncoderReranker:
         self.input_names = list(self.cross_encoder.tokenizer.model_input_names)
         self.workers = workers or torch.get_num_threads()
         self.batch_threads = ThreadPoolExecutor(self.workers, thread_name_prefix="rerank") if self.workers > 1 else None
-        self.session = cpu_session(onnx_graph(self.cross_encoder, folder, quantization, cache_dir))
+        with tokenizer_panics_refused(ref):  # the export tokenizes a sample pair
+            self.session = cpu_session(onnx_graph(self.cross_encoder, folder, quantization, cache_dir))
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         """The cross-encoder's relevance score for every pair, pairs with the most tokens batched together.
@@ -185,10 +186,13 @@ class OnnxCrossEncoderReranker:
         """
         import torch
 
+        from qgmem_train.retrieval.rerank import tokenizer_panics_refused
+
         scores = np.zeros(len(documents), np.float32)
         if not documents:
             return scores
-        features = self.cross_encoder.preprocess([(query, d) for d in documents])
+        with tokenizer_panics_refused(self.model_id):
+            features = self.cross_encoder.preprocess([(query, d) for d in documents])
         lengths = features["attention_mask"].sum(dim=1).numpy()
         inputs = {name: features[name].numpy() for name in self.input_names}
         right_padded = self.cross_encoder.tokenizer.padding_side == "right"

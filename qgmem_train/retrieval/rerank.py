@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from qgmem_train.config import PipelineConfig
-from qgmem_train.errors import InputError, ModelUnavailableError
+from qgmem_train.errors import InputError, ModelUnavailableError, first_line, rust_panics_as_input_errors
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import RERANK, RERANK_INSTRUCTION
 from qgmem_train.memory.types import MemoryUnit, TimeSpan, Turn
@@ -191,7 +192,9 @@ class CrossEncoderReranker:
         if not documents:
             return np.zeros(0, np.float32)
         pairs = [(query, d) for d in documents]
-        return np.asarray(self.cross_encoder.predict(pairs, batch_size=self.batch_size, show_progress_bar=False), dtype=np.float32).reshape(-1)
+        with tokenizer_panics_refused(self.model_id):
+            scores = self.cross_encoder.predict(pairs, batch_size=self.batch_size, show_progress_bar=False)
+        return np.asarray(scores, dtype=np.float32).reshape(-1)
 
 
 def load_cross_encoder(folder: Path, ref: str, device: str) -> Any:
@@ -200,10 +203,16 @@ def load_cross_encoder(folder: Path, ref: str, device: str) -> Any:
     from sentence_transformers import CrossEncoder
 
     try:
-        return CrossEncoder(str(folder), device=device)
+        with tokenizer_panics_refused(ref):
+            return CrossEncoder(str(folder), device=device)
     except (RuntimeError, ValueError) as exc:
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(ref, f"the cross-encoder does not load: {why}") from None
+        raise InputError(ref, f"the cross-encoder does not load: {first_line(exc)}") from None
+
+
+def tokenizer_panics_refused(ref: str) -> AbstractContextManager[None]:
+    """A panic of the cross-encoder ``ref``'s tokenizer (the tokenizers library on a hostile tokenizer.json, such as a
+    regex past Oniguruma's backtracking limit) as one :class:`InputError` naming it, at load and on every pool."""
+    return rust_panics_as_input_errors(f"{ref}: tokenizer.json", "the tokenizer")
 
 
 def set_max_length(cross_encoder: Any, max_length: int | None, ref: str) -> None:
