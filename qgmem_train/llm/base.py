@@ -10,25 +10,31 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from qgmem_train.config import TEMPLATE_BUDGET_S
+
 Message = dict[str, str]
 Chat = list[Message]
 
 
-def render_chat(tokenizer: Any, chat: Chat) -> str:
+def render_chat(tokenizer: Any, chat: Chat, budget_s: float = TEMPLATE_BUDGET_S) -> str:
     """``chat`` in the model's own chat template, ready for the assistant turn (Qwen3: thinking off).
 
-    The template runs in transformers' Jinja sandbox; one it refuses (or that fails) is the model's fault,
-    reported as one :class:`~qgmem_train.errors.InputError` naming the model's ``chat_template``.
+    The template runs in transformers' Jinja sandbox within ``budget_s`` seconds (:func:`~qgmem_train.time_budget.run_within`);
+    one the sandbox refuses, that fails or that runs past its budget (stopped) is the model's fault, reported as one
+    :class:`~qgmem_train.errors.InputError` naming the model's ``chat_template``.
     """
     from jinja2 import TemplateError
 
     from qgmem_train.errors import InputError, first_line
+    from qgmem_train.time_budget import OutOfTime, run_within
 
+    where = f"{getattr(tokenizer, 'name_or_path', 'model')}: chat_template"
     try:
-        return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+        return run_within(lambda: tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, enable_thinking=False), budget_s)
     except TemplateError as exc:
-        why = first_line(exc)
-        raise InputError(f"{getattr(tokenizer, 'name_or_path', 'model')}: chat_template", f"the sandbox refuses to render it: {why}") from None
+        raise InputError(where, f"the sandbox refuses to render it: {first_line(exc)}") from None
+    except OutOfTime:
+        raise InputError(where, f"rendering takes more than its {budget_s:g} s budget (models.template_budget_s); stopped") from None
 
 
 class ChatLLM(ABC):

@@ -63,5 +63,5 @@ def _make_llm(ref: str, revision: str | None, m: ModelsConfig, g: GenerationConf
     return TransformersLLM(
         ref, revision=revision, dtype=m.dtype, device=m.device, quantization=m.quantization, cache_dir=m.cache_dir,
         trust_remote_code=m.trust_remote_code, max_new_tokens=g.max_new_tokens, batch_size=g.batch_size,
-        temperature=g.temperature, constrained=g.constrained,
+        temperature=g.temperature, constrained=g.constrained, template_budget_s=m.template_budget_s,
     )  # fmt: skip

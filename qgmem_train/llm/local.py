@@ -11,6 +11,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from qgmem_train.config import TEMPLATE_BUDGET_S
 from qgmem_train.errors import ModelUnavailableError
 from qgmem_train.llm.base import Chat, ChatLLM, render_chat
 from qgmem_train.llm.resolver import load_causal_lm
@@ -114,6 +115,7 @@ class TransformersLLM(ChatLLM):
         temperature: float = 0.0,
         constrained: bool = True,
         loaded: tuple[Any, Any] | None = None,
+        template_budget_s: float = TEMPLATE_BUDGET_S,
     ) -> None:
         self.model_id = ref
         self.revision = revision
@@ -129,6 +131,7 @@ class TransformersLLM(ChatLLM):
         self.batch_size = batch_size
         self.temperature = temperature
         self.constrained = constrained
+        self.template_budget_s = template_budget_s
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.constraint = JsonSchemaConstraint(self.tokenizer, self.vocab_size)
 
@@ -144,7 +147,7 @@ class TransformersLLM(ChatLLM):
 
     def render(self, chat: Chat) -> str:
         """The chat as the model's own template writes it, ready for the assistant turn (Qwen3: thinking off)."""
-        return render_chat(self.tokenizer, chat)
+        return render_chat(self.tokenizer, chat, self.template_budget_s)
 
     def _encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)

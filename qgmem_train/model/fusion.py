@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from qgmem_train.config import TEMPLATE_BUDGET_S
 from qgmem_train.llm.base import Chat, render_chat
 
 IGNORE_INDEX = -100
@@ -34,16 +35,16 @@ class PromptIds:
     graph_slot: int
 
 
-def chat_prompt_ids(tokenizer: Any, chat: Chat) -> PromptIds:
+def chat_prompt_ids(tokenizer: Any, chat: Chat, template_budget_s: float = TEMPLATE_BUDGET_S) -> PromptIds:
     """Token ids of ``chat`` under the model's chat template, ending with the assistant header.
 
     The rendered text is tokenized in two pieces, split where the first user message's content
     starts, so that a token boundary (the graph slot) always falls there, in training and generation
     alike. ``enable_thinking=False`` asks Qwen3's template for an answer without a thinking block;
     templates that do not know the flag ignore it. The template's own special tokens (BOS included)
-    are kept, and the tokenizer adds none on top.
+    are kept, and the tokenizer adds none on top. The template renders within ``template_budget_s`` seconds.
     """
-    text = render_chat(tokenizer, chat)
+    text = render_chat(tokenizer, chat, template_budget_s)
     split = user_content_start(text, chat)
     head = tokenizer(text[:split], add_special_tokens=False)["input_ids"]
     tail = tokenizer(text[split:], add_special_tokens=False)["input_ids"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qgmem_train.answer.prompt import final_answer_chat
+from qgmem_train.config import TEMPLATE_BUDGET_S
 from qgmem_train.model.fusion import PromptIds, chat_prompt_ids, target_ids, truncate_to_tokens
 from qgmem_train.model.trajectory import TrajectoryExample
 
@@ -23,12 +24,14 @@ class PromptTokens:
     tokenizer: Any
     max_context_tokens: int | None
     text_path: bool
+    template_budget_s: float = TEMPLATE_BUDGET_S
+    """Seconds the chat template may take to render one prompt (``models.template_budget_s`` where a predictor runs it)."""
 
     def prompt(self, example: TrajectoryExample) -> PromptIds:
         """Chat-templated prompt ids of one example (context cut to ``max_context_tokens``) and its graph slot."""
         context = truncate_to_tokens(self.tokenizer, example.context, self.max_context_tokens)
         chat = final_answer_chat(example.question, example.question_time, context, example.graph, text_path=self.text_path)
-        return chat_prompt_ids(self.tokenizer, chat)
+        return chat_prompt_ids(self.tokenizer, chat, self.template_budget_s)
 
     def target(self, example: TrajectoryExample) -> list[int]:
         """Ids of the example's target JSON and the end-of-turn token."""

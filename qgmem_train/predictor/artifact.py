@@ -51,7 +51,7 @@ CALLER_MODELS = ("backend", "base_url", "api_key_env", "trust_remote_code")
 """``pipeline.models`` settings that decide what runs, which server is called and which key it gets: the caller's alone."""
 CALLER_MODULE = ("trust_remote_code",)
 """Module hyperparameters that decide what runs: the caller's alone."""
-MACHINE_MODELS = ("device", "cache_dir")
+MACHINE_MODELS = ("device", "cache_dir", "template_budget_s")
 """``pipeline.models`` settings of the loading machine: the caller's arguments; an export's values are ignored."""
 MACHINE_MODULE = ("cache_dir",)
 MODEL_REFERENCES = ("llm", "embedder", "reranker_model")

@@ -7,6 +7,7 @@ settings (:mod:`qgmem_train.predictor.artifact` refuses anything else).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -220,11 +221,12 @@ class QGMemPredictor(Predictor):
         from qgmem_train.llm.local import TransformersLLM
         from qgmem_train.retrieval.rerank import build_reranker
 
-        g = pipeline.generation
+        g, budget = pipeline.generation, pipeline.models.template_budget_s
         llm = TransformersLLM(
             model.hparams.llm, revision=model.hparams.llm_revision, loaded=(model.llm, model.tokenizer),
-            max_new_tokens=g.max_new_tokens, batch_size=g.batch_size, temperature=g.temperature, constrained=g.constrained,
+            max_new_tokens=g.max_new_tokens, batch_size=g.batch_size, temperature=g.temperature, constrained=g.constrained, template_budget_s=budget,
         )  # fmt: skip
+        model.prompt_tokens = dataclasses.replace(model.prompt_tokens, template_budget_s=budget)
         embedder = build_embedder(pipeline)
         if embedder.dim != model.hparams.feature_dim:
             raise InputError("pipeline.models.embedder", f"{embedder.model_id} is {embedder.dim}-d; the model's graph features are {model.hparams.feature_dim}-d")
