@@ -163,7 +163,7 @@ class OnnxCrossEncoderReranker:
         import torch
 
         from qgmem_train.llm.resolver import resolve_model_dir
-        from qgmem_train.retrieval.rerank import load_cross_encoder, set_max_length, trained_document_layout
+        from qgmem_train.retrieval.cross_encoder import load_cross_encoder, set_max_length, trained_document_layout
 
         folder = resolve_model_dir(ref, cache_dir)
         self.model_id = ref
