@@ -287,11 +287,11 @@ def stored_codes_index(memory: NamespaceMemory) -> DenseIndex:
 
 def locomo_recall(input_path: Path, store: Path) -> dict:
     """Recall@10 of the dense channel alone and of the fused ranking on LoCoMo, with each dense scan of :func:`dense_scans`."""
+    from qgmem_train.benchmarks.question_batches import locomo_question_batches
     from qgmem_train.config import PipelineConfig
-    from qgmem_train.eval.question_batches import locomo_question_batches
-    from qgmem_train.eval.retrieval_metrics import recall_at_k
     from qgmem_train.llm.factory import build_embedder
     from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.metrics.retrieval import recall_at_k
     from qgmem_train.retrieval.activation import activate
 
     cfg = PipelineConfig()

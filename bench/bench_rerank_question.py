@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from machine import machine_info
 
+from qgmem_train.benchmarks.loaders import last_session_time, load_locomo_questions, spread_subset
 from qgmem_train.config import PipelineConfig
-from qgmem_train.eval.benchmarks import last_session_time, load_locomo_questions, spread_subset
 from qgmem_train.llm.factory import build_embedder
 from qgmem_train.memory.loaders import load_conversations
 from qgmem_train.memory.store import MemoryStore

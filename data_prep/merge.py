@@ -25,8 +25,7 @@ from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import write_json_atomic
 from qgmem_train.graph.local_graph import LocalGraph
-from qgmem_train.model.datamodule import split_of_case
-from qgmem_train.model.trajectory import TrajectoryExample, write_trajectory_dataset
+from qgmem_train.trajectory import TrajectoryExample, split_of_case, write_trajectory_dataset
 
 SOURCE_DATASET = "convomem"
 

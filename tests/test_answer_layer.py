@@ -1,8 +1,7 @@
-"""The answering layer: retrieval stays below it (and memory below retrieval), and every frozen entry point renders the same final-answer chat."""
+"""The answering layer: every frozen entry point renders the same final-answer chat (import directions: test_import_directions)."""
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from pathlib import Path
@@ -21,9 +20,6 @@ from qgmem_train.memory.store import AttributeIndex, NamespaceMemory
 from qgmem_train.memory.types import Conversation, MemoryUnit, Session, Trace, Turn
 from tests.fakes import ScriptedLLM
 
-RETRIEVAL = Path(__file__).resolve().parents[1] / "qgmem_train" / "retrieval"
-MEMORY = RETRIEVAL.parent / "memory"
-FORBIDDEN_BELOW_RETRIEVAL = ("qgmem_train.model", "qgmem_train.graph")
 QUESTION = "What did Melanie paint?"
 CONFIG = "pipeline:\n  construction:\n    units: turns\n    traces: false\n  retrieval:\n    k: 3\n  generation:\n    max_new_tokens: 32\n"
 TURNS = [
@@ -82,38 +78,6 @@ def test_answer_chats_parses_the_answer_of_each_chat() -> None:
     assert llm.calls == [chat] and "Question: What did Melanie paint?" in chat[-1]["content"]
 
 
-def imported_modules(path: Path) -> list[str]:
-    """Every module an ``import`` or ``from ... import`` of ``path`` names, nested imports included."""
-    names = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-    return names
-
-
-def test_retrieval_imports_neither_the_model_nor_the_graph() -> None:
-    offending = {
-        f"{path.name}: {name}"
-        for path in sorted(RETRIEVAL.glob("*.py"))
-        for name in imported_modules(path)
-        if any(name == banned or name.startswith(f"{banned}.") for banned in FORBIDDEN_BELOW_RETRIEVAL)
-    }
-    assert not offending, sorted(offending)
-
-
-def test_the_memory_layer_imports_nothing_from_retrieval() -> None:
-    """Data flows one way: memory below retrieval; text normalisation both use lives below both."""
-    offending = {
-        f"{path.name}: {name}"
-        for path in sorted(MEMORY.glob("*.py"))
-        for name in imported_modules(path)
-        if name == "qgmem_train.retrieval" or name.startswith("qgmem_train.retrieval.")
-    }
-    assert not offending, sorted(offending)
-
-
 def _reply(chat: Chat) -> str:
     """An answer to the final-answer prompt, a verdict to anything else (the data-prep judge)."""
     if chat[0]["content"] == FINAL_ANSWER.system:
@@ -128,9 +92,9 @@ def test_the_four_frozen_entry_points_render_the_same_chat(minilm, tmp_path: Pat
     from data_prep.pipeline import PipelineModels, run_case
     from data_prep.sampling import CaseRef
     from qgmem_train.__main__ import main
+    from qgmem_train.benchmarks.loaders import BenchmarkQuestion
     from qgmem_train.config import load_pipeline_config
-    from qgmem_train.eval.answers import AnswerVariant, answer_text_path
-    from qgmem_train.eval.benchmarks import BenchmarkQuestion
+    from qgmem_train.eval.answer_quality import AnswerVariant, answer_text_path
     from qgmem_train.llm import factory
     from qgmem_train.llm.structured import ParseStats
     from qgmem_train.memory.store import MemoryStore

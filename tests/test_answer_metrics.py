@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from qgmem_train.model.answers import answer_scores, bleu1, token_f1
+from qgmem_train.metrics.answers import answer_scores, bleu1, token_f1
 
 
 def test_punctuation_case_and_articles_are_normalised_away() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from qgmem_train.config import BUNDLED_LLM
-from qgmem_train.model.answer_span import answer_labels, answer_token_mask
+from qgmem_train.model.answer_target import answer_labels, answer_token_mask
 from qgmem_train.model.backbone import describe_backbone
 from qgmem_train.model.fusion import IGNORE_INDEX, per_example_loss, sequence_labels, target_ids
-from qgmem_train.model.trajectory import TrajectoryExample
+from qgmem_train.trajectory import TrajectoryExample
 
 
 def example(answer: str, reasoning: str) -> TrajectoryExample:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qgmem_train.model.trajectory import read_trajectory_dataset
+from qgmem_train.trajectory import read_trajectory_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_prep" / "demo-cpu.yaml"

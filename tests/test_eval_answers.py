@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from qgmem_train.__main__ import main
-from qgmem_train.eval.answers import AnsweredQuestion, judge_answers, judge_yes_no, longmemeval_prompt, parse_yes_no, score_summary
+from qgmem_train.benchmarks.loaders import BenchmarkQuestion
+from qgmem_train.eval.answer_quality import AnsweredQuestion, judge_answers, judge_yes_no, longmemeval_prompt, parse_yes_no, score_summary
 from qgmem_train.eval.beam_scoring import event_ordering_score, kendall_tau_b, nugget_scores, ordering_positions
-from qgmem_train.eval.benchmarks import BenchmarkQuestion
 from qgmem_train.eval.judge import JudgeItem
 from qgmem_train.eval.report import answers_markdown, markdown_table, write_answer_figures
 from qgmem_train.llm.structured import ParseStats
@@ -108,7 +108,7 @@ def test_locomo_judge_drops_bad_json_as_incorrect_and_summary_std() -> None:
 
 
 def test_answer_metrics_per_question_and_type_and_a_missing_answer_counts_0() -> None:
-    from qgmem_train.eval.answers import question_record
+    from qgmem_train.eval.answer_quality import question_record
 
     # reference "ref" everywhere: "Ref." matches exactly; "the ref ref" -> [ref, ref] vs [ref]: F1 2*(1/2*1)/(3/2) = 2/3,
     # BLEU-1 clipped 1/2 with no brevity penalty (2 > 1); "" is a dropped answer: 0 everywhere.
@@ -240,7 +240,7 @@ def test_missing_answer_scores_zero_without_a_judge_call() -> None:
 
 def test_model_path_answers_with_the_variant_reranker_over_the_exported_one(monkeypatch, tmp_path) -> None:
     from qgmem_train import predictor
-    from qgmem_train.eval.answers import AnswerVariant, answer_model_path
+    from qgmem_train.eval.answer_quality import AnswerVariant, answer_model_path
 
     calls = []
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from qgmem_train.benchmarks.loaders import BEAM_ABILITIES, FACT_SESSION_SIZE, load_benchmark, longmemeval_time
 from qgmem_train.errors import InputError
-from qgmem_train.eval.benchmarks import BEAM_ABILITIES, FACT_SESSION_SIZE, load_benchmark, longmemeval_time
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qgmem_train.__main__ import main
-from qgmem_train.eval.retrieval_metrics import (
+from qgmem_train.metrics.retrieval import (
     aggregate,
     ndcg_at_k,
     precision_at_k,
@@ -19,7 +19,7 @@ from qgmem_train.eval.retrieval_metrics import (
     recall_curve,
     sufficiency_at_k,
 )
-from qgmem_train.eval.benchmarks import load_locomo_questions, spread_subset
+from qgmem_train.benchmarks.loaders import load_locomo_questions, spread_subset
 
 SAMPLE = Path(__file__).parent.parent / "samples" / "locomo_sample.json"
 RANKED = [["D1:1"], ["D1:5", "D1:6"], ["D2:3"], ["D1:2"]]

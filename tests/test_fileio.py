@@ -10,7 +10,7 @@ import pytest
 
 from qgmem_train import fileio
 from qgmem_train.graph.local_graph import LocalGraph
-from qgmem_train.model.trajectory import TrajectoryExample, read_trajectory_dataset, write_trajectory_dataset
+from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, write_trajectory_dataset
 
 
 def example(case: str, answer: str) -> TrajectoryExample:

@@ -22,7 +22,7 @@ from qgmem_train.graph.shuffle_gap import graph_donors, graph_reading_line, shuf
 from qgmem_train.model.checkpoint import METADATA_KEY
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
-from qgmem_train.model.trajectory import TrajectoryExample, write_trajectory_dataset
+from qgmem_train.trajectory import TrajectoryExample, write_trajectory_dataset
 from tests.tiny_decoder import publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
 
 COLOURS = ["red", "blue", "green", "yellow"]

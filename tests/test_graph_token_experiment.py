@@ -76,7 +76,7 @@ def test_conversation_split_never_shares_a_conversation(tmp_path: Path) -> None:
 
 def test_shuffled_graphs_never_give_a_question_its_own_graph_and_stay_in_its_conversation() -> None:
     from qgmem_train.graph.local_graph import LocalGraph
-    from qgmem_train.model.trajectory import TrajectoryExample
+    from qgmem_train.trajectory import TrajectoryExample
 
     def ex(case: str, i: int) -> TrajectoryExample:
         graph = LocalGraph([f"{case}-s", f"{case}-o{i}"], [0], [1], ["says"])

@@ -17,7 +17,7 @@ import pytest
 from experiments.graph_token.capacity import CAPACITY_NATS, TARGETS, target_examples, verdict
 from experiments.graph_token.information import coverage, label_words
 from qgmem_train.graph.local_graph import LocalGraph
-from qgmem_train.model.trajectory import TrajectoryExample
+from qgmem_train.trajectory import TrajectoryExample
 from tests.test_graph_token_experiment import tiny_convomem
 from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
 

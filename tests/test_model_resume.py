@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from qgmem_train.graph.local_graph import LocalGraph
 from qgmem_train.model.datamodule import ResumableSampler, TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
-from qgmem_train.model.trajectory import TrajectoryExample, write_trajectory_dataset
+from qgmem_train.trajectory import TrajectoryExample, write_trajectory_dataset
 from tests.tiny_decoder import save_tiny_decoder, tiny_module_kwargs
 
 PEOPLE = ["Alice", "Bruno", "Chen", "Dara", "Emeka", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kemal", "Lena", "Mads"]

@@ -13,8 +13,8 @@ import torch
 
 from qgmem_train.errors import InputError
 from qgmem_train.graph.local_graph import LocalGraph
-from qgmem_train.model.datamodule import TrajectoryDataModule, split_of_case
-from qgmem_train.model.trajectory import TRAJECTORY_FEATURES, TrajectoryExample, read_trajectory_dataset, write_trajectory_dataset
+from qgmem_train.model.datamodule import TrajectoryDataModule
+from qgmem_train.trajectory import TRAJECTORY_FEATURES, TrajectoryExample, read_trajectory_dataset, split_of_case, write_trajectory_dataset
 from tests.tiny_decoder import FIXTURE
 
 
@@ -59,8 +59,8 @@ def test_single_split_folder_is_split_by_case_hash(tmp_path) -> None:
 def test_case_splits_agree_across_processes_with_different_hash_seeds() -> None:
     """The split of a case must not depend on Python's per-process string hash (``PYTHONHASHSEED``).
 
-    The subprocesses run the source of :func:`split_of_case` (importing the data module takes
-    seconds of lightning and torch); a dependency on module globals fails loudly there as a NameError.
+    The subprocesses run the source of :func:`split_of_case` (importing its module takes
+    seconds of datasets and torch); a dependency on module globals fails loudly there as a NameError.
     """
     cases = [f"locomo/conv-{i}" for i in range(200)]
     script = (

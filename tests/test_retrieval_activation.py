@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from qgmem_train.answer.memory_context import cited_unit_ids, serialize_working_memory
 from qgmem_train.config import RetrievalConfig
 from qgmem_train.llm.prompts import RERANK
 from qgmem_train.memory.store import AttributeIndex, NamespaceMemory
@@ -15,7 +16,6 @@ from qgmem_train.memory.types import MemoryUnit, TimeSpan, Trace, Turn
 from qgmem_train.retrieval.activation import ActivationIndex, activate
 from qgmem_train.retrieval.intent import parse_intents
 from qgmem_train.retrieval.rerank import CrossEncoderReranker, LLMReranker, rerank_document
-from qgmem_train.retrieval.serialization import cited_unit_ids, serialize_working_memory
 from tests.fakes import ScriptedLLM
 
 FACTS = [

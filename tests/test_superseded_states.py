@@ -7,12 +7,12 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from qgmem_train.answer.memory_context import serialize_working_memory
 from qgmem_train.config import RetrievalConfig
 from qgmem_train.memory.store import AttributeIndex, NamespaceMemory
 from qgmem_train.memory.types import MemoryUnit, Trace, Turn
 from qgmem_train.retrieval.activation import ActivationIndex, activate
 from qgmem_train.retrieval.rerank import rerank_document
-from qgmem_train.retrieval.serialization import serialize_working_memory
 
 FACTS = [
     ("boston", "D1:1", "2023-01-10", "Alex", "lives in", "Boston", "Alex lives in Boston."),

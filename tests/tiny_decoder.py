@@ -155,7 +155,7 @@ FIXTURE = Path(__file__).parent / "data" / "trajectories"
 
 def fixture_corpus() -> list[str]:
     """Texts of the committed trajectory fixture, so the tiny tokenizer has words for them."""
-    from qgmem_train.model.trajectory import read_trajectory_dataset
+    from qgmem_train.trajectory import read_trajectory_dataset
 
     return [
         text

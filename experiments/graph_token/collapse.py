@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from qgmem_train.model.datamodule import TrajectoryDataModule
     from qgmem_train.model.module import reference_graphs
-    from qgmem_train.model.schedule import warmup_cosine
+    from qgmem_train.schedule import warmup_cosine
 
     if not args.trajectories.is_dir():
         raise InputError(str(args.trajectories), "not a folder of trajectories (the experiment's out/<run>/data/trajectories)")

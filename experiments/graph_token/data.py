@@ -172,7 +172,7 @@ def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from data_prep.config import load_data_prep_config  # the data checks above come before the model libraries load
     from data_prep.merge import merge
     from data_prep.run import run_shard
-    from qgmem_train.model.trajectory import read_trajectory_dataset, write_trajectory_dataset
+    from qgmem_train.trajectory import read_trajectory_dataset, write_trajectory_dataset
 
     caps = {"train": args.max_train_questions, "validation": args.max_val_questions, "test": args.max_test_questions}
     log.info(

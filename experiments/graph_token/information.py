@@ -27,7 +27,7 @@ from experiments.common import commit_text, git_state, machine_text, paired_boot
 from experiments.graph_token.arms import variants
 from experiments.graph_token.cli import parser as study_parser
 from experiments.graph_token.steps import question_sample, run_step, saved_or_computed, step_folder
-from qgmem_train.model.answers import normalize_answer
+from qgmem_train.metrics.answers import normalize_answer
 
 log = logging.getLogger("experiments.graph_token.information")
 
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Data (the study's, reused when there), the four prompts' losses (each saved as it ends), the report."""
     started = time.perf_counter()
     folder, summary, data_path = step_folder(args, "information")
-    from qgmem_train.model.trajectory import read_trajectory_dataset
+    from qgmem_train.trajectory import read_trajectory_dataset
 
     every = list(read_trajectory_dataset(data_path)["test"])
     test = question_sample(every, args.step_questions, args.split_seed)

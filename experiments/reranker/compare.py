@@ -34,12 +34,12 @@ import numpy as np
 from bench.machine import machine_info
 from experiments.common import add_report_options, paired_bootstrap, remake_reports, write_report
 
+from qgmem_train.benchmarks.loaders import LOCOMO_CATEGORY_NAMES
+from qgmem_train.benchmarks.question_batches import locomo_question_batches
 from qgmem_train.config import BUNDLED_EMBEDDER, ModelsConfig, PipelineConfig
-from qgmem_train.eval.benchmarks import LOCOMO_CATEGORY_NAMES
-from qgmem_train.eval.question_batches import locomo_question_batches
-from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics, recall_at_k
 from qgmem_train.llm.factory import build_embedder
 from qgmem_train.memory.store import MemoryStore
+from qgmem_train.metrics.retrieval import aggregate, ranking_metrics, recall_at_k
 from qgmem_train.reranker.cli import TRAINING_RECORD
 from qgmem_train.reranker.data import ensure_turns_store
 from qgmem_train.retrieval.activation import activate

@@ -28,7 +28,7 @@ from bench.machine import machine_info
 from experiments.common import add_report_options, remake_reports, write_report
 from experiments.reranker.compare import cross_encoder, read_training
 
-from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics
+from qgmem_train.metrics.retrieval import aggregate, ranking_metrics
 from qgmem_train.reranker.data import RerankData
 from qgmem_train.retrieval.activation import blend_with_fused_rank
 from qgmem_train.retrieval.rerank import Reranker

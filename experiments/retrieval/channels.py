@@ -25,9 +25,9 @@ import numpy as np
 from bench.machine import machine_info
 from experiments.common import add_report_options, remake_reports, write_report
 from qgmem_train.__main__ import main as cli
-from qgmem_train.eval.retrieval_metrics import question_metrics, relevance
-from qgmem_train.eval.benchmarks import load_locomo_questions, spread_subset
+from qgmem_train.benchmarks.loaders import load_locomo_questions, spread_subset
 from qgmem_train.memory.store import MemoryStore
+from qgmem_train.metrics.retrieval import question_metrics, relevance
 from qgmem_train.reranker.data import ensure_turns_store
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.lexical import BM25Index

@@ -29,13 +29,13 @@ import numpy as np
 
 from bench.machine import machine_info
 from experiments.reranker.compare import BOOTSTRAP_RESAMPLES, gain_cell, recall_gains
+from qgmem_train.benchmarks.loaders import LOCOMO_CATEGORY_NAMES
+from qgmem_train.benchmarks.question_batches import locomo_question_batches
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig, RetrievalConfig
-from qgmem_train.eval.benchmarks import LOCOMO_CATEGORY_NAMES
-from qgmem_train.eval.question_batches import locomo_question_batches
-from qgmem_train.eval.retrieval_metrics import ranking_metrics
 from qgmem_train.fileio import write_report_atomic
 from qgmem_train.llm.factory import build_embedder
 from qgmem_train.memory.store import MemoryStore
+from qgmem_train.metrics.retrieval import ranking_metrics
 from qgmem_train.reranker.data import ensure_turns_store
 from qgmem_train.retrieval.activation import ActivationIndex, activate, fuse_channels
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from qgmem_train.answer.evidence import AnswerEvidence
+from qgmem_train.answer.memory_context import cited_unit_ids
 from qgmem_train.answer.prompt import first_graph_fact_number
-from qgmem_train.retrieval.serialization import cited_unit_ids
 
 
 def chat_labels(evidence: AnswerEvidence, *, text_path: bool) -> dict[str, str]:

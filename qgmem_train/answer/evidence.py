@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from qgmem_train.answer.memory_context import SerializedMemory, serialize_working_memory
 from qgmem_train.graph.local_graph import LocalGraph, local_graph_from_units
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.memory.types import MemoryUnit
-from qgmem_train.retrieval.serialization import SerializedMemory, serialize_working_memory
 
 if TYPE_CHECKING:
     from qgmem_train.memory.store import NamespaceMemory

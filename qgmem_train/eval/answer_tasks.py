@@ -15,16 +15,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from qgmem_train.benchmarks.loaders import spread_subset
 from qgmem_train.errors import InputError
-from qgmem_train.eval.benchmarks import spread_subset
 from qgmem_train.eval.provenance import git_commit
 from qgmem_train.fileio import atomic_output
 
 
 def _answer_setup(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     """Config, benchmark and the selected questions of an answers/ablations run; checks the options first."""
+    from qgmem_train.benchmarks.loaders import load_benchmark
     from qgmem_train.config import load_pipeline_config
-    from qgmem_train.eval.benchmarks import load_benchmark
 
     if args.limit is not None and args.limit < 1:
         raise InputError("--limit", "must be at least 1")
@@ -43,7 +43,7 @@ def _answer_setup(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
 def _evaluate_variant(args: argparse.Namespace, cfg: Any, questions: list[Any], variant: Any, stats: Any) -> tuple[dict[str, Any], list[Any]]:
     """Answer and judge ``questions`` under ``variant``: its summary metrics and answered questions."""
     from qgmem_train.config import load_pipeline_config
-    from qgmem_train.eval.answers import answer_model_path, answer_text_path, judge_answers, score_summary
+    from qgmem_train.eval.answer_quality import answer_model_path, answer_text_path, judge_answers, score_summary
     from qgmem_train.llm.factory import build_llm
 
     store = variant.store or args.store
@@ -76,7 +76,7 @@ def _run_metadata(args: argparse.Namespace, cfg: Any, stats: Any, started: float
 
 def run_answers(args: argparse.Namespace) -> int:
     """Answer, judge and report one benchmark: metrics.json, questions.jsonl, report.md and PNG figures."""
-    from qgmem_train.eval.answers import AnswerVariant, question_record
+    from qgmem_train.eval.answer_quality import AnswerVariant, question_record
     from qgmem_train.eval.report import answers_markdown, write_answer_figures
     from qgmem_train.fileio import write_json_atomic
     from qgmem_train.llm.structured import ParseStats
@@ -104,7 +104,7 @@ def run_answers(args: argparse.Namespace) -> int:
 
 def ablation_variants(args: argparse.Namespace, cfg: Any) -> list[tuple[Any, str, str | None]]:
     """(variant, description, what is missing or None) for the full pipeline and each ablation."""
-    from qgmem_train.eval.answers import AnswerVariant
+    from qgmem_train.eval.answer_quality import AnswerVariant
 
     full_reranker = args.reranker or (cfg.models.reranker if cfg.models.reranker != "none" else "llm")
     attr_off = [c for c in cfg.retrieval.channels if c != "attr"]

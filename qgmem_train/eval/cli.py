@@ -19,8 +19,8 @@ import argparse
 import json
 from pathlib import Path
 
+from qgmem_train.benchmarks.loaders import BENCHMARKS, load_benchmark, plain_conversation
 from qgmem_train.eval.answer_tasks import run_ablations, run_answers
-from qgmem_train.eval.benchmarks import BENCHMARKS, load_benchmark, plain_conversation
 from qgmem_train.eval.retrieval_task import run_retrieval
 from qgmem_train.fileio import atomic_output
 

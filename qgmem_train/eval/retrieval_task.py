@@ -18,8 +18,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from qgmem_train.benchmarks.loaders import group_by_conversation, last_session_time, load_locomo_questions, spread_subset
 from qgmem_train.errors import InputError
-from qgmem_train.eval.benchmarks import group_by_conversation, last_session_time, load_locomo_questions, spread_subset
 from qgmem_train.eval.provenance import git_commit
 from qgmem_train.fileio import atomic_output
 
@@ -46,12 +46,12 @@ def run_retrieval(args: argparse.Namespace) -> int:
     """Activate every eligible question of the stored conversations, score the rankings, write the report."""
     from qgmem_train.config import load_pipeline_config
     from qgmem_train.eval.plots import close, recall_curves_figure
-    from qgmem_train.eval.retrieval_metrics import aggregate, question_metrics, recall_curve, relevance
     from qgmem_train.llm.factory import build_embedder, build_llm
     from qgmem_train.llm.prompts import PROMPTS_VERSION
     from qgmem_train.llm.structured import ParseStats
     from qgmem_train.memory.loaders import load_conversations
     from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.metrics.retrieval import aggregate, question_metrics, recall_curve, relevance
     from qgmem_train.retrieval.activation import ActivationIndex, activate, encode_queries
     from qgmem_train.retrieval.intent import parse_intent_rules, parse_intents
     from qgmem_train.retrieval.rerank import build_reranker

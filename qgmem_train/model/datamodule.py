@@ -9,7 +9,6 @@ its question's embedding (``question_embedding``, read by the ``query`` readout)
 
 from __future__ import annotations
 
-import hashlib
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,7 +24,7 @@ from qgmem_train.config import BUNDLED_EMBEDDER
 from qgmem_train.errors import InputError
 from qgmem_train.graph.local_graph import graph_to_data
 from qgmem_train.model.prompt_tokens import PromptTokens
-from qgmem_train.model.trajectory import TrajectoryExample, read_trajectory_dataset
+from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, split_of_case
 
 SPLITS = ("train", "validation", "test")
 
@@ -93,14 +92,6 @@ def ignore_sigterm(worker_id: int) -> None:
     end with the training process.
     """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def split_of_case(case_id: str, validation_fraction: float, test_fraction: float) -> str:
-    """Deterministic split of a case from the SHA-1 of its id: test, then validation, else train."""
-    bucket = int(hashlib.sha1(case_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    if bucket < test_fraction:
-        return "test"
-    return "validation" if bucket < test_fraction + validation_fraction else "train"
 
 
 class TrajectoryDataModule(L.LightningDataModule):

@@ -31,8 +31,8 @@ from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.graph.readout import READOUTS, GraphTokens, build_readout
 from qgmem_train.graph.shuffle_gap import DEFAULT_FLOOR, graph_donors, shuffle_gap_summary
-from qgmem_train.model.answer_span import answer_labels, answer_token_mask
-from qgmem_train.model.answers import answer_scores
+from qgmem_train.metrics.answers import answer_scores
+from qgmem_train.model.answer_target import answer_labels, answer_token_mask
 from qgmem_train.model.backbone import describe_backbone
 from qgmem_train.model.checkpoint import METADATA_KEY, check_compatible, config_hash, trainable_state_dict
 from qgmem_train.model.ddp import frozen_backbone_names
@@ -55,8 +55,8 @@ from qgmem_train.model.prefix_cache import (
     unsupported_reason,
 )
 from qgmem_train.model.prompt_tokens import PromptTokens
-from qgmem_train.model.schedule import warmup_cosine
-from qgmem_train.model.trajectory import TrajectoryExample
+from qgmem_train.schedule import warmup_cosine
+from qgmem_train.trajectory import TrajectoryExample
 
 log = logging.getLogger(__name__)
 

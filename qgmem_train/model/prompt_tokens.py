@@ -14,7 +14,7 @@ from typing import Any
 from qgmem_train.answer.prompt import final_answer_chat
 from qgmem_train.config import TEMPLATE_BUDGET_S
 from qgmem_train.model.fusion import PromptIds, chat_prompt_ids, target_ids, truncate_to_tokens
-from qgmem_train.model.trajectory import TrajectoryExample
+from qgmem_train.trajectory import TrajectoryExample
 
 
 @dataclass(frozen=True)

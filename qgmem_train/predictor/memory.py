@@ -190,7 +190,7 @@ def _generate_graph(predictor: Predictor, found: Sequence[Retrieval]) -> list[tu
 
     from qgmem_train.answer.parsing import parse_answer
     from qgmem_train.graph.local_graph import graph_to_data
-    from qgmem_train.model.trajectory import TrajectoryExample
+    from qgmem_train.trajectory import TrajectoryExample
 
     model, embedder = predictor.model, predictor.embedder
     start = time.perf_counter()

@@ -24,7 +24,7 @@ from qgmem_train.fileio import replace_folder, staging_beside
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.reranker.datamodule import RerankDataModule
 from qgmem_train.reranker.module import CrossEncoderModule
-from qgmem_train.retrieval.rerank import trained_document_layout
+from qgmem_train.retrieval.cross_encoder import trained_document_layout
 
 DEFAULT_OUT = "checkpoints/reranker-cpu/model"
 TRAINING_RECORD = "training.json"

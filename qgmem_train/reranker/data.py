@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig, RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import read_text, write_json_atomic
-from qgmem_train.retrieval.rerank import UNRECORDED_LAYOUT, Reranker
+from qgmem_train.retrieval.cross_encoder import UNRECORDED_LAYOUT
+from qgmem_train.retrieval.rerank import Reranker
 
 HARD_TOP = 50
 """Pool ranks above this count as the hard half of the negatives."""
@@ -136,7 +137,7 @@ def data_source(input_path: Path, store: Path, embedder: str, retrieval: Retriev
 def build_rerank_data(input_path: Path, store: Path, cfg: PipelineConfig, conversations: Sequence[str] | None = None,
                       document_layout: str = UNRECORDED_LAYOUT) -> RerankData:
     """Fused pools and gold units of every LoCoMo question of the stored conversations (rule-based intents, no reranker), documents in ``document_layout``."""
-    from qgmem_train.eval.question_batches import locomo_question_batches
+    from qgmem_train.benchmarks.question_batches import locomo_question_batches
     from qgmem_train.llm.factory import build_embedder
     from qgmem_train.memory.store import MemoryStore
     from qgmem_train.retrieval.activation import activate

@@ -115,10 +115,10 @@ def held_out_store(input_path: Path, conversations: list[str], embedder: str, st
 
 def retrieval_metrics(input_path: Path, store: Path, embedder_name: str, conversations: list[str]) -> dict[str, float]:
     """Mean recall@10 and nDCG@10 of the dense channel's order and of the fused order over the questions of ``conversations``."""
-    from qgmem_train.eval.question_batches import locomo_question_batches
-    from qgmem_train.eval.retrieval_metrics import aggregate, ranking_metrics
+    from qgmem_train.benchmarks.question_batches import locomo_question_batches
     from qgmem_train.llm.factory import build_embedder
     from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.metrics.retrieval import aggregate, ranking_metrics
     from qgmem_train.retrieval.activation import activate
 
     cfg = PipelineConfig(models=ModelsConfig(embedder=embedder_name, device="cpu"))

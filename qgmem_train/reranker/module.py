@@ -23,9 +23,10 @@ from torch import nn
 
 from qgmem_train.config import BUNDLED_EMBEDDER
 from qgmem_train.errors import InputError
-from qgmem_train.model.schedule import warmup_cosine
 from qgmem_train.reranker.data import RerankGroup
-from qgmem_train.retrieval.rerank import LAYOUT_CONFIG_KEY, UNRECORDED_LAYOUT, build_command, names_missing_folder
+from qgmem_train.retrieval.cross_encoder import LAYOUT_CONFIG_KEY, UNRECORDED_LAYOUT
+from qgmem_train.retrieval.rerank import build_command, names_missing_folder
+from qgmem_train.schedule import warmup_cosine
 
 SCORE_ACTIVATION = "torch.nn.modules.linear.Identity"
 """Saved activation: raw logits, which never tie the way saturated sigmoids do."""
@@ -209,7 +210,7 @@ def load_cross_encoder(
 
 def save_cross_encoder(cross_encoder: Any, folder: Path, document_layout: str = UNRECORDED_LAYOUT) -> None:
     """Save in sentence-transformers' format, the activation also named in config.json (older loaders read it there), with the
-    document layout its reranker reads (:data:`~qgmem_train.retrieval.rerank.LAYOUT_CONFIG_KEY`)."""
+    document layout its reranker reads (:data:`~qgmem_train.retrieval.cross_encoder.LAYOUT_CONFIG_KEY`)."""
     import sentence_transformers
 
     cross_encoder.model.config.sentence_transformers = {"activation_fn": SCORE_ACTIVATION, "version": sentence_transformers.__version__}

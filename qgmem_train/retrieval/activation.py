@@ -24,13 +24,14 @@ from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap
 from qgmem_train.memory.types import MemoryUnit, Trace, Turn
 from qgmem_train.memory.unit_table import UnitView, first_source_turn_ids, unit_texts
 from qgmem_train.retrieval.attributes import AttributeScorer, TextMatcher, with_subject_entities
+from qgmem_train.retrieval.cross_encoder import UNRECORDED_LAYOUT
 from qgmem_train.retrieval.dense import DenseIndex
 from qgmem_train.retrieval.fusion import reciprocal_rank_fusion
 from qgmem_train.retrieval.graph import GraphChannel, unit_graph
 from qgmem_train.retrieval.intent import QueryIntent, parse_intent_rules, parse_intents
 from qgmem_train.retrieval.lexical import BM25Index
 from qgmem_train.retrieval.ranking import top_n, top_positive
-from qgmem_train.retrieval.rerank import UNRECORDED_LAYOUT, Reranker, rerank_document
+from qgmem_train.retrieval.rerank import Reranker, rerank_document
 from qgmem_train.text import tokenize
 
 if TYPE_CHECKING:

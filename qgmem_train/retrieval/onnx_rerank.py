@@ -163,7 +163,7 @@ class OnnxCrossEncoderReranker:
         import torch
 
         from qgmem_train.llm.resolver import resolve_model_dir
-        from qgmem_train.retrieval.rerank import load_cross_encoder, set_max_length, tokenizer_panics_refused, trained_document_layout
+        from qgmem_train.retrieval.cross_encoder import load_cross_encoder, set_max_length, tokenizer_panics_refused, trained_document_layout
 
         folder = resolve_model_dir(ref, cache_dir)
         self.model_id = ref
@@ -186,7 +186,7 @@ class OnnxCrossEncoderReranker:
         """
         import torch
 
-        from qgmem_train.retrieval.rerank import tokenizer_panics_refused
+        from qgmem_train.retrieval.cross_encoder import tokenizer_panics_refused
 
         scores = np.zeros(len(documents), np.float32)
         if not documents:

@@ -22,31 +22,25 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from qgmem_train.config import PipelineConfig
-from qgmem_train.errors import InputError, ModelUnavailableError, first_line, rust_panics_as_input_errors
+from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import RERANK, RERANK_INSTRUCTION
 from qgmem_train.memory.types import MemoryUnit, TimeSpan, Turn
+from qgmem_train.retrieval.cross_encoder import UNRECORDED_LAYOUT, check_layout, load_cross_encoder, set_max_length, tokenizer_panics_refused, trained_document_layout
 
 if TYPE_CHECKING:
     import torch
 
 RERANKER_KINDS = ("llm", "cross", "none")
-DOCUMENT_LAYOUTS = ("fields", "compact", "context")
-"""How a rerank document is written (:func:`rerank_document`); a cross-encoder reads the layout it was trained on."""
-UNRECORDED_LAYOUT = "fields"
-"""The layout of a reranker that records none (every model trained before layouts) and the default of a document."""
 CONTEXT_WORDS = 24
 """Words of the turn before that a ``context`` document keeps, its last ones (where the question a reply answers sits)."""
-LAYOUT_CONFIG_KEY = "qgmem_document_layout"
-"""Key of a trained CrossEncoder's ``config.json`` naming its document layout; folders without it read ``fields``."""
 BUILD_COMMANDS = {"reranker-cpu-small": "make reranker-small"}
 """The make target that trains a shipped config's cross-encoder folder, by the folder's parent; others: ``make reranker``."""
 log = logging.getLogger(__name__)
@@ -101,13 +95,6 @@ def rerank_document(
     return "\n".join(lines)
 
 
-def check_layout(layout: str, where: str) -> str:
-    """``layout`` when it is one of :data:`DOCUMENT_LAYOUTS`; else an :class:`InputError` at ``where``."""
-    if layout not in DOCUMENT_LAYOUTS:
-        raise InputError(where, f"document layout {layout!r} is not one of {', '.join(DOCUMENT_LAYOUTS)}")
-    return layout
-
-
 def compact_header(unit: MemoryUnit) -> str:
     """``8 May 2023 | about 1 May 2023..7 May 2023 | Caroline | at Boston``: the known fields only, dates in words.
 
@@ -139,7 +126,7 @@ class Reranker(Protocol):
     name: str
     model_id: str
     document_layout: str
-    """The :data:`DOCUMENT_LAYOUTS` entry its documents are written in (a reranker without it reads ``fields``)."""
+    """The :data:`~qgmem_train.retrieval.cross_encoder.DOCUMENT_LAYOUTS` entry its documents are written in (a reranker without it reads ``fields``)."""
 
     def score(self, query: str, documents: Sequence[str]) -> np.ndarray:
         """One relevance score per document."""
@@ -195,40 +182,6 @@ class CrossEncoderReranker:
         with tokenizer_panics_refused(self.model_id):
             scores = self.cross_encoder.predict(pairs, batch_size=self.batch_size, show_progress_bar=False)
         return np.asarray(scores, dtype=np.float32).reshape(-1)
-
-
-def load_cross_encoder(folder: Path, ref: str, device: str) -> Any:
-    """The sentence-transformers CrossEncoder in ``folder`` (named ``ref``); a config that does not fit its weights
-    (or files that are no cross-encoder) is one :class:`InputError`, not transformers' multi-line report."""
-    from sentence_transformers import CrossEncoder
-
-    try:
-        with tokenizer_panics_refused(ref):
-            return CrossEncoder(str(folder), device=device)
-    except (RuntimeError, ValueError) as exc:
-        raise InputError(ref, f"the cross-encoder does not load: {first_line(exc)}") from None
-
-
-def tokenizer_panics_refused(ref: str) -> AbstractContextManager[None]:
-    """A panic of the cross-encoder ``ref``'s tokenizer (the tokenizers library on a hostile tokenizer.json, such as a
-    regex past Oniguruma's backtracking limit) as one :class:`InputError` naming it, at load and on every pool."""
-    return rust_panics_as_input_errors(f"{ref}: tokenizer.json", "the tokenizer")
-
-
-def set_max_length(cross_encoder: Any, max_length: int | None, ref: str) -> None:
-    """Cut pairs to ``max_length`` tokens (``models.reranker_max_length``; None: the model's own limit); a length past
-    the model's position embeddings is refused here, not met as an index error on the first long pool."""
-    if max_length is None:
-        return
-    positions = getattr(cross_encoder.model.config, "max_position_embeddings", None)
-    if positions is not None and max_length > positions:
-        raise InputError("pipeline.models.reranker_max_length", f"is {max_length}, more than the {positions} positions of the cross-encoder {ref}")
-    cross_encoder.max_seq_length = max_length
-
-
-def trained_document_layout(cross_encoder: Any, folder: Path) -> str:
-    """The document layout the CrossEncoder of ``folder`` was trained on: its ``config.json`` record, ``fields`` without one."""
-    return check_layout(getattr(cross_encoder.model.config, LAYOUT_CONFIG_KEY, UNRECORDED_LAYOUT), f"{Path(folder) / 'config.json'}: {LAYOUT_CONFIG_KEY}")
 
 
 def quantize_linear_int8(model: torch.nn.Module) -> None:

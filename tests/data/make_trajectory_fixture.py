@@ -16,15 +16,15 @@ import json
 import tempfile
 from pathlib import Path
 
+from qgmem_train.answer.memory_context import serialize_working_memory
 from qgmem_train.config import PipelineConfig
 from qgmem_train.graph.local_graph import local_graph_from_units
 from qgmem_train.llm.embedder import Embedder
 from qgmem_train.memory.construct import build_conversation
 from qgmem_train.memory.loaders import load_locomo
 from qgmem_train.memory.store import MemoryStore
-from qgmem_train.model.trajectory import TrajectoryExample, write_trajectory_dataset
 from qgmem_train.retrieval.activation import activate
-from qgmem_train.retrieval.serialization import serialize_working_memory
+from qgmem_train.trajectory import TrajectoryExample, write_trajectory_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "locomo_sample.json"

@@ -1,4 +1,4 @@
-"""The schema of one training example (a pipeline trajectory), written by data prep and read by training.
+"""The trajectory format, the contract between data prep and training: one example's schema and the split rule.
 
 A trajectory records what the frozen pipeline saw for one question: the serialized working memory,
 the local graph as labels (features are recomputed by the data module with the retrieval embedder),
@@ -8,6 +8,7 @@ the target answer with its reasoning path, and where the example came from. A fo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -105,6 +106,14 @@ def _check_graph(graph: LocalGraph, where: str) -> None:
         raise InputError(f"{where}.edge_src", "edge_src, edge_dst and edge_labels differ in length")
     if any(not 0 <= i < graph.num_nodes for i in graph.edge_src + graph.edge_dst):
         raise InputError(f"{where}.edge_src", f"edge endpoint outside 0..{graph.num_nodes - 1}")
+
+
+def split_of_case(case_id: str, validation_fraction: float, test_fraction: float) -> str:
+    """Deterministic split of a case (data prep and the data module split alike) from the SHA-1 of its id: test, then validation, else train."""
+    bucket = int(hashlib.sha1(case_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    if bucket < test_fraction:
+        return "test"
+    return "validation" if bucket < test_fraction + validation_fraction else "train"
 
 
 def write_trajectory_dataset(splits: Mapping[str, list[TrajectoryExample]], path: str | os.PathLike) -> Path:

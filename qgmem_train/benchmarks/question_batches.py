@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qgmem_train.eval.benchmarks import EvalQuestion, group_by_conversation, last_session_time, load_locomo_questions
+from qgmem_train.benchmarks.loaders import EvalQuestion, group_by_conversation, last_session_time, load_locomo_questions
 from qgmem_train.memory.loaders import load_conversations
 
 if TYPE_CHECKING:

@@ -1,12 +1,12 @@
-"""Answer quality: activate, answer, judge R times with the paper's judge prompt of each benchmark and question type.
+"""Answer quality of a benchmark: answer its questions on the text or the graph path, judge them R times, summarise.
 
-LoCoMo and FactConsolidation use the LoCoMo judge; LongMemEval picks its temporal, knowledge-update,
-preference or abstention prompt by question type; BEAM scores rubric nuggets and event ordering
-(:mod:`qgmem_train.eval.beam_scoring`) and macro-averages its ten abilities. Each repeat gives one
+Each benchmark and question type has the paper's judge prompt: LoCoMo and FactConsolidation use the LoCoMo
+judge; LongMemEval picks its temporal, knowledge-update, preference or abstention prompt by question type; BEAM
+scores rubric nuggets and event ordering (:mod:`qgmem_train.eval.beam_scoring`) and macro-averages its ten abilities. Each repeat gives one
 accuracy over all questions; the report is their mean and (population) std, as in the paper.
 
 Beside the judge, every answer gets the deterministic metrics LoCoMo and Mem0 report (token F1, BLEU-1,
-exact match against the reference, :func:`qgmem_train.model.answers.answer_scores`), per question, per
+exact match against the reference, :func:`qgmem_train.metrics.answers.answer_scores`), per question, per
 type and overall. A question without an answer (its output was dropped) scores 0 on all three, as in
 LoCoMo, and stays in every mean.
 """
@@ -25,10 +25,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from qgmem_train.benchmarks.loaders import BenchmarkQuestion, group_by_conversation
 from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.eval.beam_scoring import EVENT_ORDERING, event_ordering_score, nugget_scores
-from qgmem_train.eval.benchmarks import BenchmarkQuestion, group_by_conversation
 from qgmem_train.eval.judge import JudgeItem, judge
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import (
@@ -40,7 +40,7 @@ from qgmem_train.llm.prompts import (
     PromptTemplate,
 )
 from qgmem_train.llm.structured import ParseStats
-from qgmem_train.model.answers import answer_scores
+from qgmem_train.metrics.answers import answer_scores
 
 YES_NO_MAX_NEW_TOKENS = 8
 ANSWER_METRICS = ("f1", "bleu1", "exact_match")

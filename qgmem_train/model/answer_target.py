@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from qgmem_train.model.fusion import IGNORE_INDEX
-from qgmem_train.model.trajectory import TrajectoryExample
+from qgmem_train.trajectory import TrajectoryExample
 
 
 def answer_value_span(example: TrajectoryExample) -> tuple[int, int]:

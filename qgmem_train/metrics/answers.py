@@ -1,5 +1,7 @@
-"""Scoring final answers: the deterministic answer metrics LoCoMo and Mem0 report beside the judge, exact
-match, token F1 and BLEU-1 over normalised tokens (parsing the answer JSON: :mod:`qgmem_train.answer.parsing`).
+"""Answer metrics: exact match, token F1 and BLEU-1 of an answer against its reference, over normalised tokens.
+
+The deterministic metrics LoCoMo and Mem0 report beside the judge; training's validation and ``eval answers`` both
+score with them (parsing the answer JSON: :mod:`qgmem_train.answer.parsing`).
 
 One normalisation (:func:`normalize_answer`) serves all three. It is LoCoMo's minus two details of its
 script: LoCoMo also drops the word "and" and Porter-stems each token before F1; we keep SQuAD's article
