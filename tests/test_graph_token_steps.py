@@ -154,7 +154,9 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
     rebuilt = json.loads((out / "information-dated-time-edges" / "results.json").read_text())
     assert rebuilt["reused"] == ["question", "context"], "the prompts without the graph are the plain run's"
     assert set(rebuilt["answer_loss"]) == {"question", "triples", "context"} and rebuilt["not_run"] == ["context+triples"]
-    assert [(c["control"], c["treatment"]) for c in rebuilt["comparisons"]] == [("question", "triples"), ("question", "context")]
+    assert [(c["control"], c["treatment"]) for c in rebuilt["comparisons"]] == [("question", "triples"), ("question", "context"), ("triples as prepared", "triples")]
+    before, after = report["answer_loss"]["triples"], rebuilt["answer_loss"]["triples"]
+    assert rebuilt["comparisons"][-1]["mean_difference"] == pytest.approx(before - after), "the prepared graphs' triples against the rebuilt ones'"
     assert rebuilt["answer_loss"]["question"] == report["answer_loss"]["question"]
     assert rebuilt["coverage_prepared_graph"]["all"] == report["coverage_all"]["graph"], "the graphs as prepared, for comparison"
     tested = read_trajectory_dataset(out / "information-dated-time-edges" / "trajectories")["test"]

@@ -178,6 +178,41 @@ def reused_losses(args: argparse.Namespace, prompt: Prompt, folder: Path, test: 
         write_json_atomic(target, {**record, "reused_from": str(source)})
 
 
+def losses_of_prepared(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Answer-span loss per question of each prompt saved in ``<out>/information`` (the graphs as prepared)."""
+    folder = args.out.resolve() / "information"
+    return {f"{p.key} as prepared": {q: v["answer_loss"] for q, v in json.loads((folder / f"losses-{p.key}.json").read_text())["losses"].items()}
+            for p in PROMPTS if (folder / f"losses-{p.key}.json").exists()}  # fmt: skip
+
+
+def per_category(
+    comparison: dict[str, Any], answer_loss: dict[str, dict[str, float]], prepared: dict[str, dict[str, float]], categories: dict[str, str],
+    args: argparse.Namespace,
+) -> dict[str, dict[str, Any]]:
+    """The comparison's paired difference and interval within each question category (temporal, multi-session, ...)."""
+    control = answer_loss.get(comparison["control"]) or prepared[comparison["control"]]
+    treatment = answer_loss[comparison["treatment"]]
+    found = {}
+    for category in sorted({categories[q] for q in treatment}):
+        ids = [q for q in treatment if categories[q] == category]
+        boot = paired_bootstrap({q: control[q] for q in ids}, {q: treatment[q] for q in ids}, args.bootstrap_resamples, args.bootstrap_seed)
+        found[category] = {key: boot[key] for key in ("questions", "mean_difference", "ci95")}
+    return found
+
+
+def rebuilt_against_prepared(args: argparse.Namespace, rebuilt: bool, answer_loss: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """With rebuilt graphs, each graph prompt's loss with the graphs as prepared (``<out>/information``'s, when there for
+    the same questions) minus its loss with the rebuilt ones: above 0, the rebuilt graphs make the answer likelier."""
+    found = []
+    prepared = losses_of_prepared(args) if rebuilt else {}
+    for key in ("triples", "context+triples") if rebuilt else ():
+        before = prepared.get(f"{key} as prepared")
+        if key in answer_loss and before is not None and set(before) == set(answer_loss[key]):
+            found.append({"control": f"{key} as prepared", "treatment": key, "measures": "the rebuilt graphs against the prepared ones",
+                          **paired_bootstrap(before, answer_loss[key], args.bootstrap_resamples, args.bootstrap_seed)})  # fmt: skip
+    return found
+
+
 def prompt_losses(args: argparse.Namespace, prompt: Prompt, data_path: Path) -> dict[str, dict[str, float]]:
     """Whole-target and answer-span loss per test question under ``prompt`` with the frozen LLM and no graph tokens."""
     from experiments.graph_token.answering import per_question_losses
@@ -220,6 +255,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
          **paired_bootstrap(answer_loss[control], answer_loss[treatment], args.bootstrap_resamples, args.bootstrap_seed)}
         for control, treatment, what in COMPARISONS if control in answer_loss and treatment in answer_loss
     ]  # fmt: skip
+    comparisons += rebuilt_against_prepared(args, data_path != prepared_path, answer_loss)
+    categories = {q: v["category"] for q, v in summary["questions"].items()}
+    for comparison in comparisons:
+        comparison["per_category"] = per_category(comparison, answer_loss, losses_of_prepared(args), categories, args)
     test_step, context_step = (next(c for c in comparisons if (c["control"], c["treatment"]) == pair) for pair in REQUIRED_COMPARISONS)
     passed = test_step["mean_difference"] > 0 and test_step["ci95"][0] > 0
     context_helps = context_step["mean_difference"] > 0 and context_step["ci95"][0] > 0
@@ -279,6 +318,20 @@ def coverage_lines(result: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+def category_lines(result: dict[str, Any]) -> list[str]:
+    """Each comparison's difference and interval within each question category (none in a report written before)."""
+    rows = [c for c in result["comparisons"] if c.get("per_category")]
+    if not rows:
+        return []
+    categories = list(rows[0]["per_category"])
+    cell = lambda c: f"{c['mean_difference']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]"  # noqa: E731
+    return [
+        "The same differences within each question category:", "",
+        "| category | questions | " + " | ".join(f"{c['control']} − {c['treatment']}" for c in rows) + " |", "|---|---|" + "---|" * len(rows),
+        *(f"| {k} | {rows[0]['per_category'][k]['questions']} | " + " | ".join(cell(c["per_category"][k]) for c in rows) + " |" for k in categories), "",
+    ]  # fmt: skip
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The step's report: the verdict, coverage, mean losses and the paired differences with their intervals."""
     lines = [
@@ -294,6 +347,7 @@ def markdown(result: dict[str, Any]) -> str:
         "| control | treatment | measures | difference | 95% interval |", "|---|---|---|---|---|",
         *(f"| {c['control']} | {c['treatment']} | {c['measures']} | {c['mean_difference']:+.3f} | [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}] |"
           for c in result["comparisons"]), "",
+        *category_lines(result),
         *([result["context_note"], ""] if result.get("context_note") else []),
         *([f"Not run (`--prompts`): {', '.join(result['prompts'][k] for k in result['not_run'])}.", ""] if result.get("not_run") else []),
         f"Commit: {commit_text(result['git'])}. Machine: {machine_text(result['machine'])}.", "",
