@@ -159,6 +159,7 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
     assert rebuilt["comparisons"][-1]["mean_difference"] == pytest.approx(before - after), "the prepared graphs' triples against the rebuilt ones'"
     assert rebuilt["answer_loss"]["question"] == report["answer_loss"]["question"]
     assert rebuilt["coverage_prepared_graph"]["all"] == report["coverage_all"]["graph"], "the graphs as prepared, for comparison"
+    assert rebuilt["missing_words_prepared_graph"] == report["missing_words"] and report["missing_words_prepared_graph"] is None
     tested = read_trajectory_dataset(out / "information-dated-time-edges" / "trajectories")["test"]
     labels = {t for ex in tested for t in ex.graph.triples() if t[1] == "on"}
     assert labels and {o for _, _, o in labels} <= {"8 May 2023", "9 May 2023", "10 May 2023"}, "each unit's session day, from the LoCoMo file"
@@ -183,6 +184,6 @@ def test_a_step_without_data_is_one_line_and_exit_2(tmp_path: Path, capsys: pyte
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "missing" in err, err
     with torch_threads_kept():
-        assert information.main(["--data", str(tmp_path), "--out", str(tmp_path / "out"), "--prompts", "question", "context"]) == 2
+        assert information.main(["--data", str(tmp_path), "--out", str(tmp_path / "prompts"), "--prompts", "question", "context"]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "--prompts" in err and "triples" in err and not (tmp_path / "out").exists(), err
+    assert len(err.strip().splitlines()) == 1 and "--prompts" in err and "triples" in err and not (tmp_path / "prompts" / "data").exists(), err

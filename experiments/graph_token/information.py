@@ -282,6 +282,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "coverage_prepared_graph": None if data_path == prepared_path else {
             "sample": coverage(question_sample(prepared, args.step_questions, args.split_seed))["graph"], "all": coverage(prepared)["graph"]},
         "missing_words": missing_words(every),
+        "missing_words_prepared_graph": None if data_path == prepared_path else missing_words(prepared),
         "evidence_recall": evidence_recall(args.out.resolve(), {ex.question_id for ex in every}),
         "graphs": ("as prepared" if data_path == prepared_path else
                    f"rebuilt from the data prep's store{' with the session dates of ' + args.session_dates.name if args.session_dates else ''}, "
@@ -304,15 +305,17 @@ def coverage_lines(result: dict[str, Any]) -> list[str]:
     if result.get("coverage_prepared_graph"):
         rows = [("graph, rebuilt", *rows[0][1:]), ("graph as prepared", result["coverage_prepared_graph"]["sample"], result["coverage_prepared_graph"]["all"])]
     rows.append(("context", result["coverage"]["context"], result["coverage_all"]["context"]))
-    missing, recall = result["missing_words"], result["evidence_recall"]
+    missing, recall, before = result["missing_words"], result["evidence_recall"], result.get("missing_words_prepared_graph")
     return [
         f"Graphs: {result.get('graphs', 'as prepared')}.", "",
         f"| where | all of an answer's words appear ({n} q) | mean share of its words ({n} q) | all words ({total} q) | mean share ({total} q) |",
         "|---|---|---|---|---|",
         *(f"| {where} | {a['all_words']:.3f} | {a['mean_word_share']:.3f} | {b['all_words']:.3f} | {b['mean_word_share']:.3f} |" for where, a, b in rows), "",
         f"Why answer words are missing from the graph, on all {total} test questions (a word counted once an answer):", "",
-        "| kind of word | in answers | missing from the graph | of those, in the context |", "|---|---|---|---|",
-        *(f"| {kind} | {m['answer_words']} | {m['missing_from_graph']} | {m['of_which_in_context']} |" for kind, m in missing.items()), "",
+        "| kind of word | in answers | missing from the graph | of those, in the context |"
+        + (" missing from the graph as prepared | of those, in the context |" if before else ""), "|---|---|---|---|" + ("---|---|" if before else ""),
+        *(f"| {kind} | {m['answer_words']} | {m['missing_from_graph']} | {m['of_which_in_context']} |"
+          + (f" {before[kind]['missing_from_graph']} | {before[kind]['of_which_in_context']} |" if before else "") for kind, m in missing.items()), "",
         f"The working memory holds an evidence turn of the question for {recall['share']:.3f} of the {recall['questions']} test questions "
         "(a word the context lacks is not in the working memory at all: retrieval, not the graph, lost it).", "",
     ]  # fmt: skip
