@@ -70,7 +70,8 @@ def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg
         activate(q.question, None, memory, cfg=pipeline.retrieval, llm=intent_llm, embedder=models.embedder, reranker=models.reranker, index=index)
         for q in case.questions
     ]
-    evidence = [answer_evidence(wm.units, memory, models.llm, max_edges=pipeline.retrieval.k, attribute_edges=pipeline.graph.attribute_edges) for wm in working]
+    evidence = [answer_evidence(wm.units, memory, models.llm, max_edges=pipeline.retrieval.k, attribute_edges=pipeline.graph.attribute_edges,
+                        time_edges=pipeline.graph.time_edges) for wm in working]
     seconds["activation"] = time.perf_counter() - start
 
     chats = [frozen_answer_chat(q.question, None, e) for q, e in zip(case.questions, evidence)]

@@ -170,6 +170,9 @@ class GraphConfig:
     attribute_edges: bool = False
     """Link each unit's subject to the entities (``mentions``) and locations (``at``) it names, so units that share one
     meet in a node (not in the paper: its graph has one edge per unit)."""
+    time_edges: bool = False
+    """Link each unit's subject to the day it was said (``on``) and the times it names (``about``), in words ("7 May 2023"),
+    so dated answers are among the graph's labels (not in the paper; needs dated sessions, ConvoMem has none)."""
 
 
 @dataclass

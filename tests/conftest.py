@@ -68,6 +68,22 @@ def data():
     return module
 
 
+@pytest.fixture(scope="session")
+def tiny_study_data(tmp_path_factory: pytest.TempPathFactory):
+    """The graph-token study's data prep over the cut-down conversations of ``tiny_convomem`` (1 test conversation, 3 test
+    and 2 validation questions), run once: the study's and its steps' tiny runs copy its ``data/`` into their ``--out``
+    and reuse it as a rerun does. Returns ``(cases folder, the folder holding data/)``."""
+    from experiments.graph_token.cli import parser
+    from experiments.graph_token.data import prepare_data
+    from tests.test_graph_token_experiment import TINY_DATA_ARGS, tiny_convomem
+
+    root = tmp_path_factory.mktemp("tiny_study")
+    cases = tiny_convomem(root / "cases")
+    args = parser().parse_args(["--data", str(cases), *TINY_DATA_ARGS])
+    prepare_data(args, root / "out")
+    return cases, root / "out"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with ``slow`` tests run first (otherwise in their order), so parallel workers do not end on one long file."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}

@@ -8,7 +8,8 @@ from torch_geometric.data import Batch
 from qgmem_train.answer.prompt import GRAPH_FACTS_HEADING, final_answer_chat
 from qgmem_train.graph.facts import graph_facts_text
 from qgmem_train.graph.local_graph import LocalGraph, graph_to_data, local_graph_from_units, normalize_label
-from qgmem_train.memory.types import MemoryUnit
+from qgmem_train.memory.timeparse import month_span, spoken_span, year_span
+from qgmem_train.memory.types import MemoryUnit, TimeSpan
 
 
 def unit(i: int, subject: str, predicate: str, obj: str) -> MemoryUnit:
@@ -103,3 +104,82 @@ def test_graph_settings_read_the_attribute_edges_switch() -> None:
 
     assert pipeline_from_dict({}).graph.attribute_edges is False
     assert pipeline_from_dict({"graph": {"attribute_edges": True}}).graph.attribute_edges is True
+
+
+def dated(i: int, subject: str, obj: str, said: str | None, about: list[TimeSpan]) -> MemoryUnit:
+    u = unit(i, subject, "says", obj)
+    u.utterance_time, u.fact_time = said, about
+    return u
+
+
+def test_time_edges_link_each_unit_to_its_day_and_the_times_it_names_in_words() -> None:
+    units = [
+        dated(0, "Caroline", "I went to a support group yesterday", "2023-05-08T13:56:00", [TimeSpan("2023-05-07", "2023-05-07")]),
+        dated(1, "Melanie", "I painted that last year, in May", "2023-05-08", [year_span(2022), month_span(2023, 5), TimeSpan("2023-05-08", "2023-05-08")]),
+        dated(2, "Caroline", "no date here", None, []),
+    ]
+    assert local_graph_from_units(units).triples() == local_graph_from_units(units, attribute_edges=True).triples()
+    assert [p for _, p, _ in local_graph_from_units(units).triples()] == ["says"] * 3, "off: no time edges"
+    graph = local_graph_from_units(units, time_edges=True)
+    assert graph.triples() == [
+        ("Caroline", "says", "I went to a support group yesterday"),
+        ("Caroline", "on", "8 May 2023"),
+        ("Caroline", "about", "7 May 2023"),
+        ("Melanie", "says", "I painted that last year, in May"),
+        ("Melanie", "on", "8 May 2023"),
+        ("Melanie", "about", "2022"),
+        ("Melanie", "about", "May 2023"),
+        ("Caroline", "says", "no date here"),
+    ], "the day it was said, then each fact time in words; a fact time on the day it was said adds no edge"
+    assert graph.node_labels.count("8 May 2023") == 1, "units said on one day meet in its node"
+
+
+def test_time_edges_keep_the_unit_budget_and_name_each_edges_unit() -> None:
+    from qgmem_train.answer.evidence import edge_unit_ids
+
+    units = [dated(i, f"s{i}", f"o{i}", "2023-05-08", [TimeSpan("2023-05-01", "2023-05-07", "week")]) for i in range(4)]
+    graph = local_graph_from_units(units, max_edges=2, time_edges=True)
+    assert graph.num_edges == 6 and ("s0", "about", "the week of 1 May 2023") in graph.triples()
+    assert edge_unit_ids(units, max_edges=2, time_edges=True) == ["u0"] * 3 + ["u1"] * 3
+
+
+def test_spoken_span_writes_a_span_as_dated_answers_do() -> None:
+    assert spoken_span(TimeSpan("2023-05-07", "2023-05-07")) == "7 May 2023"
+    assert spoken_span(TimeSpan("2023-05-06", "2023-05-07")) == "6 May 2023..7 May 2023"
+    assert spoken_span(month_span(2023, 5)) == "May 2023" and spoken_span(year_span(2022)) == "2022"
+    assert spoken_span(TimeSpan("2023-05-01", "2023-05-14", "week")) == "the week of 1 May 2023..the week of 8 May 2023"
+
+
+def test_graph_settings_read_the_time_edges_switch() -> None:
+    from qgmem_train.config import pipeline_from_dict
+
+    assert pipeline_from_dict({}).graph.time_edges is False
+    assert pipeline_from_dict({"graph": {"time_edges": True}}).graph.time_edges is True
+
+
+def test_a_dated_answer_reaches_the_graph_of_a_built_namespace_only_with_time_edges(tmp_path, minilm) -> None:
+    """A hand-built dated conversation in turns mode: the answer "7 May 2023" (said "yesterday" on 8 May) is in the
+    graph's labels with ``graph.time_edges`` and not without it."""
+    from qgmem_train.answer.evidence import answer_evidence
+    from qgmem_train.config import PipelineConfig
+    from qgmem_train.memory.construct import build_conversation
+    from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.memory.types import Conversation, Session, Turn
+    from qgmem_train.model.answers import normalize_answer
+
+    turns = [Turn("D1:1", "Caroline", "I went to a LGBTQ support group yesterday and it was so powerful."),
+             Turn("D1:2", "Melanie", "Wow, that's cool! What happened that was so awesome?")]
+    conversation = Conversation("dated", [Session("session_1", "2023-05-08T13:56:00", turns)])
+    cfg = PipelineConfig()
+    cfg.construction.units = "turns"
+    with MemoryStore.open(tmp_path / "store", create=True) as store:
+        build_conversation(store, conversation, cfg, minilm)
+        memory = store.load_namespace("dated")
+    answer = set(normalize_answer("7 May 2023").split())
+
+    def label_words(time_edges: bool) -> set[str]:
+        graph = answer_evidence(memory.units, memory, None, max_edges=10, time_edges=time_edges).graph
+        return {w for label in graph.node_labels + graph.edge_labels for w in normalize_answer(label).split()}
+
+    assert not answer <= label_words(False)
+    assert answer <= label_words(True)

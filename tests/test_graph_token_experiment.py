@@ -2,7 +2,8 @@
 saved reports rebuilt from their runs.
 
 The tiny run goes through every stage with the bundled SmolLM2 and MiniLM on three cut-down conversations made
-from the committed ConvoMem sample (which holds two): data prep, three arms (edge tokens trained for two steps, the
+from the committed ConvoMem sample (which holds two): data prep (run once, for the steps' tiny run too, by the
+``tiny_study_data`` fixture), three arms (edge tokens trained for two steps, the
 same checkpoint on shuffled graphs, and the untrained no-graph arm), one seed, three test questions, and the report
 with its plots.
 """
@@ -32,6 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "convomem_cases"
 STUDY = [sys.executable, "-m", "experiments.graph_token"]
 RESULTS = ROOT / "experiments" / "graph_token" / "results"
+
+
+TINY_DATA_ARGS = ["--test-count", "1", "--max-test-questions", "3", "--max-val-questions", "2"]
+"""The tiny runs' data settings: the ``tiny_study_data`` fixture prepares their data once."""
 
 
 def tiny_convomem(root: Path) -> Path:
@@ -229,12 +234,14 @@ def test_seeded_comparisons_report_each_seed_and_an_interval_over_seeds() -> Non
 
 
 @pytest.mark.slow
-def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path) -> None:
+def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path, tiny_study_data: tuple[Path, Path]) -> None:
+    cases, prepared = tiny_study_data
     out = tmp_path / "out"
+    shutil.copytree(prepared / "data", out / "data")  # the data prep the fixture ran once, reused as a rerun reuses it
     command = [
-        *STUDY, "--data", str(tiny_convomem(tmp_path / "cases")), "--out", str(out),
-        "--variants", "edges", "edges-shuffled", "none", "--test-count", "1", "--edge-tokens", "3", "--max-context-tokens", "128",
-        "--seeds", "1", "--steps", "2", "--val-checks", "1", "--max-test-questions", "3", "--max-f1-questions", "2", "--max-val-questions", "2",
+        *STUDY, "--data", str(cases), "--out", str(out), *TINY_DATA_ARGS,
+        "--variants", "edges", "edges-shuffled", "none", "--edge-tokens", "3", "--max-context-tokens", "128",
+        "--seeds", "1", "--steps", "2", "--val-checks", "1", "--max-f1-questions", "2",
         "--max-new-tokens", "48", "--eval-batch-size", "4", "--gnn-hidden", "32", "--bootstrap-resamples", "200",
     ]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)  # three arms: ~10 min on a busy 2-core box

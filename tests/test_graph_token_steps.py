@@ -8,17 +8,23 @@ outputs, resume and verdict logic are what is tested).
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from experiments.graph_token import information
 from experiments.graph_token.capacity import CAPACITY_NATS, TARGETS, target_examples, verdict
-from experiments.graph_token.information import coverage, label_words
+from experiments.graph_token.information import coverage, label_words, missing_words, word_kind
+from qgmem_train.errors import InputError
 from qgmem_train.graph.local_graph import LocalGraph
-from qgmem_train.trajectory import TrajectoryExample
-from tests.test_graph_token_experiment import tiny_convomem
+from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset
+from tests.test_graph_token_experiment import TINY_DATA_ARGS
 from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +59,45 @@ def test_capacity_targets_rewrite_the_answer_and_drop_the_context() -> None:
     assert all(e.context == "context text" for e in in_prompt)
 
 
+def test_missing_words_sort_answer_words_by_kind_and_say_which_the_context_holds() -> None:
+    examples = [
+        example("q1", "7 May 2023", "Alex went on 7 May", BEACH),  # number, date, date: all missing; 7 and may in the context
+        example("q2", "Biscuit in Maine", "Biscuit swims", BEACH),  # a name in the graph; maine a name and in a word missing everywhere
+        example("q3", "the beach house", "a house", BEACH),  # beach in the graph; house missing, in the context; the article no word
+    ]
+    assert [word_kind(w, "7 May 2023") for w in ("7", "may", "2023")] == ["number", "date or time", "date or time"]
+    assert word_kind("maine", "Biscuit in Maine") == "name" and word_kind("house", "the beach house") == "other"
+    assert missing_words(examples) == {
+        "date or time": {"answer_words": 2, "missing_from_graph": 2, "of_which_in_context": 1},
+        "number": {"answer_words": 1, "missing_from_graph": 1, "of_which_in_context": 1},
+        "name": {"answer_words": 2, "missing_from_graph": 1, "of_which_in_context": 0},
+        "other": {"answer_words": 3, "missing_from_graph": 2, "of_which_in_context": 1},
+    }
+
+
+def test_a_dated_unit_takes_its_sessions_time_and_the_times_its_turn_names() -> None:
+    from experiments.graph_token.dated import dated_unit, redated
+    from qgmem_train.memory.types import MemoryUnit, TimeSpan
+
+    unit = MemoryUnit(id="D1:3", session_id="locomo_0_session_1", fact_text="User: I went yesterday", subject="User", predicate="went",
+                      object="there", source_turn_ids=["D1:3"], source_text="User: I went yesterday", utterance_time=None, serial=3)  # fmt: skip
+    dated = dated_unit(unit, "2023-05-08T13:56:00", "I went to a support group yesterday")
+    assert dated.utterance_time == "2023-05-08T13:56:00" and dated.fact_time == [TimeSpan("2023-05-07", "2023-05-07", "day")]
+    assert unit.utterance_time is None and unit.fact_time == [], "the stored unit is left as it was"
+    with pytest.raises(InputError, match="locomo_0_session_1"):
+        redated(unit, {"locomo_1_session_1": "2023-05-08"}, None)
+
+
+def tiny_locomo(path: Path, sessions: dict[int, int]) -> Path:
+    """A LoCoMo file whose conversation ``i`` has the sessions ``session_<n>`` of ``sessions[i]`` (one turn each), dated 8, 9, ... May 2023."""
+    samples = [{"sample_id": f"conv-{i}", "conversation": {
+                    **{f"session_{n}": [{"speaker": "A", "dia_id": f"D{n}:1", "text": "hi"}] for n in range(1, count + 1)},
+                    **{f"session_{n}_date_time": f"1:56 pm on {7 + n} May, 2023" for n in range(1, count + 1)}}}
+               for i, count in sorted(sessions.items())]  # fmt: skip
+    path.write_text(json.dumps(samples))
+    return path
+
+
 def row(target: str, difference: float, low: float) -> dict[str, object]:
     return {"target": target, "swap_cost": {"mean_difference": difference, "ci95": [low, difference + 0.1]}}
 
@@ -65,17 +110,30 @@ def test_the_slot_carries_content_only_when_swapping_costs_enough_on_triples_and
     assert verdict([row("answer-in-prompt", above, 0.2), row("answer", above, 0.2)])[0] is None, "(a) not measured: no verdict"
 
 
+@contextmanager
+def torch_threads_kept() -> Iterator[None]:
+    """Put the process's torch threads back as they were after the block."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
-def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path) -> None:
+def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_study_data: tuple[Path, Path], caplog: pytest.LogCaptureFixture) -> None:
+    cases, prepared = tiny_study_data
     llm = save_tiny_decoder(tmp_path / "tiny", fixture_corpus())
     out = tmp_path / "out"
+    shutil.copytree(prepared / "data", out / "data")  # the data prep the fixture ran once, reused as a rerun reuses it
     common = [
-        "--data", str(tiny_convomem(tmp_path / "cases")), "--out", str(out), "--llm", str(llm), "--test-count", "1",
-        "--max-test-questions", "3", "--max-val-questions", "2", "--max-context-tokens", "64", "--eval-batch-size", "2",
+        "--data", str(cases), "--out", str(out), "--llm", str(llm), *TINY_DATA_ARGS, "--max-context-tokens", "64", "--eval-batch-size", "2",
         "--bootstrap-resamples", "200",
     ]  # fmt: skip
-    step0 = [sys.executable, "-m", "experiments.graph_token.information", *common, "--step-questions", "2"]
-    result = subprocess.run(step0, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    step0 = [*common, "--step-questions", "2"]
+    result = subprocess.run([sys.executable, "-m", "experiments.graph_token.information", *step0], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "information" / "results.json").read_text())
     assert set(report["answer_loss"]) == {"question", "triples", "context", "context+triples"}
@@ -84,9 +142,29 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path) -> Non
     assert report["comparisons"][0]["control"] == "question" and report["comparisons"][0]["treatment"] == "triples"
     assert report["passed"] == (report["comparisons"][0]["ci95"][0] > 0)
     assert result.stdout.strip() == report["verdict"] and "step 0" in (out / "information" / "results.md").read_text()
+    assert set(report["missing_words"]) == {"date or time", "number", "name", "other"} and report["evidence_recall"]["questions"] == 3
 
-    again = subprocess.run(step0, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert again.returncode == 0 and again.stderr.count("reusing") >= 5, "data and every prompt's losses are reused"
+    caplog.set_level(logging.INFO)
+    with torch_threads_kept():  # the steps set the process's torch threads; in this process, they are put back after
+        assert information.main(step0) == 0
+        assert sum("reusing" in m for m in caplog.messages) >= 5, "data and every prompt's losses are reused"
+
+        dated = [*step0, "--session-dates", str(tiny_locomo(tmp_path / "locomo.json", {0: 3, 1: 3})), "--time-edges", "--prompts", "question", "triples", "context"]
+        assert information.main(dated) == 0
+    rebuilt = json.loads((out / "information-dated-time-edges" / "results.json").read_text())
+    assert rebuilt["reused"] == ["question", "context"], "the prompts without the graph are the plain run's"
+    assert set(rebuilt["answer_loss"]) == {"question", "triples", "context"} and rebuilt["not_run"] == ["context+triples"]
+    assert [(c["control"], c["treatment"]) for c in rebuilt["comparisons"]] == [("question", "triples"), ("question", "context"), ("triples as prepared", "triples")]
+    before, after = report["answer_loss"]["triples"], rebuilt["answer_loss"]["triples"]
+    assert rebuilt["comparisons"][-1]["mean_difference"] == pytest.approx(before - after), "the prepared graphs' triples against the rebuilt ones'"
+    assert rebuilt["answer_loss"]["question"] == report["answer_loss"]["question"]
+    assert rebuilt["coverage_prepared_graph"]["all"] == report["coverage_all"]["graph"], "the graphs as prepared, for comparison"
+    assert rebuilt["missing_words_prepared_graph"] == report["missing_words"] and report["missing_words_prepared_graph"] is None
+    tested = read_trajectory_dataset(out / "information-dated-time-edges" / "trajectories")["test"]
+    labels = {t for ex in tested for t in ex.graph.triples() if t[1] == "on"}
+    assert labels and {o for _, _, o in labels} <= {"8 May 2023", "9 May 2023", "10 May 2023"}, "each unit's session day, from the LoCoMo file"
+    assert "Graphs: rebuilt from the data prep's store with the session dates of locomo.json, time edges on" in (
+        out / "information-dated-time-edges" / "results.md").read_text()
 
     step1 = [sys.executable, "-m", "experiments.graph_token.capacity", *common, "--capacity-questions", "2", "--capacity-steps", "2"]
     result = subprocess.run(step1, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -98,8 +176,14 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path) -> Non
     assert result.stdout.strip() == capacity["verdict"]
 
 
-def test_a_step_without_data_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    for step in ("information", "capacity"):
-        command = [sys.executable, "-m", f"experiments.graph_token.{step}", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "missing" in result.stderr, result.stderr
+def test_a_step_without_data_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.graph_token import capacity
+
+    for step in (information, capacity):  # each module's main is its command's exit status (``sys.exit(main())``)
+        assert step.main(["--data", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "missing" in err, err
+    with torch_threads_kept():
+        assert information.main(["--data", str(tmp_path), "--out", str(tmp_path / "prompts"), "--prompts", "question", "context"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--prompts" in err and "triples" in err and not (tmp_path / "prompts" / "data").exists(), err

@@ -22,6 +22,8 @@ from qgmem_train.memory.types import Session
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "convomem" / "test_cases"
 SPLITS = ("train", "validation", "test")
+RETRIEVAL_K = 10
+"""Units a working memory holds in the data prep (``retrieval.k``), so edges of at most that many units a local graph."""
 STAGED_CATEGORY = "conversations"
 """Folder of the staged cases (data prep's one category): one case per conversation."""
 
@@ -206,7 +208,7 @@ def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "pipeline:\n"
         f"  models:\n    llm: {BUNDLED_LLM}\n    embedder: {args.embedder}\n    reranker: none\n    dtype: float32\n    device: cpu\n"
         f"  construction:\n    units: turns\n    traces: false\n    sentence_vectors: {str(args.sentence_vectors).lower()}\n"
-        "  retrieval:\n    k: 10\n"
+        f"  retrieval:\n    k: {RETRIEVAL_K}\n"
         f"  graph:\n    attribute_edges: {str(args.attribute_edges).lower()}\n"
     )  # fmt: skip
     cfg, pipeline = load_data_prep_config(config)

@@ -25,16 +25,17 @@ class AnswerEvidence:
 
 
 def answer_evidence(
-    units: Sequence[MemoryUnit], memory: NamespaceMemory, llm: ChatLLM | None, *, max_edges: int, attribute_edges: bool = False
+    units: Sequence[MemoryUnit], memory: NamespaceMemory, llm: ChatLLM | None, *, max_edges: int, attribute_edges: bool = False,
+    time_edges: bool = False,
 ) -> AnswerEvidence:
     """MEMORY_CONTEXT of ``units`` (tokens counted with ``llm``) and their local graph of the edges of at most ``max_edges`` units."""
-    graph = local_graph_from_units(units, max_edges=max_edges, attribute_edges=attribute_edges)
-    ids = edge_unit_ids(units, max_edges=max_edges, attribute_edges=attribute_edges)
+    graph = local_graph_from_units(units, max_edges=max_edges, attribute_edges=attribute_edges, time_edges=time_edges)
+    ids = edge_unit_ids(units, max_edges=max_edges, attribute_edges=attribute_edges, time_edges=time_edges)
     return AnswerEvidence(serialize_working_memory(units, memory, llm), graph, ids)
 
 
-def edge_unit_ids(units: Sequence[MemoryUnit], *, max_edges: int, attribute_edges: bool = False) -> list[str]:
-    """The id of the unit behind each edge of the local graph, in edge order (a unit repeats for its attribute edges)."""
-    counts = [(unit.id, local_graph_from_units([unit], attribute_edges=attribute_edges).num_edges) for unit in units]
+def edge_unit_ids(units: Sequence[MemoryUnit], *, max_edges: int, attribute_edges: bool = False, time_edges: bool = False) -> list[str]:
+    """The id of the unit behind each edge of the local graph, in edge order (a unit repeats for its attribute and time edges)."""
+    counts = [(unit.id, local_graph_from_units([unit], attribute_edges=attribute_edges, time_edges=time_edges).num_edges) for unit in units]
     contributing = [(unit_id, count) for unit_id, count in counts if count][:max_edges]
     return [unit_id for unit_id, count in contributing for _ in range(count)]

@@ -260,7 +260,8 @@ def answer_text_path(
                 started = time.perf_counter()
                 wm = activate(q.question, q.question_time, memory, cfg=retrieval, llm=llm, embedder=embedder, reranker=reranker,
                               index=index, intent=intent, query_vectors=query_vectors)
-                evidence.append(answer_evidence(wm.units, memory, llm, max_edges=retrieval.k, attribute_edges=cfg.graph.attribute_edges))
+                evidence.append(answer_evidence(wm.units, memory, llm, max_edges=retrieval.k, attribute_edges=cfg.graph.attribute_edges,
+                                               time_edges=cfg.graph.time_edges))
                 chats.append(frozen_answer_chat(q.question, q.question_time, evidence[-1]))
                 units.append([u.id for u in wm.units])
                 seconds.append(time.perf_counter() - started + intent_share)

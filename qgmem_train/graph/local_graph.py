@@ -3,7 +3,9 @@
 One directed edge per activated unit, subject → object, labelled by the unit's predicate, so a
 working memory of k units gives at most k edges and 2k nodes; nodes are deduplicated by their
 normalised label. With ``attribute_edges`` a unit also links its subject to each entity it names
-(``mentions``) and each location (``at``), so two units about "Biscuit" or "Lisbon" meet in one node. The label-only :class:`LocalGraph` is what trajectories record; :func:`graph_to_data`
+(``mentions``) and each location (``at``), so two units about "Biscuit" or "Lisbon" meet in one node. With ``time_edges``
+it links its subject to the day it was said (``on``) and to each time it names (``about``), in words ("7 May 2023"), so a
+dated answer is among the labels. The label-only :class:`LocalGraph` is what trajectories record; :func:`graph_to_data`
 attaches embedder features (node: f_emb(label), edge: f_emb(predicate)) for the encoder.
 """
 
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from qgmem_train.memory.timeparse import spoken_date, spoken_span
 from qgmem_train.memory.types import MemoryUnit
 
 _SPACES = re.compile(r"\s+")
@@ -56,14 +59,19 @@ class LocalGraph:
 
 MENTIONS, AT = "mentions", "at"
 """Predicates of attribute edges: subject → a named entity, subject → a location."""
+ON, ABOUT = "on", "about"
+"""Predicates of time edges: subject → the day the unit was said, subject → a time the unit names (its fact time)."""
 
 
-def local_graph_from_units(units: Sequence[MemoryUnit], max_edges: int | None = None, attribute_edges: bool = False) -> LocalGraph:
+def local_graph_from_units(
+    units: Sequence[MemoryUnit], max_edges: int | None = None, attribute_edges: bool = False, time_edges: bool = False
+) -> LocalGraph:
     """Build the local graph of the working memory's units, in their order (edges of at most ``max_edges`` units).
 
     A unit whose subject or object is empty after normalisation contributes no edge. A node keeps
     the spelling of its first occurrence. With ``attribute_edges`` each contributing unit's own edge is
-    followed by its attribute edges (:func:`unit_attribute_edges`), which the unit budget does not count.
+    followed by its attribute edges (:func:`unit_attribute_edges`), with ``time_edges`` by its time edges
+    (:func:`unit_time_edges`); the unit budget counts neither.
     """
     graph = LocalGraph()
     index: dict[str, int] = {}
@@ -83,6 +91,7 @@ def local_graph_from_units(units: Sequence[MemoryUnit], max_edges: int | None = 
             continue
         contributing += 1
         triples = [(unit.predicate.strip(), unit.object)] + (unit_attribute_edges(unit) if attribute_edges else [])
+        triples += unit_time_edges(unit) if time_edges else []
         for predicate, target in triples:
             graph.edge_src.append(node(unit.subject))
             graph.edge_dst.append(node(target))
@@ -103,6 +112,17 @@ def unit_attribute_edges(unit: MemoryUnit) -> list[tuple[str, str]]:
             if key not in seen:
                 seen.add(key)
                 edges.append((predicate, label))
+    return edges
+
+
+def unit_time_edges(unit: MemoryUnit) -> list[tuple[str, str]]:
+    """``(predicate, target)`` of a unit's time edges: ``on`` its utterance day, then ``about`` each fact-time span, in
+    words (:func:`~qgmem_train.memory.timeparse.spoken_span`). A span that reads as an earlier target is left out."""
+    edges = [(ON, spoken_date(unit.utterance_time))] if unit.utterance_time else []
+    for span in unit.fact_time:
+        label = spoken_span(span)
+        if all(label != target for _, target in edges):
+            edges.append((ABOUT, label))
     return edges
 
 

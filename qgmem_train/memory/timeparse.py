@@ -98,6 +98,30 @@ def weekend_span(saturday: date) -> TimeSpan:
     return TimeSpan(saturday.isoformat(), (saturday + timedelta(days=1)).isoformat(), "day")
 
 
+def spoken_date(text: str) -> str:
+    """``2023-05-08`` or ``2023-05-08T13:56:00`` as ``8 May 2023``; anything else (a month, a year, free text) unchanged."""
+    try:
+        day = date.fromisoformat(text[:10])
+    except ValueError:
+        return text
+    return f"{day.day} {day:%B %Y}"
+
+
+def spoken_span(span: TimeSpan) -> str:
+    """A span in words, as dated answers write it: ``7 May 2023``, ``May 2023``, ``2022``, ``the week of 1 May 2023``;
+    a span over several days, weeks, months or years as ``first..last`` of those."""
+    lo, hi = calendar_bounds(span)
+    if span.granularity == "year":
+        parts = [str(lo.year), str(hi.year)]
+    elif span.granularity == "month":
+        parts = [f"{lo:%B %Y}", f"{hi:%B %Y}"]
+    elif span.granularity == "week":
+        parts = [f"the week of {spoken_date(d.isoformat())}" for d in (lo, hi - timedelta(days=6))]
+    else:
+        parts = [spoken_date(span.start), spoken_date(span.end)]
+    return parts[0] if parts[0] == parts[1] else "..".join(parts)
+
+
 def calendar_bounds(span: TimeSpan) -> tuple[date, date]:
     """The days ``span`` can mean at its granularity: whole weeks (Monday to Sunday), months or years
     from its start's to its end's; a ``day`` span, or one of another label (``vague``), as written."""

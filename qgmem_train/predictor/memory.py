@@ -119,7 +119,8 @@ class PredictorMemory:
             )  # fmt: skip
             seconds.update(wm.timings)
             start = time.perf_counter()
-            evidence = answer_evidence(wm.units, memory, predictor.llm, max_edges=cfg.retrieval.k, attribute_edges=cfg.graph.attribute_edges)
+            evidence = answer_evidence(wm.units, memory, predictor.llm, max_edges=cfg.retrieval.k, attribute_edges=cfg.graph.attribute_edges,
+                                       time_edges=cfg.graph.time_edges)
             seconds["serialize"] = time.perf_counter() - start
         return Retrieval(question, question_time, memory, list(wm.units), list(wm.scores), evidence, seconds, started)
 

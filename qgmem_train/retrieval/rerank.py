@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -32,6 +31,7 @@ from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.prompts import RERANK, RERANK_INSTRUCTION
+from qgmem_train.memory.timeparse import spoken_date
 from qgmem_train.memory.types import MemoryUnit, TimeSpan, Turn
 from qgmem_train.retrieval.cross_encoder import UNRECORDED_LAYOUT, check_layout, load_cross_encoder, set_max_length, tokenizer_panics_refused, trained_document_layout
 
@@ -109,15 +109,6 @@ def compact_header(unit: MemoryUnit) -> str:
     if unit.locations:
         parts.append("at " + ", ".join(unit.locations))
     return " | ".join(parts)
-
-
-def spoken_date(text: str) -> str:
-    """``2023-05-08`` or ``2023-05-08T13:56:00`` as ``8 May 2023``; anything else (a month, a year, free text) unchanged."""
-    try:
-        day = date.fromisoformat(text[:10])
-    except ValueError:
-        return text
-    return f"{day.day} {day:%B %Y}"
 
 
 class Reranker(Protocol):
