@@ -165,7 +165,7 @@ def test_a_dated_answer_reaches_the_graph_of_a_built_namespace_only_with_time_ed
     from qgmem_train.memory.construct import build_conversation
     from qgmem_train.memory.store import MemoryStore
     from qgmem_train.memory.types import Conversation, Session, Turn
-    from qgmem_train.model.answers import normalize_answer
+    from qgmem_train.metrics.answers import normalize_answer
 
     turns = [Turn("D1:1", "Caroline", "I went to a LGBTQ support group yesterday and it was so powerful."),
              Turn("D1:2", "Melanie", "Wow, that's cool! What happened that was so awesome?")]

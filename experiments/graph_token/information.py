@@ -157,7 +157,7 @@ def rebuilt_data(args: argparse.Namespace, folder: Path, data_path: Path) -> Pat
     path = folder / "trajectories"
     if not path.exists():
         from experiments.graph_token.dated import dated_graphs, prep_store, session_dates
-        from qgmem_train.model.trajectory import read_trajectory_dataset, write_trajectory_dataset
+        from qgmem_train.trajectory import read_trajectory_dataset, write_trajectory_dataset
 
         splits = {name: list(part) for name, part in read_trajectory_dataset(data_path).items()}
         dates = session_dates(args.session_dates) if args.session_dates else None
