@@ -68,9 +68,9 @@ from tests.fakes import ScriptedLLM
 _enter = MemoryStore.transaction
 
 @contextmanager
-def _late_transaction(self):
+def _late_transaction(self, namespace=None):
     time.sleep(0.1)
-    with _enter(self) as db:
+    with _enter(self, namespace) as db:
         yield db
 
 MemoryStore.transaction = _late_transaction
@@ -139,8 +139,8 @@ def test_threads_sharing_one_predictor_memory_add_and_ask_at_once(tmp_path: Path
     enter = MemoryStore.transaction
 
     @contextmanager
-    def slow_transaction(self):
-        with enter(self) as db:
+    def slow_transaction(self, namespace=None):
+        with enter(self, namespace) as db:
             time.sleep(0.02)
             yield db
 
