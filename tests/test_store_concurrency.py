@@ -109,8 +109,8 @@ def _check_namespace(store: MemoryStore, namespace: str, sessions: list[dict]) -
     assert recording.calls == [] and store.load_traces(namespace) == memory.traces  # traces match the final units
 
 
-def test_two_processes_add_sessions_to_one_namespace_and_to_their_own_at_once(tmp_path: Path) -> None:
-    store_dir = tmp_path / "store"
+def test_two_processes_add_sessions_to_one_namespace_and_to_their_own_at_once(tmp_path: Path, new_store) -> None:
+    store_dir = new_store()
     MemoryStore.open(store_dir, create=True).close()
     plans = {w: [(ns, _session(w, k)) for k in range(3) for ns in ("shared", f"own-{w}")] for w in ("Alex", "Bea")}
     go = tmp_path / "go"
