@@ -114,11 +114,19 @@ def new_postgres_store(postgres_server):
 @pytest.fixture(params=["sqlite", "postgresql"])
 def new_store(request: pytest.FixtureRequest, tmp_path):
     """Makes a new store location of the backend the test runs on (each call another one): a folder under
-    ``tmp_path`` for SQLite, a fresh database's URI for PostgreSQL."""
-    if request.param == "postgresql":
-        return request.getfixturevalue("new_postgres_store")
-    made = iter(range(1 << 30))
-    return lambda: tmp_path / f"store-{next(made)}"
+    ``tmp_path`` for SQLite, a fresh database's URI for PostgreSQL (checked afterwards to hold a store, so that a
+    test passing on another backend by mistake fails)."""
+    if request.param == "sqlite":
+        made = iter(range(1 << 30))
+        yield lambda: tmp_path / f"store-{next(made)}"
+        return
+    import psycopg
+
+    make, uris = request.getfixturevalue("new_postgres_store"), []
+    yield lambda: uris.append(make()) or uris[-1]
+    for uri in uris:
+        with psycopg.connect(uri) as db:
+            assert db.execute("SELECT to_regclass('meta')").fetchone()[0] is not None, f"{uri}: the test wrote no store there"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
