@@ -19,14 +19,13 @@ defined otherwise, triggers, or another schema version; an empty database (or sc
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from functools import cache
 from typing import Any
 
 from qgmem_train.errors import InputError
-from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, SCHEMA, StoreLockedError
+from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, SCHEMA, StoreLockedError, ThreadConnections
 from qgmem_train.memory.store_uri import masked_text, masked_uri
 
 SCHEMA_VERSION = 1
@@ -95,6 +94,10 @@ class PgConnection:
             cursor.executemany(_pg_sql(sql), rows)
         return cursor
 
+    def close(self) -> None:
+        """Close the connection."""
+        self.raw.close()
+
     @property
     def in_transaction(self) -> bool:
         """Whether a transaction is open on the connection."""
@@ -103,18 +106,15 @@ class PgConnection:
         return self.raw.info.transaction_status != TransactionStatus.IDLE
 
 
-class PgFile:
+class PgFile(ThreadConnections):
     """One PostgreSQL store with a connection per thread (a psycopg connection runs one transaction at a time)."""
 
     def __init__(self, uri: str, busy_timeout: float = BUSY_TIMEOUT_S) -> None:
+        super().__init__()
         self._uri = uri
         self.name = masked_uri(uri)
         """The URI as messages show it (password masked)."""
         self.busy_timeout = busy_timeout
-        self._local = threading.local()
-        self._connections: list[PgConnection] = []
-        self._lock = threading.Lock()
-        self._closed = False
 
     @classmethod
     def open(cls, uri: str, *, create: bool = False, busy_timeout: float = BUSY_TIMEOUT_S) -> PgFile:
@@ -136,34 +136,21 @@ class PgFile:
         import psycopg
         from pgvector.psycopg import register_vector
 
-        with self.errors():
+        try:
             raw = psycopg.connect(self._uri, autocommit=True)
+        except psycopg.Error as exc:  # refused, unreachable, or a URI the driver cannot read
+            raise InputError(self.name, f"cannot connect: {self._detail(exc)}") from None
+        with self.errors():
             raw.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}")
             if vectors:
                 register_vector(raw)
         return PgConnection(raw)
 
-    @property
-    def db(self) -> PgConnection:
-        """The calling thread's connection, opened on its first use (and again after the server dropped it)."""
-        db = getattr(self._local, "db", None)
-        if db is None or db.raw.broken:
-            with self._lock:
-                if self._closed:
-                    raise InputError(self.name, "the store is closed")
-            db = self._connect()
-            with self._lock:
-                self._connections.append(db)
-            self._local.db = db
-        return db
+    def _closed_error(self) -> Exception:
+        return InputError(self.name, "the store is closed")
 
-    def close(self) -> None:
-        """Close every thread's connection."""
-        with self._lock:
-            self._closed = True
-            for db in self._connections:
-                db.raw.close()
-            self._connections.clear()
+    def _usable(self, db: PgConnection) -> bool:
+        return not db.raw.broken
 
     @contextmanager
     def errors(self) -> Iterator[None]:
@@ -178,8 +165,12 @@ class PgFile:
                 self.name, f"locked by another writer for more than {self.busy_timeout:g} s; retry later or open the store with a longer busy_timeout"
             ) from None
         except psycopg.OperationalError as exc:
-            detail = masked_text(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, self._uri)
-            raise InputError(self.name, f"PostgreSQL: {detail}") from None
+            raise InputError(self.name, f"PostgreSQL: {self._detail(exc)}") from None
+
+    def _detail(self, exc: Exception) -> str:
+        """The first line of a driver error, the URI's password masked."""
+        text = str(exc).strip()
+        return masked_text(text.splitlines()[0] if text else type(exc).__name__, self._uri)
 
     @contextmanager
     def transaction(self, namespace: str | None = None) -> Iterator[PgConnection]:
@@ -232,7 +223,7 @@ class PgFile:
                     self._create(admin)
                 self._check(admin)
         finally:
-            admin.raw.close()
+            admin.close()
 
     def _create(self, admin: PgConnection) -> None:
         """Make the extension and tables and record the version, in one transaction (once, if others open it meanwhile)."""
@@ -245,7 +236,7 @@ class PgFile:
                 try:
                     admin.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 except psycopg.Error as exc:
-                    raise InputError(self.name, f"the server cannot give this database pgvector ({masked_text(str(exc).splitlines()[0], self._uri)})") from None
+                    raise InputError(self.name, f"the server cannot give this database pgvector ({self._detail(exc)})") from None
                 for statement in schema():
                     admin.execute(statement)
                 admin.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))

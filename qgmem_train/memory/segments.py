@@ -6,7 +6,8 @@ nears SQLite's size limit, and, for units, a vector sidecar (:mod:`qgmem_train.m
 float32 vectors in a file of their own, recorded in ``segment_files`` and read through a memory map,
 so a load does not copy them out of the database, and the codes of its facts and sentences in a codes file
 the dense channel searches (int8, mapped; product-quantised for a large segment, read). A namespace reads as its segments concatenated in
-``seq`` order, so loading costs a handful of queries, whatever its size.
+``seq`` order, so loading costs a handful of queries, whatever its size. A PostgreSQL store keeps a unit segment's
+vectors as rows of a pgvector column instead of a sidecar (:class:`VectorStorage`); everything else here is shared.
 
 Merging keeps the count of segments low: each segment has a level (0 when written, one more than its
 parts' when merged), and as soon as the newest :data:`MERGE_FACTOR` segments share a level they are

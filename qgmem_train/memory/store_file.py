@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from qgmem_train.errors import InputError
 from qgmem_train.memory import segments
@@ -90,16 +91,57 @@ class StoreLockedError(InputError):
     """Another writer held the store's write lock for longer than the busy timeout."""
 
 
-class StoreFile:
+class ThreadConnections:
+    """A database connection per thread, opened on its first use, all closed together: a connection runs one
+    transaction at a time, so threads must not share one mid-transaction."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _connect(self) -> Any:
+        """A new connection for the calling thread."""
+        raise NotImplementedError
+
+    def _closed_error(self) -> Exception:
+        """What using the handle after :meth:`close` raises."""
+        raise NotImplementedError
+
+    def _usable(self, db: Any) -> bool:
+        """Whether the thread's connection can still run statements (one the server dropped is replaced)."""
+        return True
+
+    @property
+    def db(self) -> Any:
+        """The calling thread's connection, opened on its first use."""
+        db = getattr(self._local, "db", None)
+        if db is None or not self._usable(db):
+            with self._lock:
+                if self._closed:
+                    raise self._closed_error()
+                db = self._connect()
+                self._connections.append(db)
+            self._local.db = db
+        return db
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._lock:
+            self._closed = True
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+
+
+class StoreFile(ThreadConnections):
     """One SQLite file with a connection per thread: SQLite connections must not be shared by threads mid-transaction."""
 
     def __init__(self, file: Path, busy_timeout: float = BUSY_TIMEOUT_S) -> None:
+        super().__init__()
         self.file = file
         self.busy_timeout = busy_timeout
-        self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
-        self._closed = False
 
     @classmethod
     def open(cls, file: Path, busy_timeout: float = BUSY_TIMEOUT_S) -> StoreFile:
@@ -113,28 +155,14 @@ class StoreFile:
             raise
         return handle
 
-    @property
-    def db(self) -> sqlite3.Connection:
-        """The calling thread's connection, opened on its first use."""
-        db = getattr(self._local, "db", None)
-        if db is None:
-            with self._lock:
-                if self._closed:
-                    raise sqlite3.ProgrammingError(f"{self.file}: the store is closed")
-                db = sqlite3.connect(self.file, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
-                db.execute("PRAGMA synchronous=NORMAL")
-                db.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
-                self._connections.append(db)
-            self._local.db = db
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.file, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
         return db
 
-    def close(self) -> None:
-        """Close every thread's connection."""
-        with self._lock:
-            self._closed = True
-            for db in self._connections:
-                db.close()
-            self._connections.clear()
+    def _closed_error(self) -> Exception:
+        return sqlite3.ProgrammingError(f"{self.file}: the store is closed")
 
     @contextmanager
     def busy_as_error(self) -> Iterator[None]:

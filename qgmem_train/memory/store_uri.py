@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
 SCHEMES = ("postgresql://", "postgres://")
-_PASSWORD_PARAM = re.compile(r"(?i)(password=)[^&;\s]*")
+_PASSWORD_PARAM = re.compile(r"(?i)(password=)([^&;\s]*)")
+_USERINFO = re.compile(r"://([^/?#]*)@")
 
 
 def is_store_uri(location: object) -> bool:
@@ -24,27 +24,21 @@ def store_location(text: str) -> str | Path:
     return text if is_store_uri(text) else Path(text)
 
 
+def _passwords(uri: str) -> list[str]:
+    """The passwords written in ``uri``: after the user name (up to the authority's last ``@``, read even from a URI
+    the driver would refuse) and in ``password=`` parameters."""
+    found = [m.group(1).split(":", 1)[1] for m in _USERINFO.finditer(uri) if ":" in m.group(1)]
+    return [p for p in found + [m.group(2) for m in _PASSWORD_PARAM.finditer(uri)] if p]
+
+
 def masked_uri(uri: str) -> str:
-    """``uri`` with its password (in the netloc or a ``password=`` parameter) replaced by ``***``."""
+    """``uri`` with its password (after the user name or in a ``password=`` parameter) replaced by ``***``."""
     masked = _PASSWORD_PARAM.sub(r"\1***", uri)
-    try:
-        password = urlsplit(uri).password
-    except ValueError:
-        password = None
-    if password:
-        masked = masked.replace(f":{password}@", ":***@", 1)
-    return masked
+    return _USERINFO.sub(lambda m: "://" + (m.group(1).split(":", 1)[0] + ":***" if ":" in m.group(1) else m.group(1)) + "@", masked, count=1)
 
 
 def masked_text(text: str, uri: str) -> str:
-    """``text`` (a driver's error message) with the password of ``uri`` masked wherever it appears."""
-    try:
-        password = urlsplit(uri).password
-    except ValueError:
-        password = None
-    text = text.replace(uri, masked_uri(uri))
-    for match in _PASSWORD_PARAM.finditer(uri):
-        secret = match.group(0).split("=", 1)[1]
-        if secret:
-            text = text.replace(secret, "***")
-    return text.replace(password, "***") if password else text
+    """``text`` (a driver's error message) with every password of ``uri`` masked wherever it appears."""
+    for password in sorted(_passwords(uri), key=len, reverse=True):
+        text = text.replace(password, "***")
+    return text
