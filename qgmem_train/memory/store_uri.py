@@ -33,8 +33,9 @@ def _passwords(uri: str) -> list[str]:
 
 def masked_uri(uri: str) -> str:
     """``uri`` with its password (after the user name or in a ``password=`` parameter) replaced by ``***``."""
-    masked = _PASSWORD_PARAM.sub(r"\1***", uri)
-    return _USERINFO.sub(lambda m: "://" + (m.group(1).split(":", 1)[0] + ":***" if ":" in m.group(1) else m.group(1)) + "@", masked, count=1)
+    masked = _PASSWORD_PARAM.sub(lambda m: m.group(1) + ("***" if m.group(2) else ""), uri)
+    user, _, password = _USERINFO.search(masked).group(1).partition(":") if _USERINFO.search(masked) else ("", "", "")
+    return _USERINFO.sub(lambda _: f"://{user}:***@", masked, count=1) if password else masked
 
 
 def masked_text(text: str, uri: str) -> str:
