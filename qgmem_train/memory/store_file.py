@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from qgmem_train.errors import InputError
 from qgmem_train.memory import segments
@@ -30,7 +31,7 @@ PAGE_SIZE = 65_536
 MMAP_BYTES = 1 << 40
 """How much of the file each connection reads through a memory map (SQLite caps it at its compile-time limit)."""
 
-_SCHEMA = [
+SCHEMA = [
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE namespaces (name TEXT PRIMARY KEY, units_mode TEXT NOT NULL, traces_stale INTEGER NOT NULL DEFAULT 0, "
     "generation INTEGER NOT NULL DEFAULT 0, units_generation INTEGER NOT NULL DEFAULT 0, cut_window INTEGER, cut_overlap INTEGER)",
@@ -58,7 +59,7 @@ _ENTRIES = "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT L
 def _schema_entries() -> frozenset[tuple[str, str, str, str | None]]:
     """The entries of the schema of a store of :data:`SCHEMA_VERSION` (made or upgraded alike)."""
     with closing(sqlite3.connect(":memory:")) as db:
-        for statement in _SCHEMA:
+        for statement in SCHEMA:
             db.execute(statement)
         return frozenset(db.execute(_ENTRIES).fetchall())
 
@@ -90,16 +91,57 @@ class StoreLockedError(InputError):
     """Another writer held the store's write lock for longer than the busy timeout."""
 
 
-class StoreFile:
+class ThreadConnections:
+    """A database connection per thread, opened on its first use, all closed together: a connection runs one
+    transaction at a time, so threads must not share one mid-transaction."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _connect(self) -> Any:
+        """A new connection for the calling thread."""
+        raise NotImplementedError
+
+    def _closed_error(self) -> Exception:
+        """What using the handle after :meth:`close` raises."""
+        raise NotImplementedError
+
+    def _usable(self, db: Any) -> bool:
+        """Whether the thread's connection can still run statements (one the server dropped is replaced)."""
+        return True
+
+    @property
+    def db(self) -> Any:
+        """The calling thread's connection, opened on its first use."""
+        db = getattr(self._local, "db", None)
+        if db is None or not self._usable(db):
+            with self._lock:
+                if self._closed:
+                    raise self._closed_error()
+                db = self._connect()
+                self._connections.append(db)
+            self._local.db = db
+        return db
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._lock:
+            self._closed = True
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+
+
+class StoreFile(ThreadConnections):
     """One SQLite file with a connection per thread: SQLite connections must not be shared by threads mid-transaction."""
 
     def __init__(self, file: Path, busy_timeout: float = BUSY_TIMEOUT_S) -> None:
+        super().__init__()
         self.file = file
         self.busy_timeout = busy_timeout
-        self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
-        self._closed = False
 
     @classmethod
     def open(cls, file: Path, busy_timeout: float = BUSY_TIMEOUT_S) -> StoreFile:
@@ -113,28 +155,14 @@ class StoreFile:
             raise
         return handle
 
-    @property
-    def db(self) -> sqlite3.Connection:
-        """The calling thread's connection, opened on its first use."""
-        db = getattr(self._local, "db", None)
-        if db is None:
-            with self._lock:
-                if self._closed:
-                    raise sqlite3.ProgrammingError(f"{self.file}: the store is closed")
-                db = sqlite3.connect(self.file, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
-                db.execute("PRAGMA synchronous=NORMAL")
-                db.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
-                self._connections.append(db)
-            self._local.db = db
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.file, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
         return db
 
-    def close(self) -> None:
-        """Close every thread's connection."""
-        with self._lock:
-            self._closed = True
-            for db in self._connections:
-                db.close()
-            self._connections.clear()
+    def _closed_error(self) -> Exception:
+        return sqlite3.ProgrammingError(f"{self.file}: the store is closed")
 
     @contextmanager
     def busy_as_error(self) -> Iterator[None]:
@@ -162,8 +190,9 @@ class StoreFile:
             raise
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write holding the write lock from its first read: it commits whole or not at all."""
+    def transaction(self, namespace: str | None = None) -> Iterator[sqlite3.Connection]:
+        """One atomic write holding the write lock from its first read: it commits whole or not at all (the lock is the
+        whole file's, whatever ``namespace`` it writes)."""
         db = self.db
         with self.busy_as_error():
             db.execute("BEGIN IMMEDIATE")
@@ -193,6 +222,21 @@ class StoreFile:
                 db.execute("ROLLBACK")  # a read-only snapshot: ending it either way is the same, and rollback survives a damaged page
             raise
         db.execute("COMMIT")
+
+    @contextmanager
+    def erasing(self) -> Iterator[None]:
+        """Rows deleted inside are overwritten in the file (``secure_delete``), whatever the connection's setting."""
+        db = self.db
+        secure = db.execute("PRAGMA secure_delete").fetchone()[0]
+        db.execute("PRAGMA secure_delete=ON")
+        try:
+            yield
+        finally:
+            db.execute(f"PRAGMA secure_delete={secure}")
+
+    def checkpoint(self) -> None:
+        """Copy the log into the file and empty it, so that deleted content stays in neither."""
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _version(self) -> int | None:
         """The stored schema version, ``None`` for a new (empty) file; anything that is not a store is an error."""
@@ -239,7 +283,7 @@ class StoreFile:
             if version is None:
                 for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
                     db.execute(f"DROP TABLE {table}")
-                for statement in _SCHEMA:
+                for statement in SCHEMA:
                     db.execute(statement)
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif version < SCHEMA_VERSION:
