@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -440,25 +441,30 @@ async def fault_check(base: str, tenant: Tenant, writes: dict[str, Any]) -> dict
 
 
 @contextmanager
-def postgres_store(work: Path, uri: str | None) -> Iterator[str]:
-    """The PostgreSQL URI of the arm: ``uri``, else ``QGMEM_TEST_POSTGRES``, else a local server (``pgserver``) in ``work``."""
+def postgres_store(uri: str | None) -> Iterator[str]:
+    """The PostgreSQL URI of the arm: ``uri``, else ``QGMEM_TEST_POSTGRES``, else a new local server (``pgserver``) in a
+    folder of its own (run as root, pgserver runs PostgreSQL as another user, who must reach the folder)."""
     uri = uri or os.environ.get("QGMEM_TEST_POSTGRES")
     if uri:
         yield uri
         return
     import pgserver
 
-    server = pgserver.get_server(work / "pgdata", cleanup_mode="stop")
+    folder = tempfile.mkdtemp(prefix="qgmem-bench-postgres-")
+    server = pgserver.get_server(folder, cleanup_mode="stop")
     try:
         yield server.get_uri()
     finally:
         server.cleanup()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def postgres_missing() -> str | None:
     """Why the PostgreSQL arm cannot run here, or None when it can."""
     import importlib.util
 
+    if importlib.util.find_spec("qgmem_train.memory.store_uri") is None:
+        return "this checkout's store takes no postgresql:// URI"
     for module in ("psycopg", "pgserver"):
         if importlib.util.find_spec(module) is None:
             return f"the {module} package is not installed"
@@ -468,7 +474,7 @@ def postgres_missing() -> str | None:
 def run_arm(arm: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """One arm: its servers over one store, the load, isolation and verification phases, then the fault case."""
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    machine = machine_info()
+    machine, git = machine_info(), git_state()
     rng = random.Random(args.seed)
     tenants = make_tenants(args.tenants, args.namespaces, rng)
     tenants_file = work / "tenants.yaml"
@@ -476,7 +482,7 @@ def run_arm(arm: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     tenants_file.chmod(0o600)
     config = work / "serve.yaml"
     config.write_text(yaml.safe_dump(SERVER_CONFIG))
-    with postgres_store(work, args.postgres) if arm == "postgresql" else sqlite_store(work) as store:
+    with postgres_store(args.postgres) if arm == "postgresql" else sqlite_store(work) as store:
         clock = time.perf_counter()
         servers = [Server(store, tenants_file, config, work / f"server-{n}.log", args.max_batch) for n in range(ARMS[arm])]
         try:
@@ -506,7 +512,7 @@ def run_arm(arm: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 server.stop()
     logs = "".join(log.read_text(errors="replace") for log in sorted(work.glob("server-*.log")))
     return {
-        "started_at": started_at, "machine": machine, "git": git_state(), "servers": ARMS[arm], "startup_s": startup_s,
+        "started_at": started_at, "machine": machine, "git": git, "servers": ARMS[arm], "startup_s": startup_s,
         "clients": args.clients, "namespaces": args.namespaces, "tenants": args.tenants, "mix": args.mix, "duration_s": wall,
         "requests": {kind: dict(codes) for kind, codes in load.statuses.items()},
         "latency_s": {kind: {"p50": percentile(v, 0.5), "p95": percentile(v, 0.95), "n": len(v)} for kind, v in load.seconds.items()},
