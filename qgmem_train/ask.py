@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import InputError
+from qgmem_train.memory.store_uri import store_location
 from qgmem_train.predictor import AskResult, IntentMode, QGMemPredictor
 from qgmem_train.terminal import json_line
 
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Options of ``ask``."""
     parser = argparse.ArgumentParser(prog="python -m qgmem_train ask", description=__doc__.split("\n\n")[0])
     parser.add_argument("question", help="the question to answer")
-    parser.add_argument("--store", required=True, type=Path, help="memory store folder")
+    parser.add_argument("--store", required=True, type=store_location, help="memory store folder or postgresql:// URI (docs/store.md)")
     parser.add_argument("--namespace", help="namespace (user or conversation) to search; needed when the store has several")
     parser.add_argument("--config", type=Path, help="YAML with a pipeline: section (models, retrieval settings)")
     parser.add_argument("--time", help="when the question is asked (ISO date); resolves relative expressions only")
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def pick_namespace(available: list[str], wanted: str | None, store: Path) -> str:
+def pick_namespace(available: list[str], wanted: str | None, store: Path | str) -> str:
     """The namespace to search: ``wanted`` if present, else the only one; a missing ``wanted`` names no other."""
     if wanted is not None:
         if wanted not in available:
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> int:
         if utterance_date(args.time) is None:
             raise InputError("--time", f"not an ISO date: {args.time!r}")
     with MemoryStore.open(args.store) as store:
-        namespace = pick_namespace(store.namespaces(), args.namespace, args.store)
+        namespace = pick_namespace(store.namespaces(), args.namespace, store.path)
     if args.model is not None:
         predictor = QGMemPredictor.from_pretrained(export_reference(args.model), intent=args.intent)
     else:

@@ -21,6 +21,7 @@ from qgmem_train.memory.construct import build_conversation, conversation_window
 from qgmem_train.memory.loaders import DATASETS, load_conversations
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S
+from qgmem_train.memory.store_uri import store_location
 
 
 def parser() -> argparse.ArgumentParser:
@@ -29,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", required=True, choices=DATASETS, help="input format (jsonl: the plain format of docs/conversations.md)")
     p.add_argument("--input", required=True, help="file or folder to read")
     p.add_argument("--conversation", nargs="+", action="extend", metavar="ID", help="only these conversation ids (default: all)")
-    p.add_argument("--store", required=True, help="store directory (created when missing)")
+    p.add_argument("--store", required=True, type=store_location, help="store directory (created when missing) or postgresql:// URI (docs/store.md)")
     p.add_argument("--namespace", help="namespace to build into (default: one per conversation, named by its id)")
     p.add_argument("--units", choices=("llm", "turns"), help="llm: the paper's two-stage extraction; turns: every turn a unit, no LLM (default: from config)")
     p.add_argument("--config", help="YAML with a pipeline: section (default: bundled CPU models, paper hyperparameters)")
@@ -83,7 +84,7 @@ def main(argv: list[str]) -> int:
             traces += store.count_traces(namespace)
         stored = sum(store.count_units(n) for n in namespaces)
     print(
-        f"built {len(conversations)} conversation(s) into {args.store} [{', '.join(namespaces)}]: "
+        f"built {len(conversations)} conversation(s) into {store.path} [{', '.join(namespaces)}]: "
         f"units {stored} ({units} new), traces {traces}, outputs dropped {dropped}, {time.perf_counter() - started:.1f} s"
     )
     return 0

@@ -68,6 +68,59 @@ def data():
     return module
 
 
+@pytest.fixture(scope="session")
+def postgres_server():
+    """URI of a PostgreSQL server with pgvector: the one ``QGMEM_TEST_POSTGRES`` names, else PostgreSQL 16 from the
+    ``pgserver`` wheel, started in a temporary folder for the session."""
+    uri = os.environ.get("QGMEM_TEST_POSTGRES")
+    if uri:
+        yield uri
+        return
+    import shutil
+    import tempfile
+
+    import pgserver
+
+    folder = tempfile.mkdtemp(prefix="qgmem-postgres-")  # not under pytest's folders: run as root, the server runs as another user
+    server = pgserver.get_server(folder, cleanup_mode="stop")
+    yield server.get_uri()
+    server.cleanup()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def new_postgres_store(postgres_server):
+    """Makes a fresh database on the test server and returns its URI (each call a new one, all dropped afterwards)."""
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"qgmem_test_{uuid.uuid4().hex[:16]}"
+        with psycopg.connect(postgres_server, autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {name}")
+        made.append(name)
+        return urlunsplit(urlsplit(postgres_server)._replace(path=f"/{name}"))
+
+    yield make
+    with psycopg.connect(postgres_server, autocommit=True) as admin:
+        for name in made:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def new_store(request: pytest.FixtureRequest, tmp_path):
+    """Makes a new store location of the backend the test runs on (each call another one): a folder under
+    ``tmp_path`` for SQLite, a fresh database's URI for PostgreSQL."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("new_postgres_store")
+    made = iter(range(1 << 30))
+    return lambda: tmp_path / f"store-{next(made)}"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with ``slow`` tests run first (otherwise in their order), so parallel workers do not end on one long file."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}

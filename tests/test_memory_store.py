@@ -1,5 +1,7 @@
 """The store: bulk load contract, resumable builds (SIGKILL part-way), incremental sessions (turns mode),
-schema versions and files that are not stores, write counts and traces overtaken by another writer."""
+schema versions and files that are not stores, write counts and traces overtaken by another writer.
+
+Tests taking ``new_store`` run on both backends: SQLite folders and PostgreSQL databases (see tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -50,9 +52,10 @@ def _assert_same_memory(a: NamespaceMemory, b: NamespaceMemory, *, trajectories:
     np.testing.assert_allclose(a.sentence_embeddings, b.sentence_embeddings, atol=1e-5)
 
 
-def test_turns_build_fills_the_retrieval_contract(tmp_path: Path, minilm) -> None:
+def test_turns_build_fills_the_retrieval_contract(new_store, minilm) -> None:
     (conv,) = load_conversations("locomo", SAMPLE)
-    with MemoryStore.open(tmp_path / "store", create=True) as store:
+    location = new_store()
+    with MemoryStore.open(location, create=True) as store:
         report = build_conversation(store, conv, _turns_cfg(), minilm)
         memory = store.load_namespace(conv.id)
         assert store.namespaces() == [conv.id] and store.embedder_id == minilm.model_id and store.dim == minilm.dim
@@ -74,13 +77,13 @@ def test_turns_build_fills_the_retrieval_contract(tmp_path: Path, minilm) -> Non
     assert memory.turn_time["D1:3"] == "2023-05-08T13:56:00" and memory.turns["D1:3"].speaker == "Caroline"
     assert memory.traces and all(memory.trace_of[m] == t.id for t in memory.traces for m in t.member_ids)
     assert all(t.current_id == t.member_ids[-1] for t in memory.traces)
-    with MemoryStore.open(tmp_path / "store") as again, pytest.raises(InputError, match="namespace nope: not in this store"):
+    with MemoryStore.open(location) as again, pytest.raises(InputError, match="namespace nope: not in this store"):
         again.load_namespace("nope")
 
 
-def test_turns_build_stores_sentence_vectors_and_turn_order(tmp_path: Path, minilm) -> None:
+def test_turns_build_stores_sentence_vectors_and_turn_order(new_store, minilm) -> None:
     (conv,) = load_conversations("locomo", SAMPLE)
-    with MemoryStore.open(tmp_path / "store", create=True) as store:
+    with MemoryStore.open(new_store(), create=True) as store:
         build_conversation(store, conv, _turns_cfg(), minilm)
         memory = store.load_namespace(conv.id)
     multi = {i for i, u in enumerate(memory.units) if len(fact_sentences(u.fact_text)) > 1}
@@ -94,7 +97,7 @@ def test_turns_build_stores_sentence_vectors_and_turn_order(tmp_path: Path, mini
     assert conv.sessions[1].turns[0].id not in memory.previous_turn
     cfg = _turns_cfg()
     cfg.construction.sentence_vectors = False
-    with MemoryStore.open(tmp_path / "plain", create=True) as store:
+    with MemoryStore.open(new_store(), create=True) as store:
         build_conversation(store, conv, cfg, minilm, limit_sessions=1)
         assert len(store.load_namespace(conv.id).sentence_unit) == 0
 
@@ -108,7 +111,7 @@ def test_opening_a_missing_store_or_another_file_is_an_input_error(tmp_path: Pat
         MemoryStore.open(tmp_path / "bad")
 
 
-def test_adding_sessions_extracts_only_new_windows_and_equals_a_full_rebuild(tmp_path: Path, minilm) -> None:
+def test_adding_sessions_extracts_only_new_windows_and_equals_a_full_rebuild(new_store, minilm) -> None:
     (conv,) = load_conversations("locomo", SAMPLE)
     cfg = _turns_cfg()
     calls: list[str] = []
@@ -117,7 +120,7 @@ def test_adding_sessions_extracts_only_new_windows_and_equals_a_full_rebuild(tmp
         calls.append(chat[-1]["content"])
         return '{"trajectory": "earlier state, then the latest state"}'
 
-    with MemoryStore.open(tmp_path / "inc", create=True) as store:
+    with MemoryStore.open(new_store(), create=True) as store:
         build_conversation(store, conv, cfg, minilm, llm=ScriptedLLM(trajectory), limit_sessions=2)
         assert store.load_traces(conv.id) == [] and calls == []
         build_conversation(store, conv, cfg, minilm, llm=ScriptedLLM(trajectory), limit_sessions=3)
@@ -133,7 +136,7 @@ def test_adding_sessions_extracts_only_new_windows_and_equals_a_full_rebuild(tmp
     touched = [t for t in incremental.traces if tuple(t.member_ids) not in before]
     assert len(calls) == len(touched)  # unchanged clusters keep their trajectory, no LLM call
 
-    with MemoryStore.open(tmp_path / "full", create=True) as store:
+    with MemoryStore.open(new_store(), create=True) as store:
         build_conversation(store, conv, cfg, minilm, llm=ScriptedLLM(trajectory))
         full = store.load_namespace(conv.id)
     _assert_same_memory(incremental, full)
@@ -165,10 +168,10 @@ _KILLED_BUILD = textwrap.dedent(
 )
 
 
-def test_build_killed_part_way_resumes_to_the_uninterrupted_result(tmp_path: Path, minilm) -> None:
+def test_build_killed_part_way_resumes_to_the_uninterrupted_result(new_store, minilm) -> None:
     (conv,) = load_conversations("locomo", SAMPLE)
     cfg = _turns_cfg()
-    killed = tmp_path / "killed"
+    killed = new_store()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-c", _KILLED_BUILD, str(SAMPLE), str(killed), "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
@@ -182,15 +185,15 @@ def test_build_killed_part_way_resumes_to_the_uninterrupted_result(tmp_path: Pat
         resumed = store.load_namespace(conv.id)
     assert report.windows_built == total - done
 
-    with MemoryStore.open(tmp_path / "clean", create=True) as store:
+    with MemoryStore.open(new_store(), create=True) as store:
         build_conversation(store, conv, cfg, minilm)
         clean = store.load_namespace(conv.id)
     _assert_same_memory(resumed, clean)
 
 
-def test_store_refuses_another_embedder_units_mode_or_a_grown_session(tmp_path: Path, minilm) -> None:
+def test_store_refuses_another_embedder_units_mode_or_a_grown_session(new_store, minilm) -> None:
     (conv,) = load_conversations("jsonl", ROOT / "samples" / "plain_chat.jsonl")
-    with MemoryStore.open(tmp_path / "s", create=True) as store:
+    with MemoryStore.open(new_store(), create=True) as store:
         build_conversation(store, conv, _turns_cfg(), minilm)
         with pytest.raises(InputError, match="built with embedder"):
             store.ensure_namespace("other", "turns", "another-model", minilm.dim)
@@ -264,13 +267,14 @@ def test_an_sqlite_file_of_another_program_is_not_a_store_and_stays_untouched(tm
     assert file.read_bytes() == before
 
 
-def test_a_missing_namespace_is_named_alone_without_the_others(tmp_path: Path, minilm) -> None:
+def test_a_missing_namespace_is_named_alone_without_the_others(new_store, minilm) -> None:
     (conv,) = load_conversations("jsonl", ROOT / "samples" / "plain_chat.jsonl")
-    with MemoryStore.open(tmp_path, create=True) as store:
+    location = new_store()
+    with MemoryStore.open(location, create=True) as store:
         build_conversation(store, conv, _turns_cfg(), minilm, namespace="user-secret-1")
         with pytest.raises(InputError) as info:
             store.load_namespace("user-2")
-    assert str(info.value) == f"{tmp_path}: namespace user-2: not in this store"
+    assert str(info.value) == f"{location}: namespace user-2: not in this store"
 
 
 def _tiny_window(session: str, index: int, uid: str) -> WindowResult:
@@ -279,8 +283,9 @@ def _tiny_window(session: str, index: int, uid: str) -> WindowResult:
     return WindowResult(session, index, [EmbeddedUnit(unit, vector, vector, np.zeros((0, 4), np.float32))])
 
 
-def test_traces_computed_from_units_another_writer_has_since_extended_are_not_stored(tmp_path: Path) -> None:
-    with MemoryStore.open(tmp_path, create=True) as store, MemoryStore.open(tmp_path) as other:
+def test_traces_computed_from_units_another_writer_has_since_extended_are_not_stored(new_store) -> None:
+    location = new_store()
+    with MemoryStore.open(location, create=True) as store, MemoryStore.open(location) as other:
         store.ensure_namespace("n", "turns", "four-d", 4)
         store.add_windows("n", [_tiny_window("s", 0, "u0"), _tiny_window("s", 1, "u1")])
         memory = store.load_namespace("n")

@@ -16,6 +16,7 @@ import pytest
 
 from qgmem_train.ask import ask_record
 from qgmem_train.config import PipelineConfig
+from qgmem_train.memory.store import MemoryStore
 from qgmem_train.predictor import AskResult, QGMemPredictor
 from qgmem_train.serve import schemas
 from qgmem_train.serve.app import create_app
@@ -49,7 +50,7 @@ def pipeline() -> PipelineConfig:
     return cfg
 
 
-def serve(predictor: QGMemPredictor, store: Path, limits: Limits = Limits()) -> tuple[Any, MemoryService]:
+def serve(predictor: QGMemPredictor, store: Path | str, limits: Limits = Limits()) -> tuple[Any, MemoryService]:
     service = MemoryService(predictor, store, max_batch=limits.max_batch)
     return create_app(service, Tenants.from_records(TENANTS, "test"), limits), service
 
@@ -122,6 +123,32 @@ def test_ask_answers_with_the_ask_json_object(served) -> None:
     assert set(record) == {f.name for f in dataclasses.fields(AskResult)} | {"cited"}
     assert record["path"] == "text" and record["question"] == QUESTION["question"] and record["tokens"]["generated"] > 0
     assert record["cited"] == [unit for unit in record["units"] if unit["cited"]] and len(record["units"]) == 2
+
+
+@pytest.mark.slow
+def test_a_postgresql_store_serves_add_search_ask_list_and_delete(smollm2, minilm, new_postgres_store) -> None:
+    uri = new_postgres_store()
+    predictor = QGMemPredictor(None, pipeline(), llm=smollm2, embedder=minilm, reranker=None, intent="rules")
+    app, service = serve(predictor, uri)
+    try:
+        added = call(app, "POST", "/v1/namespaces/acme-alice/sessions", json=SESSION)
+        assert added.status_code == 200 and added.json()["units"] == 2, added.text
+        again = call(app, "POST", "/v1/namespaces/acme-alice/sessions", json=SESSION)
+        assert again.json()["session_id"] == "S1" and again.json()["windows_built"] == 0
+        found = call(app, "POST", "/v1/namespaces/acme-alice/search", json=QUESTION).json()
+        assert "sunrise" in found["memory_context"] and found["units"][0]["source_turns"][0]["speaker"] == "Melanie"
+        asked = call(app, "POST", "/v1/namespaces/acme-alice/ask", json=QUESTION)
+        assert asked.status_code == 200 and asked.json()["path"] == "text" and asked.json()["tokens"]["generated"] > 0
+        listed = call(app, "GET", "/v1/namespaces/acme-alice/memory").json()
+        assert listed["units_total"] == 2 and listed["sessions"] == ["S1"]
+        assert call(app, "GET", "/v1/namespaces", token=GLOBEX).json()["namespaces"] == []
+        assert call(app, "POST", "/v1/namespaces/acme-alice/search", token=GLOBEX, json=QUESTION).status_code == 404
+        assert call(app, "DELETE", "/v1/namespaces/acme-alice").status_code == 204
+        assert call(app, "GET", "/v1/namespaces").json()["namespaces"] == []
+    finally:
+        service.close()
+    with MemoryStore.open(uri) as store:
+        assert store.namespaces() == [] and store.deletions == 1
 
 
 @pytest.mark.parametrize(

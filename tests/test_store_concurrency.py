@@ -68,9 +68,9 @@ from tests.fakes import ScriptedLLM
 _enter = MemoryStore.transaction
 
 @contextmanager
-def _late_transaction(self):
+def _late_transaction(self, namespace=None):
     time.sleep(0.1)
-    with _enter(self) as db:
+    with _enter(self, namespace) as db:
         yield db
 
 MemoryStore.transaction = _late_transaction
@@ -109,8 +109,8 @@ def _check_namespace(store: MemoryStore, namespace: str, sessions: list[dict]) -
     assert recording.calls == [] and store.load_traces(namespace) == memory.traces  # traces match the final units
 
 
-def test_two_processes_add_sessions_to_one_namespace_and_to_their_own_at_once(tmp_path: Path) -> None:
-    store_dir = tmp_path / "store"
+def test_two_processes_add_sessions_to_one_namespace_and_to_their_own_at_once(tmp_path: Path, new_store) -> None:
+    store_dir = new_store()
     MemoryStore.open(store_dir, create=True).close()
     plans = {w: [(ns, _session(w, k)) for k in range(3) for ns in ("shared", f"own-{w}")] for w in ("Alex", "Bea")}
     go = tmp_path / "go"
@@ -139,8 +139,8 @@ def test_threads_sharing_one_predictor_memory_add_and_ask_at_once(tmp_path: Path
     enter = MemoryStore.transaction
 
     @contextmanager
-    def slow_transaction(self):
-        with enter(self) as db:
+    def slow_transaction(self, namespace=None):
+        with enter(self, namespace) as db:
             time.sleep(0.02)
             yield db
 

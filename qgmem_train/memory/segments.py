@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -67,11 +69,67 @@ def append(db: sqlite3.Connection, namespace: str, table: UnitTable | TurnTable,
         seq = db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM segments WHERE namespace = ? AND kind = ?", (namespace, kind)).fetchone()[0]
     db.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?)", (namespace, kind, seq, len(table), level))
     if isinstance(table, UnitTable):
-        add_sidecar(db, namespace, seq, {part: np.asarray(table.vectors[part], np.float32) for part in VECTOR_PARTS})
+        storage_of(db).write(db, namespace, seq, {part: np.asarray(table.vectors[part], np.float32) for part in VECTOR_PARTS})
     view = memoryview(table.columns_blob())
     rows = [(namespace, kind, seq, "columns", k, view[at:at + PIECE_BYTES]) for k, at in enumerate(range(0, max(len(view), 1), PIECE_BYTES))]
     db.executemany("INSERT INTO segment_parts VALUES (?, ?, ?, ?, ?, ?)", rows)
     return seq
+
+
+@dataclass
+class StoredVectors:
+    """The vectors of one unit segment as read: every part's array, what errors name, and its codes file, if any."""
+
+    seq: int
+    arrays: dict[str, np.ndarray]
+    where: str
+    codes: Path | None = None
+
+
+class VectorStorage(Protocol):
+    """Where the vectors of unit segments live: sidecar files beside an SQLite store (:class:`SidecarStorage`), rows
+    of pgvector columns in a PostgreSQL store (:class:`~qgmem_train.memory.pg_vectors.PgVectors`)."""
+
+    def write(self, db: Any, namespace: str, seq: int, vectors: dict[str, np.ndarray]) -> None:
+        """Store the vectors of unit segment ``seq`` in the current transaction."""
+
+    def remove_unused(self, db: Any) -> None:
+        """Drop vectors no committed segment uses (first thing in a write transaction)."""
+
+    def delete(self, db: Any, namespace: str, lo: int, hi: int) -> None:
+        """Forget the vectors of the unit segments ``lo`` to ``hi``."""
+
+    def read(self, db: Any, namespace: str, lo: int, hi: int, parts: Sequence[str], dim: int) -> list[StoredVectors]:
+        """The vectors (at least ``parts``) of the unit segments ``lo`` to ``hi``, in seq order."""
+
+
+class SidecarStorage:
+    """Vectors in sidecar files next to the SQLite file (:mod:`qgmem_train.memory.sidecar`), recorded in ``segment_files``."""
+
+    def write(self, db: sqlite3.Connection, namespace: str, seq: int, vectors: dict[str, np.ndarray]) -> None:
+        add_sidecar(db, namespace, seq, vectors)
+
+    def remove_unused(self, db: sqlite3.Connection) -> None:
+        sidecar.remove_unreferenced(sidecar.folder_of(db), {name for (name,) in db.execute("SELECT name FROM segment_files")})
+
+    def delete(self, db: sqlite3.Connection, namespace: str, lo: int, hi: int) -> None:
+        db.execute("DELETE FROM segment_files WHERE namespace = ? AND seq BETWEEN ? AND ?", (namespace, lo, hi))
+
+    def read(self, db: sqlite3.Connection, namespace: str, lo: int, hi: int, parts: Sequence[str], dim: int) -> list[StoredVectors]:
+        folder = sidecar.folder_of(db)
+        query = "SELECT seq, name, bytes, token FROM segment_files WHERE namespace = ? AND seq BETWEEN ? AND ? ORDER BY seq"
+        return [
+            StoredVectors(seq, sidecar.read(folder, name, size, token, f"namespace {namespace}, segment {seq}"), str(folder / name), sidecar.codes_path(folder, name))
+            for seq, name, size, token in db.execute(query, (namespace, lo, hi)).fetchall()
+        ]
+
+
+SIDECARS = SidecarStorage()
+
+
+def storage_of(db: Any) -> VectorStorage:
+    """The vector storage of the store ``db`` is connected to: an SQLite connection's sidecars, else the connection's own."""
+    return SIDECARS if isinstance(db, sqlite3.Connection) else db.vectors
 
 
 def add_sidecar(db: sqlite3.Connection, namespace: str, seq: int, vectors: dict[str, np.ndarray]) -> None:
@@ -80,9 +138,9 @@ def add_sidecar(db: sqlite3.Connection, namespace: str, seq: int, vectors: dict[
     db.execute("INSERT INTO segment_files VALUES (?, ?, ?, ?, ?)", (namespace, seq, name, size, token))
 
 
-def remove_unused_sidecars(db: sqlite3.Connection) -> None:
-    """Delete the sidecars no committed segment uses (call first in a write transaction: see :mod:`~qgmem_train.memory.sidecar`)."""
-    sidecar.remove_unreferenced(sidecar.folder_of(db), {name for (name,) in db.execute("SELECT name FROM segment_files")})
+def remove_unused_sidecars(db: Any) -> None:
+    """Delete the vectors no committed segment uses (call first in a write transaction: see :mod:`~qgmem_train.memory.sidecar`)."""
+    storage_of(db).remove_unused(db)
 
 
 def delete(db: sqlite3.Connection, namespace: str, kind: str, lo: int, hi: int) -> None:
@@ -90,7 +148,7 @@ def delete(db: sqlite3.Connection, namespace: str, kind: str, lo: int, hi: int) 
     for table in ("segments", "segment_parts"):
         db.execute(f"DELETE FROM {table} WHERE namespace = ? AND kind = ? AND seq BETWEEN ? AND ?", (namespace, kind, lo, hi))
     if kind == UNITS:
-        db.execute("DELETE FROM segment_files WHERE namespace = ? AND seq BETWEEN ? AND ?", (namespace, lo, hi))
+        storage_of(db).delete(db, namespace, lo, hi)
 
 
 def listing(db: sqlite3.Connection, namespace: str, kind: str) -> list[tuple[int, int, int]]:
@@ -122,35 +180,30 @@ def read_units_and_codes(db: sqlite3.Connection, namespace: str, dim: int, parts
     kept, or its codes file removed by a writer that keeps none: the codes are then encoded at load)."""
     segments = _read_segments(db, namespace, dim, parts, 0, LAST_SEQ)
     codes = []
-    for table, (folder, name, arrays, what) in segments:
-        path = sidecar.codes_path(folder, name)
-        if sidecar.CODE_BYTES not in arrays or not path.exists():  # gone: removed by a writer that keeps no codes
+    for table, stored in segments:
+        arrays, path = stored.arrays, stored.codes
+        if path is None or sidecar.CODE_BYTES not in arrays or not path.exists():  # none kept, or removed by a writer that keeps none
             return _concat([t for t, _ in segments], dim), None
         vectors = len(table) + len(table.sentence_owner)
-        index = vector_codes.read(path, int(arrays[sidecar.CODE_BYTES][0]), vectors, dim, what)
+        index = vector_codes.read(path, int(arrays[sidecar.CODE_BYTES][0]), vectors, dim, f"namespace {namespace}, segment {stored.seq}")
         codes.append((index, float(arrays[sidecar.CODE_SCALE][0]), len(table)))
     return _concat([t for t, _ in segments], dim), codes
 
 
-def _read_segments(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence[str], lo: int, hi: int) -> list[tuple[UnitTable, tuple]]:
-    """Each unit segment from ``lo`` to ``hi`` as a table with its vector ``parts``, and (folder, sidecar name, sidecar arrays, name in errors)."""
+def _read_segments(db: Any, namespace: str, dim: int, parts: Sequence[str], lo: int, hi: int) -> list[tuple[UnitTable, StoredVectors]]:
+    """Each unit segment from ``lo`` to ``hi`` as a table with its vector ``parts``, and its stored vectors."""
     tables = [UnitTable.from_columns_blob(blob) for blob in _columns(db, namespace, UNITS, lo, hi)]
-    folder = sidecar.folder_of(db)
-    query = "SELECT seq, name, bytes, token FROM segment_files WHERE namespace = ? AND seq BETWEEN ? AND ? ORDER BY seq"
-    files = db.execute(query, (namespace, lo, hi)).fetchall()
-    if len(files) != len(tables):
-        raise sqlite3.DatabaseError(f"namespace {namespace}: {len(tables)} unit segments but {len(files)} vector sidecars")
-    out = []
-    for table, (seq, name, size, token) in zip(tables, files):
-        what = f"namespace {namespace}, segment {seq}"
-        vectors = sidecar.read(folder, name, size, token, what)
+    stored = storage_of(db).read(db, namespace, lo, hi, parts, dim)
+    if len(stored) != len(tables):
+        raise sqlite3.DatabaseError(f"namespace {namespace}: {len(tables)} unit segments but {len(stored)} stored vector sets")
+    for table, vectors in zip(tables, stored):
         counts = table.row_counts()
         for part in parts:
-            if vectors[part].shape != (counts[part], dim):
-                raise InputError(str(folder / name), f"{part} vectors of shape {vectors[part].shape}, segment {seq} needs ({counts[part]}, {dim})")
-        table.vectors = {part: vectors[part] for part in parts}
-        out.append((table, (folder, name, vectors, what)))
-    return out
+            shape = vectors.arrays[part].shape if part in vectors.arrays else None
+            if shape != (counts[part], dim):
+                raise InputError(vectors.where, f"{part} vectors of shape {shape}, segment {vectors.seq} needs ({counts[part]}, {dim})")
+        table.vectors = {part: vectors.arrays[part] for part in parts}
+    return list(zip(tables, stored))
 
 
 def _concat(tables: list[UnitTable], dim: int) -> UnitTable:

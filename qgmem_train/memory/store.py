@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,11 +37,15 @@ from qgmem_train.memory.columns import take_children
 from qgmem_train.memory.row_stack import RowStack
 from qgmem_train.memory.sidecar import SidecarMissing
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, StoreFile
+from qgmem_train.memory.store_uri import is_store_uri
 from qgmem_train.memory.trace_graph_file import graph_path
 from qgmem_train.memory.turn_table import PreviousTurnMap, TurnMap, TurnTable, TurnTimeMap
 from qgmem_train.memory.types import Conversation, MemoryUnit, Trace, Turn
 from qgmem_train.memory.unit_table import ENTITY, LOCATION, SUBJECT, AttributeIndex, EmbeddedUnit, UnitTable, UnitView
 from qgmem_train.vector_codes import CodeBlock
+
+if TYPE_CHECKING:
+    from qgmem_train.memory.pg_file import PgFile
 
 __all__ = [
     "ENTITY", "LOCATION", "STORE_FILE", "SUBJECT", "AttributeIndex", "EmbeddedUnit", "MemoryStore", "NamespaceMemory",
@@ -52,8 +57,9 @@ OWN_FOLDERS = (sidecar.FOLDER, trace_graph_file.FOLDER)
 """The folders a store writes and removes files in, beside its SQLite file: never links, so no write reaches outside the store."""
 LOAD_ATTEMPTS = 3
 """Reads of a namespace tried before giving up when writers keep replacing the segments read (see :mod:`~qgmem_train.memory.sidecar`)."""
-NAMESPACE_TABLES = ("turns", "windows", "unit_keys", "segments", "segment_parts", "segment_files", "traces")
-"""The tables whose rows belong to one namespace (its ``namespace`` column); ``namespaces`` holds the namespace itself."""
+NAMESPACE_TABLES = ("turns", "windows", "unit_keys", "segments", "segment_parts", "traces")
+"""The tables whose rows belong to one namespace (its ``namespace`` column), less those of its vectors (``segment_files``
+or ``segment_vectors``, see :class:`~qgmem_train.memory.segments.VectorStorage`); ``namespaces`` holds the namespace itself."""
 
 
 def describe_cut(units_mode: str, window: int | None, overlap: int | None) -> str:
@@ -111,24 +117,33 @@ class UnitsChanged(Exception):
 
 
 class MemoryStore:
-    """A directory holding ``memory.sqlite``; namespaces separate users or conversations.
+    """A directory holding ``memory.sqlite``, or a PostgreSQL database; namespaces separate users or conversations.
 
     One handle may serve many threads (each gets its own connection); many processes may open the same store.
     """
 
-    def __init__(self, path: Path, file: StoreFile) -> None:
+    def __init__(self, path: Path | str, file: StoreFile | PgFile, folder: Path | None = None) -> None:
         self.path = path
+        """What messages call the store: its folder, or its URI with any password masked."""
+        self.folder = folder
+        """The store's folder (None for a PostgreSQL store: it keeps no files)."""
         self._file = file
 
     @classmethod
     def open(cls, path: str | Path, *, create: bool = False, busy_timeout: float = BUSY_TIMEOUT_S) -> MemoryStore:
-        """Open the store in directory ``path``; ``create`` makes it when missing (in a new or empty folder only).
+        """Open the store in directory ``path``, or the PostgreSQL store at a ``postgresql://`` URI
+        (:mod:`qgmem_train.memory.pg_file`); ``create`` makes it when missing (in a new or empty folder only).
 
         A store whose ``vectors/`` or ``trace_graphs/`` is a link is refused: writes remove and replace files there.
 
         A write waits up to ``busy_timeout`` seconds for other writers, then fails with
         :class:`~qgmem_train.memory.store_file.StoreLockedError` (an :class:`InputError`).
         """
+        if is_store_uri(path):
+            from qgmem_train.memory.pg_file import PgFile
+
+            file = PgFile.open(str(path), create=create, busy_timeout=busy_timeout)
+            return cls(file.name, file)
         path = Path(path)
         file = path / STORE_FILE
         if not file.exists():
@@ -140,7 +155,7 @@ class MemoryStore:
         for folder in OWN_FOLDERS:
             if (path / folder).is_symlink():
                 raise InputError(str(path / folder), f"a link to {os.readlink(path / folder)}; a store's folders must be its own (replace the link with the folder it names)")
-        return cls(path, StoreFile.open(file, busy_timeout))
+        return cls(path, StoreFile.open(file, busy_timeout), path)
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -157,9 +172,12 @@ class MemoryStore:
         self.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write holding the write lock from its first read: everything inside commits together or not at all."""
-        with self._file.transaction() as db:
+    def transaction(self, namespace: str | None = None) -> Iterator[sqlite3.Connection]:
+        """One atomic write holding the write lock from its first read: everything inside commits together or not at all.
+
+        ``namespace``: the one it writes (an SQLite store locks the whole file; a PostgreSQL store locks the namespace).
+        """
+        with self._file.transaction(namespace) as db:
             yield db
 
     @contextmanager
@@ -195,14 +213,14 @@ class MemoryStore:
         ``window`` and ``overlap`` are the build's windows (none for writers that cut no windows); a
         namespace without a recorded cut takes them.
         """
-        with self.transaction() as db:
-            known_embedder = self.embedder_id
-            if known_embedder is not None and (known_embedder != embedder_id or self.dim != dim):
+        with self.transaction(namespace) as db:
+            db.execute("INSERT INTO meta VALUES ('embedder_id', ?) ON CONFLICT DO NOTHING", (embedder_id,))
+            db.execute("INSERT INTO meta VALUES ('dim', ?) ON CONFLICT DO NOTHING", (str(dim),))
+            known_embedder = self.embedder_id  # read after writing it, so that a writer of another namespace that recorded it first is seen
+            if known_embedder != embedder_id or self.dim != dim:
                 raise InputError(str(self.path), f"store was built with embedder {known_embedder} ({self.dim}-d), not {embedder_id} ({dim}-d)")
             self._refuse_another_cut(db, namespace, units_mode, window, overlap)
-            db.execute("INSERT OR IGNORE INTO meta VALUES ('embedder_id', ?)", (embedder_id,))
-            db.execute("INSERT OR IGNORE INTO meta VALUES ('dim', ?)", (str(dim),))
-            db.execute("INSERT OR IGNORE INTO namespaces (name, units_mode) VALUES (?, ?)", (namespace, units_mode))
+            db.execute("INSERT INTO namespaces (name, units_mode) VALUES (?, ?) ON CONFLICT DO NOTHING", (namespace, units_mode))
             if window is not None:
                 db.execute(
                     "UPDATE namespaces SET cut_window = ?, cut_overlap = ? WHERE name = ? AND cut_window IS NULL", (window, overlap, namespace)
@@ -231,7 +249,7 @@ class MemoryStore:
 
         Turns already stored with the same session and text are kept as they are, so a retried call adds nothing.
         """
-        with self.transaction() as db:
+        with self.transaction(namespace) as db:
             return self._put_turns(db, namespace, conversation)
 
     @staticmethod
@@ -280,18 +298,22 @@ class MemoryStore:
             for sub, item in enumerate(result.units):
                 latest.pop(item.unit.id, None)
                 latest[item.unit.id] = (item, sub)
-        with self.transaction() as db:
+        with self.transaction(namespace) as db:
             segments.remove_unused_sidecars(db)
             if latest:
                 dim = self.dim or 0
                 table = UnitTable.from_embedded([i for i, _ in latest.values()], [sub for _, sub in latest.values()], dim).in_unit_order()
                 self._drop_units(db, namespace, list(latest), dim)
                 seq = segments.append(db, namespace, table)
-                db.executemany("INSERT OR REPLACE INTO unit_keys VALUES (?, ?, ?)", [(namespace, unit_id, seq) for unit_id in latest])
+                db.executemany(
+                    "INSERT INTO unit_keys VALUES (?, ?, ?) ON CONFLICT (namespace, id) DO UPDATE SET seq = excluded.seq",
+                    [(namespace, unit_id, seq) for unit_id in latest],
+                )
                 for lo, hi in segments.merge(db, namespace, segments.UNITS, dim):
                     db.execute("UPDATE unit_keys SET seq = ? WHERE namespace = ? AND seq BETWEEN ? AND ?", (lo, namespace, lo, hi))
             db.executemany(
-                "INSERT OR REPLACE INTO windows VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO windows VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (namespace, session_id, idx) DO UPDATE SET units = excluded.units, dropped = excluded.dropped",
                 [(namespace, r.session_id, r.index, len(r.units), r.dropped) for r in results],
             )
             db.execute(
@@ -350,17 +372,18 @@ class MemoryStore:
         ``units_generation``: that of the units the traces were computed from (:attr:`NamespaceMemory.units_generation`);
         when another writer has added units since, nothing is written and :class:`UnitsChanged` is raised.
         """
-        with self.transaction() as db:
+        with self.transaction(namespace) as db:
             self._require_units_generation(db, namespace, units_generation)
             db.executemany(
-                "INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO traces VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (namespace, id) DO UPDATE SET relation_text = excluded.relation_text, "
+                "member_ids = excluded.member_ids, trajectory = excluded.trajectory, current_id = excluded.current_id",
                 [(namespace, t.id, t.relation_text, json.dumps(t.member_ids), t.trajectory, t.current_id) for t in traces],
             )
             db.execute("UPDATE namespaces SET generation = generation + 1 WHERE name = ?", (namespace,))
 
     def finish_traces(self, namespace: str, keep_ids: set[str], *, units_generation: int | None = None) -> None:
         """Delete traces not in ``keep_ids`` and mark the namespace's traces up to date, atomically (``units_generation``: as in :meth:`put_traces`)."""
-        with self.transaction() as db:
+        with self.transaction(namespace) as db:
             self._require_units_generation(db, namespace, units_generation)
             stale = [r[0] for r in db.execute("SELECT id FROM traces WHERE namespace = ?", (namespace,)) if r[0] not in keep_ids]
             db.executemany("DELETE FROM traces WHERE namespace = ? AND id = ?", [(namespace, t) for t in stale])
@@ -380,27 +403,24 @@ class MemoryStore:
     def delete_namespace(self, namespace: str) -> bool:
         """Delete ``namespace`` and everything stored of it in one transaction; return whether it existed.
 
-        Deleted rows are overwritten in the file (SQLite's ``secure_delete``) and the log checkpointed, the
-        namespace's vector sidecars and trace-graph cache removed, so no file of the store keeps its content
-        (the log keeps it only while another process holds an older read open).
+        In an SQLite store, deleted rows are overwritten in the file (``secure_delete``) and the log checkpointed,
+        the namespace's vector sidecars and trace-graph cache removed, so no file of the store keeps its content
+        (the log keeps it only while another process holds an older read open). A PostgreSQL store deletes its
+        rows (vectors included) in the same transaction; the server reclaims their space at its next VACUUM.
         """
-        db = self._db
-        secure = db.execute("PRAGMA secure_delete").fetchone()[0]
-        db.execute("PRAGMA secure_delete=ON")
-        try:
-            with self.transaction() as db:
-                if db.execute("SELECT 1 FROM namespaces WHERE name = ?", (namespace,)).fetchone() is None:
-                    return False
-                for table in NAMESPACE_TABLES:
-                    db.execute(f"DELETE FROM {table} WHERE namespace = ?", (namespace,))
-                db.execute("DELETE FROM namespaces WHERE name = ?", (namespace,))
-                db.execute("INSERT INTO meta VALUES ('deletions', '1') ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1")
-        finally:
-            db.execute(f"PRAGMA secure_delete={secure}")
-        graph_path(self.path, namespace).unlink(missing_ok=True)
+        with self._file.erasing(), self.transaction(namespace) as db:
+            if db.execute("SELECT 1 FROM namespaces WHERE name = ?", (namespace,)).fetchone() is None:
+                return False
+            for table in NAMESPACE_TABLES:
+                db.execute(f"DELETE FROM {table} WHERE namespace = ?", (namespace,))
+            segments.storage_of(db).delete(db, namespace, 0, segments.LAST_SEQ)
+            db.execute("DELETE FROM namespaces WHERE name = ?", (namespace,))
+            db.execute("INSERT INTO meta VALUES ('deletions', '1') ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(meta.value AS INTEGER) + 1 AS TEXT)")
+        if self.folder is not None:
+            graph_path(self.folder, namespace).unlink(missing_ok=True)
         with self.transaction() as db:
             segments.remove_unused_sidecars(db)
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._file.checkpoint()
         return True
 
     def require_namespaces(self, namespaces: Iterable[str]) -> None:

@@ -30,7 +30,7 @@ PAGE_SIZE = 65_536
 MMAP_BYTES = 1 << 40
 """How much of the file each connection reads through a memory map (SQLite caps it at its compile-time limit)."""
 
-_SCHEMA = [
+SCHEMA = [
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE namespaces (name TEXT PRIMARY KEY, units_mode TEXT NOT NULL, traces_stale INTEGER NOT NULL DEFAULT 0, "
     "generation INTEGER NOT NULL DEFAULT 0, units_generation INTEGER NOT NULL DEFAULT 0, cut_window INTEGER, cut_overlap INTEGER)",
@@ -58,7 +58,7 @@ _ENTRIES = "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT L
 def _schema_entries() -> frozenset[tuple[str, str, str, str | None]]:
     """The entries of the schema of a store of :data:`SCHEMA_VERSION` (made or upgraded alike)."""
     with closing(sqlite3.connect(":memory:")) as db:
-        for statement in _SCHEMA:
+        for statement in SCHEMA:
             db.execute(statement)
         return frozenset(db.execute(_ENTRIES).fetchall())
 
@@ -162,8 +162,9 @@ class StoreFile:
             raise
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write holding the write lock from its first read: it commits whole or not at all."""
+    def transaction(self, namespace: str | None = None) -> Iterator[sqlite3.Connection]:
+        """One atomic write holding the write lock from its first read: it commits whole or not at all (the lock is the
+        whole file's, whatever ``namespace`` it writes)."""
         db = self.db
         with self.busy_as_error():
             db.execute("BEGIN IMMEDIATE")
@@ -193,6 +194,21 @@ class StoreFile:
                 db.execute("ROLLBACK")  # a read-only snapshot: ending it either way is the same, and rollback survives a damaged page
             raise
         db.execute("COMMIT")
+
+    @contextmanager
+    def erasing(self) -> Iterator[None]:
+        """Rows deleted inside are overwritten in the file (``secure_delete``), whatever the connection's setting."""
+        db = self.db
+        secure = db.execute("PRAGMA secure_delete").fetchone()[0]
+        db.execute("PRAGMA secure_delete=ON")
+        try:
+            yield
+        finally:
+            db.execute(f"PRAGMA secure_delete={secure}")
+
+    def checkpoint(self) -> None:
+        """Copy the log into the file and empty it, so that deleted content stays in neither."""
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _version(self) -> int | None:
         """The stored schema version, ``None`` for a new (empty) file; anything that is not a store is an error."""
@@ -239,7 +255,7 @@ class StoreFile:
             if version is None:
                 for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
                     db.execute(f"DROP TABLE {table}")
-                for statement in _SCHEMA:
+                for statement in SCHEMA:
                     db.execute(statement)
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif version < SCHEMA_VERSION:

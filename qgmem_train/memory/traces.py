@@ -91,12 +91,13 @@ def cluster_relation(members: Sequence[MemoryUnit]) -> str:
 
 
 def namespace_graph(store: MemoryStore, namespace: str, units: Sequence[MemoryUnit], facts: np.ndarray, relations: np.ndarray, cfg: PipelineConfig) -> TraceGraph:
-    """The trace graph of ``units``: the cached one extended by the units added since, else built anew; cached again."""
+    """The trace graph of ``units``: the cached one extended by the units added since, else built anew; cached again
+    (in the store's folder: a PostgreSQL store, which has none, builds it anew each time)."""
     cc = cfg.construction
-    path = graph_path(store.path, namespace)
+    path = graph_path(store.folder, namespace) if store.folder is not None else None
     ids = unit_texts(units, "id")
     prints = fingerprints(facts, relations)
-    stored = read_graph(path, ids, prints, k=neighbour_count(cc.neighbours, len(ids)), dim=facts.shape[1])
+    stored = read_graph(path, ids, prints, k=neighbour_count(cc.neighbours, len(ids)), dim=facts.shape[1]) if path is not None else None
     if stored is not None and can_extend(stored.graph.lists, len(ids), cc.neighbours):
         if len(stored.new_rows) == 0 and stored.graph.threshold == cc.relation_threshold:
             return stored.graph
@@ -104,7 +105,8 @@ def namespace_graph(store: MemoryStore, namespace: str, units: Sequence[MemoryUn
         graph = stored.graph
     else:
         graph = build_trace_graph(facts, relations, cc.neighbours, cc.relation_threshold)
-    write_graph(path, ids, prints, graph)
+    if path is not None:
+        write_graph(path, ids, prints, graph)
     return graph
 
 

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from qgmem_train.errors import InputError
+from qgmem_train.memory.store_uri import store_location
 from qgmem_train.serve.limits import Limits
 
 
@@ -18,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Options of ``serve``."""
     defaults = Limits()
     parser = argparse.ArgumentParser(prog="python -m qgmem_train serve", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", required=True, type=Path, help="memory store folder (created when missing)")
+    parser.add_argument("--store", required=True, type=store_location, help="memory store folder (created when missing) or postgresql:// URI (docs/store.md)")
     parser.add_argument("--model", help="exported QGMem model (folder or Hub repo id); its config replaces --config/--reranker")
     parser.add_argument("--config", type=Path, help="YAML with a pipeline: section (models, retrieval settings)")
     parser.add_argument("--reranker", choices=["llm", "cross", "none"], help="reranker (default: models.reranker)")

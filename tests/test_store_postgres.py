@@ -1,0 +1,206 @@
+"""The PostgreSQL store (a real PostgreSQL 16 + pgvector, see tests/conftest.py): the same retrieval as SQLite on the
+LoCoMo sample, a writer killed by SIGKILL mid-write then retried, deletion leaving no row, schema refusals and a
+password never shown. The tests every store passes run on both backends in tests/test_memory_store.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+
+from qgmem_train.__main__ import main
+from qgmem_train.config import PipelineConfig
+from qgmem_train.errors import InputError
+from qgmem_train.memory.construct import build_conversation
+from qgmem_train.memory.loaders import load_conversations
+from qgmem_train.memory.store import MemoryStore
+from qgmem_train.memory.types import session_fingerprint
+from qgmem_train.predictor import QGMemPredictor
+from qgmem_train.retrieval.activation import ActivationIndex, activate
+from tests.fakes import ScriptedLLM
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "samples" / "locomo_sample.json"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+TRAJECTORY = '{"trajectory": "earlier, then later"}'
+SECRET = "My locker code at the Zorblatt gym is 4417."
+SESSIONS = [
+    {
+        "time": f"2024-0{k}-10",
+        "turns": [
+            {"speaker": "Alex" if i % 2 == 0 else "Sam", "text": f"I went to the {place} on trip {k} and stayed {i} nights."}
+            for i, place in enumerate(["harbour", "museum", "old town", "market", "castle", "beach", "bridge", "park", "lake", "tower"])
+        ],
+    }
+    for k in range(1, 5)
+]
+"""Four sessions of ten turns: two windows each (w=6, overlap 2), committed in one window batch (4 windows) each."""
+
+
+def _cfg() -> PipelineConfig:
+    cfg = PipelineConfig()
+    cfg.models.device, cfg.models.reranker, cfg.construction.units = "cpu", "none", "turns"
+    return cfg
+
+
+def _predictor(minilm) -> QGMemPredictor:
+    return QGMemPredictor(None, _cfg(), llm=ScriptedLLM(lambda chat: TRAJECTORY), embedder=minilm, reranker=None, intent="rules")
+
+
+@pytest.mark.slow
+def test_retrieval_on_the_locomo_sample_gives_the_same_top_10_from_both_backends(new_postgres_store, tmp_path: Path, minilm) -> None:
+    (conv,) = load_conversations("locomo", SAMPLE)
+    cfg = _cfg()
+    memories = {}
+    for name, location in (("sqlite", tmp_path / "store"), ("postgresql", new_postgres_store())):
+        with MemoryStore.open(location, create=True) as store:
+            build_conversation(store, conv, cfg, minilm)
+            memories[name] = store.load_namespace(conv.id, embedder_id=minilm.model_id)
+    assert memories["sqlite"].units == memories["postgresql"].units and len(memories["sqlite"].traces) > 0
+    assert [t.member_ids for t in memories["sqlite"].traces] == [t.member_ids for t in memories["postgresql"].traces]
+    questions = [(qa["question"], None) for qa in json.loads(SAMPLE.read_text())[0]["qa"]]
+    top = {}
+    for name, memory in memories.items():
+        index = ActivationIndex(memory, cfg.retrieval, minilm)
+        found = [activate(q, t, memory, cfg=cfg.retrieval, llm=None, embedder=minilm, reranker=None, index=index) for q, t in questions]
+        top[name] = [([u.id for u in wm.units], wm.scores) for wm in found]
+    assert len(questions) == 50 and all(len(ids) == 10 for ids, _ in top["sqlite"])
+    for (sqlite_ids, sqlite_scores), (pg_ids, pg_scores) in zip(top["sqlite"], top["postgresql"]):
+        assert pg_ids == sqlite_ids
+        np.testing.assert_allclose(pg_scores, sqlite_scores, rtol=1e-6)
+
+
+_KILLED_WRITER = """
+import json, os, signal, sys
+from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
+from qgmem_train.llm.embedder import Embedder
+from qgmem_train.memory.pg_vectors import PgVectors
+from qgmem_train.predictor import QGMemPredictor
+from tests.fakes import ScriptedLLM
+
+_write = PgVectors.write
+_writes = 0
+
+def _write_then_die(self, db, namespace, seq, vectors):
+    global _writes
+    _write(self, db, namespace, seq, vectors)
+    _writes += 1
+    if _writes == int(sys.argv[3]):
+        os.kill(os.getpid(), signal.SIGKILL)  # the session's units are written, not yet committed
+
+PgVectors.write = _write_then_die
+cfg = PipelineConfig()
+cfg.models.device, cfg.construction.units = "cpu", "turns"
+predictor = QGMemPredictor(None, cfg, llm=ScriptedLLM(lambda chat: TRAJECTORY), embedder=Embedder(BUNDLED_EMBEDDER, device="cpu"), reranker=None, intent="rules")
+with predictor.memory("alex", sys.argv[1]) as memory:
+    for session in json.loads(sys.argv[2]):
+        memory.add_session(session["turns"], time=session["time"], session_id=session["id"])
+"""
+
+
+def _sessions_by_units(store: MemoryStore, namespace: str) -> Counter:
+    """How many units each session has in the store."""
+    return Counter(u.session_id for u in store.load_namespace(namespace).units)
+
+
+def test_a_writer_killed_mid_write_leaves_no_partial_session_and_the_retry_stores_each_once(new_postgres_store, minilm) -> None:
+    uri = new_postgres_store()
+    sessions = [{**s, "id": f"S{k}"} for k, s in enumerate(SESSIONS, start=1)]
+    code = textwrap.dedent(_KILLED_WRITER).replace("TRAJECTORY", repr(TRAJECTORY))
+    proc = subprocess.run([sys.executable, "-c", code, uri, json.dumps(sessions), "3"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    with MemoryStore.open(uri) as store:
+        assert _sessions_by_units(store, "alex") == {"S1": 10, "S2": 10}  # S3 died inside its write: none of it is there
+        assert {session for session, _ in store.done_windows("alex")} == {"S1", "S2"} and store.count_units("alex") == 20
+
+    predictor = _predictor(minilm)
+    with predictor.memory("alex", uri) as memory:
+        reports = [memory.add_session(s["turns"], time=s["time"], session_id=s["id"]) for s in sessions]  # the caller retries every call
+        assert [r.windows_built for r in reports] == [0, 0, 2, 2]
+        again = [memory.add_session(s["turns"], time=s["time"], session_id=s["id"]) for s in sessions]
+        assert [r.windows_built for r in again] == [0] * 4
+        retried = memory.store.load_namespace("alex")
+        assert _sessions_by_units(memory.store, "alex") == {s["id"]: 10 for s in sessions}
+    turns = Counter((t.speaker, t.text) for t in retried.turns.values())
+    assert turns == Counter((t["speaker"], t["text"]) for s in sessions for t in s["turns"]) and max(turns.values()) == 1
+    with predictor.memory("alex", new_postgres_store()) as memory:
+        for s in sessions:
+            memory.add_session(s["turns"], time=s["time"], session_id=s["id"])
+        clean = memory.store.load_namespace("alex")
+    assert retried.units == clean.units and retried.turns == clean.turns and clean.traces
+    assert [t.member_ids for t in retried.traces] == [t.member_ids for t in clean.traces]
+
+
+def _rows_text(uri: str) -> str:
+    """Every row of every table of the database, as text (vectors as pgvector writes them)."""
+    with psycopg.connect(uri) as db:
+        tables = [r[0] for r in db.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
+        return "\n".join(str(row) for table in tables for row in db.execute(f"SELECT t::text FROM {table} t"))
+
+
+def test_deleting_a_namespace_leaves_no_row_of_it(new_postgres_store, minilm) -> None:
+    uri = new_postgres_store()
+    predictor = _predictor(minilm)
+    with predictor.memory("alice", uri) as alice, predictor.memory("bob", uri) as bob:
+        alice.add_session([{"speaker": "Alice", "text": SECRET}], session_id="A1")
+        bob.add_session([{"speaker": "Bob", "text": "I adopted a cat named Miso."}], session_id="B1")
+    assert "Zorblatt" in _rows_text(uri) and "alice" in _rows_text(uri)
+    with MemoryStore.open(uri) as store:
+        assert store.delete_namespace("alice") is True and store.delete_namespace("alice") is False
+        assert store.namespaces() == ["bob"] and store.deletions == 1
+        assert store.load_namespace("bob").units[0].fact_text == "Bob: I adopted a cat named Miso."
+    left = _rows_text(uri)
+    assert "Zorblatt" not in left and "alice" not in left and "Miso" in left  # every row (vectors too) names its namespace
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("CREATE TABLE notes (body TEXT)", "relation notes is not in a memory store's schema"),
+        ("ALTER TABLE turns ALTER COLUMN text TYPE VARCHAR(40)", "column turns.text is not as a memory store defines it"),
+        ("ALTER TABLE turns ADD COLUMN extra TEXT", "column turns.extra is not as a memory store defines it"),
+        (
+            "CREATE FUNCTION copy_turn() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$; "
+            "CREATE TRIGGER leak AFTER INSERT ON turns FOR EACH ROW EXECUTE FUNCTION copy_turn()",
+            "trigger leak is not in a memory store's schema",
+        ),
+        ("UPDATE meta SET value = 'two' WHERE key = 'schema_version'", "schema_version: is 'two', not a number"),
+        ("UPDATE meta SET value = '99' WHERE key = 'schema_version'", "PostgreSQL store schema version 99"),
+    ],
+)
+def test_a_database_that_is_not_a_store_of_this_schema_is_refused_in_one_line_and_left_as_it_was(new_postgres_store, capsys, damage, message) -> None:
+    uri = new_postgres_store()
+    MemoryStore.open(uri, create=True).close()
+    with psycopg.connect(uri, autocommit=True) as db:
+        db.execute(damage)
+    before = _rows_text(uri)
+    with pytest.raises(InputError, match=message):
+        MemoryStore.open(uri, create=True)
+    assert main(["ask", "When?", "--store", uri]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message.split(": ")[-1] in err and "\n" not in err
+    assert _rows_text(uri) == before
+
+
+def test_a_password_in_the_uri_is_never_shown_and_a_missing_store_is_one_line(new_postgres_store, capsys) -> None:
+    uri = new_postgres_store()
+    with pytest.raises(InputError, match="no memory store in this database"):
+        MemoryStore.open(uri)
+    password = "pw-Zorblatt-4417"
+    unreachable = f"postgresql://qgmem:{password}@127.0.0.1:1/memory"
+    with pytest.raises(InputError) as info:
+        MemoryStore.open(unreachable, create=True)
+    assert password not in str(info.value) and "postgresql://qgmem:***@127.0.0.1:1/memory" in str(info.value)
+    for command in (["ask", "When?", "--store", unreachable], ["build", "--dataset", "locomo", "--input", str(SAMPLE), "--store", unreachable]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: postgresql://qgmem:***@") and "\n" not in err and password not in err
