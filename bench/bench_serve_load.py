@@ -463,8 +463,6 @@ def postgres_missing() -> str | None:
     """Why the PostgreSQL arm cannot run here, or None when it can."""
     import importlib.util
 
-    if importlib.util.find_spec("qgmem_train.memory.store_uri") is None:
-        return "this checkout's store takes no postgresql:// URI"
     for module in ("psycopg", "pgserver"):
         if importlib.util.find_spec(module) is None:
             return f"the {module} package is not installed"
