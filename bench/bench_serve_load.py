@@ -55,7 +55,7 @@ from machine import machine_info  # noqa: E402
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
-from experiments.common import commit_text, git_state, machine_text  # noqa: E402
+from experiments.common import commit_text, git_state, machine_text, remake_reports  # noqa: E402
 from qgmem_train.config import ConstructionConfig  # noqa: E402
 from qgmem_train.fileio import write_report_atomic  # noqa: E402
 from qgmem_train.memory.store import MemoryStore  # noqa: E402
@@ -563,7 +563,10 @@ def markdown(report: dict[str, Any]) -> str:
     lines = ["# serve under load: clients, tenants and namespaces over one shared store, and a server killed mid-write", "",
              "Server processes of `python -m qgmem_train serve` (SmolLM2-135M-Instruct answering up to 32 new tokens, MiniLM, "
              "turns-mode units, rules intent, no reranker) on loopback; httpx clients send each request to a random server. "
-             "`bench/bench_serve_load.py`; each arm's machine and load average are below, the machine being shared with other work.", "",
+             "`bench/bench_serve_load.py`; each arm's machine and load average are below, the machine being shared with other work. "
+             "Latency is measured at the client, from send to answer: with the clients in a closed loop it includes the wait behind "
+             "the server's one model thread, which runs adds, searches and asks in arrival order. Seconds are the load phase's, until "
+             "its last request was answered; requests a second are answered requests of the kind over those seconds.", "",
              "| arm | servers | clients | tenants / namespaces | seconds | add/s | search/s | ask/s | list/s | search p50 / p95 s | ask p50 / p95 s "
              "| add p50 / p95 s | sessions acked | lost | cross-tenant tries / leaks | peak RSS MiB per server |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -636,6 +639,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     parser.add_argument("--name", default="serve_load", help="writes <out>/<name>.json and .md")
+    parser.add_argument("--report-only", nargs="+", type=Path, metavar="JSON", help="remake the markdown of these saved reports; nothing runs")
     args = parser.parse_args(argv)
     args.mix = {**MIX, **dict(args.mix)}
     if args.smoke:
@@ -647,6 +651,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the arms, write the report (keeping the arms not run now), print it; 1 when an invariant broke, 2 for bad options."""
     args = parse_args(argv)
+    if args.report_only:
+        return remake_reports(args.report_only, markdown)
     small = {k: getattr(args, k) for k in ("clients", "namespaces", "tenants", "max_batch", "fault_turns", "fault_writers")}
     bad = next((k for k, v in small.items() if v < 1), None) or ("duration" if args.duration <= 0 else None)
     if bad or args.tenants < 2 or args.tenants > args.namespaces:
