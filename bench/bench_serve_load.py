@@ -33,7 +33,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
+from bench_serve import free_port, percentile  # noqa: E402
 from machine import machine_info  # noqa: E402
 
 import httpx  # noqa: E402
@@ -73,20 +73,6 @@ FILLER = ["How was your week?", "Busy, but good.", "Anything new at work?", "We 
 SMOKE = {"duration": 20.0, "clients": 8, "namespaces": 40, "tenants": 8, "fault_turns": 60, "verify_searches": 10, "mix": {**MIX, "ask": 0.0}}
 """The ``--smoke`` sizes: no asks (a CPU answers one in about a minute), so a test runs in about a minute an arm."""
 REQUEST_TIMEOUT_S = 900.0
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The ``q`` quantile (0-1) of ``values``, nearest rank; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -513,7 +499,7 @@ def run_arm(arm: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "started_at": started_at, "machine": machine, "git": git, "servers": ARMS[arm], "startup_s": startup_s,
         "clients": args.clients, "namespaces": args.namespaces, "tenants": args.tenants, "mix": args.mix, "duration_s": wall,
         "requests": {kind: dict(codes) for kind, codes in load.statuses.items()},
-        "latency_s": {kind: {"p50": percentile(v, 0.5), "p95": percentile(v, 0.95), "n": len(v)} for kind, v in load.seconds.items()},
+        "latency_s": {kind: {"p50": percentile(v, 0.5), "p95": percentile(v, 0.95), "n": len(v)} for kind, v in load.seconds.items() if v},
         "per_s": {kind: len(v) / wall for kind, v in load.seconds.items()},
         "sessions_acked": load.sessions(), "namespaces_filled": len(load.filled), "load_cross_tenant_reads": len(load.seconds["foreign"]),
         "load_leaks": load.leaks, "isolation": isolation, "verified": verified, "fault": fault,
