@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import tempfile
 import threading
 import time

@@ -55,11 +55,6 @@ def test_sessions_in_flight_at_the_kill_are_retried_and_stored_once(arm: dict[st
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="add_session commits a session's windows in batches (window_batch_size) so that a retry resumes it "
-    "(tests/test_session_retry.py); a long session killed between two batches is listed in part until retried",
-)
 def test_a_server_killed_mid_write_leaves_no_session_visible_in_part(arm: dict[str, Any]) -> None:
     assert arm["fault"]["partial"] == []
 

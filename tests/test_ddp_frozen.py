@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 
-from qgmem_train.ask import ask_record
 from qgmem_train.config import PipelineConfig
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.predictor import AskResult, QGMemPredictor

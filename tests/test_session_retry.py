@@ -131,6 +131,22 @@ def test_add_session_killed_between_window_batches_then_retried_stores_each_sess
     assert [t.member_ids for t in retried.traces] == [t.member_ids for t in clean.traces] and clean.traces
 
 
+def test_a_whole_session_add_killed_mid_write_leaves_each_session_whole_or_absent(tmp_path: Path, minilm) -> None:
+    """The server's add (``whole=True``): one transaction for every window of a session, so a kill leaves none of it."""
+    killed = tmp_path / "killed"
+    script = _ADD_SESSIONS.replace('memory.add_session(session["turns"], time=session["time"])', 'memory.add_session(session["turns"], time=session["time"], whole=True)')
+    _run_killed(script, 2, str(killed), json.dumps(SESSIONS))  # batches of one window, yet session 2 commits whole
+    fingerprints = [session_fingerprint(s["turns"], s["time"]) for s in SESSIONS]
+    with MemoryStore.open(killed) as store:
+        assert sorted(store.done_windows("alex")) == sorted((f, i) for f in fingerprints[:2] for i in range(2))
+
+    predictor = QGMemPredictor(None, _cfg(), llm=ScriptedLLM(lambda chat: TRAJECTORY), embedder=minilm, reranker=None, intent="rules")
+    with predictor.memory("alex", killed) as memory:
+        reports = [memory.add_session(s["turns"], time=s["time"], whole=True) for s in SESSIONS]
+        assert [r.windows_built for r in reports] == [0, 0, 2]
+        assert {u.session_id for u in memory.store.load_namespace("alex").units} == set(fingerprints)
+
+
 _BUILD = """
 import sys
 from qgmem_train.__main__ import main

@@ -117,8 +117,12 @@ def build_conversation(
     llm: ChatLLM | None = None,
     limit_sessions: int | None = None,
     progress: Progress | None = None,
+    whole: bool = False,
 ) -> BuildReport:
     """Build or extend ``namespace`` (default: the conversation id) from ``conversation``.
+
+    Windows commit ``window_batch_size`` at a time, so a rerun of a killed build resumes it; ``whole`` commits every
+    pending window in one transaction instead (a server's add: a killed call leaves none of the session's units).
 
     ``cfg.construction.units`` picks the LLM extraction or the rule-based turns mode; ``llm`` is needed
     for the former and writes trajectories in both (the rule trajectory stands in when it is ``None``).
@@ -137,7 +141,7 @@ def build_conversation(
     pending = [w for w in windows if (w.session.id, w.index) not in done]
     report = BuildReport(namespace, windows_total=len(windows))
     stats = ParseStats() if llm is not None else None
-    batch_size = max(1, cc.window_batch_size)
+    batch_size = max(1, len(pending) if whole else cc.window_batch_size)
     for lo in range(0, len(pending), batch_size):
         batch = pending[lo:lo + batch_size]
         if cc.units == "llm":

@@ -46,13 +46,16 @@ class PredictorMemory:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add_session(self, turns: Sequence[Turn | Mapping[str, Any]], time: str | None = None, session_id: str | None = None) -> BuildReport:
+    def add_session(
+        self, turns: Sequence[Turn | Mapping[str, Any]], time: str | None = None, session_id: str | None = None, *, whole: bool = False
+    ) -> BuildReport:
         """Add one session and build its units (and update traces); rerunning a killed call resumes it.
 
         ``turns`` are :class:`Turn` objects or dicts ``{id?, speaker, text}``; a missing id becomes
         ``<session_id>:<n>``. ``session_id`` defaults to :func:`~qgmem_train.memory.types.session_fingerprint`
         of the turns and time, so a retried call stores the session once; ``time`` is the session's date
-        (ISO or a recognised date format).
+        (ISO or a recognised date format). ``whole`` commits all the session's units in one transaction, so a killed
+        call leaves none of them visible (``serve`` adds this way); by default they commit a window batch at a time.
         """
         from qgmem_train.memory.construct import build_conversation
         from qgmem_train.memory.loaders import session_time
@@ -70,7 +73,9 @@ class PredictorMemory:
         cfg = predictor.pipeline
         llm = predictor.llm if cfg.construction.units == "llm" or cfg.construction.traces else None
         with predictor.frozen_pipeline():
-            report = build_conversation(self.store, Conversation(self.namespace, [session]), cfg, predictor.embedder, namespace=self.namespace, llm=llm)
+            report = build_conversation(
+                self.store, Conversation(self.namespace, [session]), cfg, predictor.embedder, namespace=self.namespace, llm=llm, whole=whole
+            )
         self._loaded = None
         return report
 

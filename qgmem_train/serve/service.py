@@ -81,11 +81,11 @@ class MemoryService:
         return await self._on_reader(self.store.namespaces)
 
     async def add_session(self, namespace: str, turns: Sequence[dict[str, Any]], time: str | None, session_id: str | None) -> dict[str, Any]:
-        """Store one session (idempotent by session id) and build its units; the build's counts."""
+        """Store one session (idempotent by session id) and build its units in one transaction; the build's counts."""
         session_id = checked_text(session_id, "session_id") if session_id is not None else session_fingerprint(turns, time)
 
         def add() -> dict[str, Any]:
-            report = self._memory(namespace).add_session(turns, time=time, session_id=session_id)
+            report = self._memory(namespace).add_session(turns, time=time, session_id=session_id, whole=True)
             return {"namespace": namespace, "session_id": session_id, "units": report.units, "windows_built": report.windows_built,
                     "dropped": report.dropped, "seconds": report.seconds}  # fmt: skip
 
