@@ -17,14 +17,16 @@
 # tokenizers of the bundled SmolLM2 and MiniLM in .gpu_check/models: their weights (about 90 MB each) do not
 # travel, so random weights of the same architecture stand in (step time and memory do not depend on them).
 # .gpu_check is about 40 MB; .gitignore lists it, so name it in the run's carry.
-# Environment (defaults): PYTHON (see above), GPU_CHECK_DIR (.gpu_check), GPU_CUDA (13), LIMITS ("tests:60 bf16:60 prefix_cache:120
-# nf4:60 lora_nf4:60 predict:60", seconds per part). Exit 0 when every part passed or was skipped.
+# Environment (defaults): PYTHON (see above), GPU_CHECK_DIR (.gpu_check), GPU_CUDA (13), LIMITS (seconds per part:
+# GPU_LIMITS below, or SMOKE_LIMITS with --smoke). Exit 0 when every part passed or was skipped.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 STATE=${GPU_CHECK_DIR:-.gpu_check}
-LIMITS=${LIMITS:-"tests:60 bf16:60 prefix_cache:120 nf4:60 lora_nf4:60 predict:60"}
+GPU_LIMITS="tests:60 bf16:60 prefix_cache:120 nf4:60 lora_nf4:60 predict:60"
+SMOKE_LIMITS="tests:600 bf16:600 prefix_cache:600 nf4:600 lora_nf4:600 predict:600"  # --smoke: a shared CPU, no device budget
+if [[ " $* " == *" --smoke "* ]]; then LIMITS=${LIMITS:-$SMOKE_LIMITS}; else LIMITS=${LIMITS:-$GPU_LIMITS}; fi
 # Packages the checked code imports that the H200 image lacks (device KINDS.md's list), and the pinned ones it holds at
 # other versions (transformers 5.17 there names the decoder's cache argument past_key_values, 5.24 cache), at .venv's
 # versions. The bitsandbytes wheel keeps only its libraries for CUDA $GPU_CUDA (13: the H200 image's), so that the

@@ -214,7 +214,7 @@ def test_alternate_runs_the_variants_in_turn_each_round() -> None:
 def test_the_default_limits_leave_room_for_a_rerun_in_the_device_budget() -> None:
     """The device lends 15 minutes a session (its start included): the parts' limits must add up to at most 7 of them."""
     script = (ROOT / "scripts" / "gpu_check.sh").read_text()
-    limits = re.search(r'LIMITS=\$\{LIMITS:-"([^"]+)"\}', script)
+    limits = re.search(r'^GPU_LIMITS="([^"]+)"$', script, re.MULTILINE)
     assert limits is not None
     seconds = {entry.split(":")[0]: int(entry.split(":")[1]) for entry in limits.group(1).split()}
     assert list(seconds) == PARTS and sum(seconds.values()) <= 7 * 60, seconds
