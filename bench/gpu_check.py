@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predict-fit-steps", type=int, help="training steps before predict (default 20; smoke 1)")
     parser.add_argument("--predict-examples", type=int, help="examples to predict (default 8; smoke 2)")
     parser.add_argument("--max-new-tokens", type=int, help="generation budget (default: demo-cpu.yaml's; smoke 32)")
-    parser.add_argument("--tests-timeout", type=int, default=240, help="seconds for pytest -m gpu")
+    parser.add_argument("--tests-timeout", type=int, help="seconds for pytest -m gpu (default 240; smoke 540, under its 600 s limit)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help=f"results JSON, Markdown beside it (default {DEFAULT_OUT.relative_to(ROOT)}; smoke: a temp folder)")
     args = parser.parse_args(argv)
@@ -479,11 +479,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     demo_new_tokens = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"].get("max_new_tokens", 96)
     defaults = (
-        dict(batch_size=2, seq_tokens=32, steps=1, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32, cache_tokens=360)
+        dict(
+            batch_size=2, seq_tokens=32, steps=1, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32, cache_tokens=360,
+            tests_timeout=540,
+        )
         if args.smoke
         else dict(
             batch_size=4, seq_tokens=1000, steps=8, warmup_steps=2, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens,
-            cache_tokens=600, logit_layers=4,
+            cache_tokens=600, logit_layers=4, tests_timeout=240,
         )
     )
     for key, value in defaults.items():

@@ -57,6 +57,7 @@ def build_variant(bench: Any, overrides: dict[str, Any]) -> Variant:
 
     from qgmem_train.model.module import GraphAugmentedLM
 
+    data, size = bench.data(), bench.args.batch_size  # set up (models resolved, labels embedded) before the load is timed
     L.seed_everything(bench.args.seed, verbose=False)
     started = time.perf_counter()
     model = GraphAugmentedLM(**bench.module_settings(**overrides))
@@ -67,7 +68,6 @@ def build_variant(bench: Any, overrides: dict[str, Any]) -> Variant:
     load_s = time.perf_counter() - started
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=model.hparams.learning_rate, weight_decay=model.hparams.weight_decay)
-    data, size = bench.data(), bench.args.batch_size
     data.prompt_tokens = model.prompt_tokens
     train = data.splits["train"]
     batches = [data.collate(train[i : i + size]) for i in range(0, max(len(train) - size + 1, 1), size)][:4]

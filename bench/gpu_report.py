@@ -12,7 +12,7 @@ from qgmem_train.fileio import write_report_atomic
 PARTS = ("tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict")
 TITLES = {
     "tests": "CUDA-marked tests (`pytest -m gpu`)",
-    "bf16": "bf16 fit: gradient checkpointing off vs on",
+    "bf16": "bf16 training steps: gradient checkpointing off vs on",
     "prefix_cache": "Frozen-prefix cache: decoder step off vs on, explicit mask vs bottom-right bias (Qwen3-8B shape, bf16), fp32 logits",
     "nf4": "NF4 (4-bit) backbone: load and train",
     "lora_nf4": "LoRA (r=8) on the NF4 backbone",
@@ -74,7 +74,7 @@ def module_steps_markdown(name: str, record: dict[str, Any]) -> list[str]:
     comparison = record["comparison"]
     lines = [
         f"{len(record['variants'])} variants alternated for {record['rounds']} rounds in one process, each round {record['warmup_steps']} "
-        f"untimed then {record['steps']} timed training steps a variant; device time by CUDA events, host preparation apart.",
+        f"untimed then {record['steps']} timed training steps a variant; device time by CUDA events (the wall clock on a CPU), host preparation apart.",
         "",
         *VARIANT_HEADER,
         *(variant_row(f"{prefix}{label}", r) for label, r in record["variants"].items()),

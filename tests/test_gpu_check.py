@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ["tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict"]
 TITLES = [
     "## CUDA-marked tests (`pytest -m gpu`)",
-    "## bf16 fit: gradient checkpointing off vs on",
+    "## bf16 training steps: gradient checkpointing off vs on",
     "## Frozen-prefix cache: decoder step off vs on, explicit mask vs bottom-right bias (Qwen3-8B shape, bf16), fp32 logits",
     "## NF4 (4-bit) backbone: load and train",
     "## LoRA (r=8) on the NF4 backbone",
@@ -218,3 +218,25 @@ def test_the_default_limits_leave_room_for_a_rerun_in_the_device_budget() -> Non
     assert limits is not None
     seconds = {entry.split(":")[0]: int(entry.split(":")[1]) for entry in limits.group(1).split()}
     assert list(seconds) == PARTS and sum(seconds.values()) <= 7 * 60, seconds
+
+
+def test_the_report_of_the_cuda_only_parts_names_their_variants_layers_and_lora_tensors() -> None:
+    """The nf4 and lora_nf4 parts skip on CPU, so their sections are rendered here from records of their shape."""
+    from bench.gpu_report import markdown
+
+    def variant(ms: list[float], **extra: object) -> dict:
+        return {"device_ms_median": ms[1], "host_ms_median": 2.0, "device_ms_round_medians": ms, "steps": 30, "load_s": 1.5, "peak_gib": 1.2,
+                "above_resident_gib": 0.4, "decoder_layer_calls_per_step": 1.0, "sequence_tokens": 1000.0, "loss_first": 12.0,
+                "loss_last": 11.0, "losses_finite": True, "linear_4bit_layers": 0, **extra}  # fmt: skip
+
+    def part(base: str, other: str, extra: dict) -> dict:
+        variants = {base: variant([100.0, 101.0, 102.0]), other: variant([150.0, 151.0, 149.0], **extra)}
+        return {"status": "ok", "seconds": 40.0, "rounds": 3, "steps": 8, "warmup_steps": 2, "variants": variants, "comparison": compare(variants, base, other)}
+
+    lora = {"linear_4bit_layers": 210, "trainable_parameters": 1_500_000, "lora_parameters": 460_800, "lora_b_tensors": 60, "lora_b_trained": 60}
+    result = {"parts": {"nf4": part("bf16", "nf4", {"linear_4bit_layers": 210}), "lora_nf4": part("nf4", "nf4 + LoRA", lora)}}
+    report = markdown(result)
+    assert "| nf4 | 151.0 | 150.0, 151.0, 149.0 |" in report and "| nf4 + LoRA | 151.0 |" in report
+    assert "nf4 / bf16, device time a step: ×1.50 (rounds ×1.46 to ×1.50)." in report
+    assert "nf4: 210 Linear4bit layers." in report
+    assert "nf4 + LoRA: 210 Linear4bit layers; 1,500,000 trainable parameters, 460,800 of them LoRA; 60 of 60 LoRA B tensors trained." in report
