@@ -1,4 +1,4 @@
-"""GPU check of training on one CUDA device: the CUDA tests, bf16 with vs without checkpointing and the prefix cache, NF4, LoRA on NF4, predict.
+"""GPU check of training on one CUDA device: the CUDA tests, checkpointing, the prefix cache, NF4 and LoRA on NF4 timed in alternated rounds, predict.
 
 Six parts, each in its own try block (a failing part reports its error line and the others still run);
 ``bench/results/gpu.json`` and ``gpu.md`` are rewritten after every part. ``scripts/gpu_check.sh`` runs each
@@ -6,22 +6,25 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
 
 1. ``tests``: ``pytest -m gpu`` over the test files that carry the marker, on this check's LLM and embedder (the
    stand-ins below where the bundled packages are missing).
-2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct on ``accelerator="gpu", devices=1,
-   precision="bf16-mixed"``, contexts cut to ``--seq-tokens`` (``model.max_context_tokens``): median step time, peak
-   CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer calls per step, checkpointing off vs on.
-3. ``prefix_cache``: the frozen-prefix cache on a random Qwen3-8B-shaped decoder in bf16 (``bench/gpu_prefix_timing.py``): the
-   decoder step's device time (CUDA events, host preparation apart) off vs on, alternated for ``--rounds`` rounds, at
-   ``--cache-tokens`` tokens, batch 4 and 1; fp32 first-step logits with vs without the cache within 1e-4 relative; and
-   the attention call alone for the cache's explicit mask against ``is_causal`` and a bottom-right causal bias.
-4. ``nf4``: the backbone loaded in 4-bit NF4 (``quantization: 4bit``), then ``--steps`` training steps.
-5. ``lora_nf4``: LoRA (``lora_r: 8``) on the NF4 backbone for ``--steps`` steps.
+2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct in bf16 autocast, contexts cut to
+   ``--seq-tokens`` (``model.max_context_tokens``), gradient checkpointing off vs on: training steps alternated for
+   ``--rounds`` rounds in one process (``gpu_module_steps.py``), device time (CUDA events) apart from host preparation,
+   peak CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer passes a step.
+3. ``prefix_cache``: the frozen-prefix cache on a random Qwen3-8B-shaped decoder in bf16 (``gpu_prefix_timing.py``): the
+   decoder step's device time off, on with transformers' explicit mask, on with the bottom-right causal bias, alternated
+   for ``--rounds`` rounds at ``--cache-tokens`` tokens, batch 4 and 1; fp32 first-step logits of each cached variant
+   against those without the cache within 1e-4 relative; and the attention call alone for the same three cases.
+4. ``nf4``: the backbone in bf16 vs in 4-bit NF4 (``quantization: 4bit``), alternated as ``bf16``; 4-bit layers, load time.
+5. ``lora_nf4``: the NF4 backbone without vs with LoRA (``lora_r: 8``), alternated as ``bf16``; the LoRA B tensors train.
 6. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
    schema-valid rate, exact match and seconds.
 
-The parts' helpers live beside this entry point: ``gpu_prefix_timing.py`` (the prefix-cache part), ``gpu_standins.py``
-(random-weight stand-ins, slim wheels) and ``gpu_report.py`` (``gpu.md``); docs/gpu-check.md says what each part measures.
+The parts' helpers live beside this entry point: ``gpu_timing.py`` (device clock, alternated rounds, ratios),
+``gpu_module_steps.py`` (the module's training steps), ``gpu_prefix_timing.py`` (the prefix-cache part),
+``gpu_standins.py`` (random-weight stand-ins, slim wheels) and ``gpu_report.py`` (``gpu.md``); docs/gpu-check.md says
+what each part measures.
 
-``--smoke`` runs the same code on CPU in seconds (two steps, short contexts; ``--llm`` may name a tiny decoder):
+``--smoke`` runs the same code on CPU (one step a round, short contexts; ``--llm`` may name a tiny decoder):
 the marked tests run on CPU where they can (bf16; NF4 skips itself) and the NF4 parts report ``skipped: no CUDA``. Without CUDA and without ``--smoke`` nothing is
 measured or written, so ``bench/run_all.py`` (which finds this file too) leaves the GPU results alone.
 
@@ -30,7 +33,7 @@ each) are replaced by random weights of the same architecture and tokenizer: ``-
 keeps their configs and tokenizers, ``--models DIR`` (there) builds the stand-ins once. Step time and memory
 do not depend on the weights; the predict part then checks the generation path, not answer quality.
 
-    scripts/gpu_check.sh                                   # on the GPU machine: every part, within 9 minutes
+    scripts/gpu_check.sh                                   # on the GPU machine: every part, within 7 minutes
     python bench/gpu_check.py --smoke --out /tmp/gpu.json  # the CPU check of this script
 """
 
@@ -42,7 +45,6 @@ import inspect
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from gpu_module_steps import time_module_variants
 from gpu_report import PARTS, load_results, status_line, write
 from gpu_standins import export_models, resolve_or_standin, slim_wheel
 from machine import machine_info
@@ -92,96 +95,36 @@ def device_arguments(cuda: bool) -> dict[str, Any]:
     return {"accelerator": "cpu", "devices": 1, "precision": "32-true"}
 
 
-def recompute_probe(llm: Any) -> Any:
-    """A module that runs once per decoder-layer pass, recomputation included: the first child of the first decoder layer.
-
-    Transformers (5.x) checkpoints a layer's ``forward`` and keeps the layer's own hooks outside the checkpoint,
-    so a hook on the layer fires once a step either way; its children run again when backward recomputes it.
-    """
-    layer = next((m for m in llm.modules() if type(m).__name__.endswith("DecoderLayer")), None)
-    return None if layer is None else next(layer.children(), layer)
-
-
-def make_probe(cuda: bool, warmup: int) -> Any:
-    """A Lightning callback that times each training step and records loss, peak memory and decoder-layer calls."""
+def make_probe(cuda: bool) -> Any:
+    """A Lightning callback that records each training step's loss and the seconds from setup to the first step."""
     import lightning as L
     import torch
 
     class FitProbe(L.Callback):
-        """Synchronised step times, losses, CUDA memory resident at the start and peak after, layer calls per step."""
+        """Losses a step and load seconds (setup to the first step, synchronised)."""
 
         def __init__(self) -> None:
-            self.times: list[float] = []
             self.losses: list[float] = []
-            self.layer_calls = 0
-            self.sequence_tokens: float | None = None
-            self.resident = self.peak = self.load_s = None
-            self._started = self._step_start = 0.0
-            self._hook: Any = None
-
-        def _sync(self) -> None:
-            if cuda:
-                torch.cuda.synchronize()
+            self.load_s: float | None = None
+            self._started = 0.0
 
         def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
             self._started = time.perf_counter()
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            self._sync()
-            self.load_s = time.perf_counter() - self._started
             if cuda:
-                self.resident = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-            probe = recompute_probe(pl_module.llm)
-            if probe is not None:
-                self._hook = probe.register_forward_hook(self._count)
-
-        def _count(self, *_: Any) -> None:
-            self.layer_calls += 1
-
-        def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-            if self.sequence_tokens is None:
-                try:
-                    with trainer.precision_plugin.forward_context(), torch.no_grad():
-                        mask = pl_module.training_inputs(batch)["attention_mask"]
-                    self.sequence_tokens = float(mask.sum(-1).float().mean())
-                except Exception:  # a measurement aid only; the fit itself reports real failures
-                    self.sequence_tokens = float("nan")
-            self._sync()
-            self._step_start = time.perf_counter()
+                torch.cuda.synchronize()
+            self.load_s = time.perf_counter() - self._started
 
         def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-            self._sync()
-            self.times.append(time.perf_counter() - self._step_start)
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
             self.losses.append(float(loss))
 
-        def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            self._sync()
-            if cuda:
-                self.peak = torch.cuda.max_memory_allocated()
-            if self._hook is not None:
-                self._hook.remove()
-
         def summary(self) -> dict[str, Any]:
-            timed = self.times[warmup:] or self.times
-            result: dict[str, Any] = {
-                "steps": len(self.times),
-                "step_s_median": statistics.median(timed) if timed else None,
-                "step_s_max": max(timed) if timed else None,
-                "timed_steps": len(timed),
-                "load_s": self.load_s,
-                "sequence_tokens": self.sequence_tokens,
-                "loss_first": self.losses[0] if self.losses else None,
-                "loss_last": self.losses[-1] if self.losses else None,
-                "losses_finite": all(math.isfinite(x) for x in self.losses),
-                "decoder_layer_calls_per_step": self.layer_calls / len(self.times) if self.times else None,
-            }
-            if self.peak is not None:
-                result.update(
-                    peak_gib=self.peak / GIB, resident_gib=self.resident / GIB, above_resident_gib=(self.peak - self.resident) / GIB
-                )
-            return result
+            return {
+                "steps": len(self.losses), "load_s": self.load_s, "loss_first": self.losses[0] if self.losses else None,
+                "loss_last": self.losses[-1] if self.losses else None, "losses_finite": all(math.isfinite(x) for x in self.losses),
+            }  # fmt: skip
 
     return FitProbe()
 
@@ -253,7 +196,7 @@ class Bench:
 
         L.seed_everything(self.args.seed, verbose=False)
         model = GraphAugmentedLM(**self.module_settings(**overrides))
-        probe = make_probe(self.cuda, self.args.warmup_steps)
+        probe = make_probe(self.cuda)
         with tempfile.TemporaryDirectory() as root:
             trainer = L.Trainer(
                 **device_arguments(self.cuda), max_steps=steps, logger=False, enable_checkpointing=False, enable_model_summary=False,
@@ -302,36 +245,12 @@ def part_tests(bench: Bench) -> dict[str, Any]:
     return details
 
 
-def fits_off_and_on(bench: Bench, setting: str) -> dict[str, Any]:
-    """The same fit with the boolean module ``setting`` off and on: both fits' measurements and the on / off ratios.
-
-    Raises :class:`PartFailed` naming the fit that failed.
-    """
-    variants: dict[str, Any] = {}
-    errors = []
-    for name, value in (("off", False), ("on", True)):
-        try:
-            variants[name] = bench.fit(bench.args.steps, **{setting: value})
-        except Exception as exc:
-            variants[name] = {"error": error_line(exc)}
-            errors.append(f"{setting} {name}: {error_line(exc)}")
-        free_memory(bench.cuda)
-    details: dict[str, Any] = {"variants": variants, "precision": device_arguments(bench.cuda)["precision"]}
-    off, on = variants.get("off", {}), variants.get("on", {})
-    if off.get("step_s_median") and on.get("step_s_median"):
-        details["step_time_on_over_off"] = on["step_s_median"] / off["step_s_median"]
-    if off.get("above_resident_gib") and on.get("above_resident_gib") is not None:
-        details["memory_above_resident_on_over_off"] = on["above_resident_gib"] / off["above_resident_gib"]
-    if errors:
-        raise PartFailed("; ".join(errors), details)
-    return details
-
-
 def part_bf16(bench: Bench) -> dict[str, Any]:
-    """The same fit with gradient checkpointing off and on: step time, peak memory and decoder-layer calls per step."""
-    details = fits_off_and_on(bench, "gradient_checkpointing")
+    """Training steps with gradient checkpointing off and on, alternated: device time, peak memory, decoder-layer passes a step."""
+    details = time_module_variants(bench, {"off": {"gradient_checkpointing": False}, "on": {"gradient_checkpointing": True}})
+    details["precision"] = device_arguments(bench.cuda)["precision"]
     on = details["variants"]["on"]
-    if on.get("decoder_layer_calls_per_step") is not None and on["decoder_layer_calls_per_step"] < 1.5:
+    if on["decoder_layer_calls_per_step"] is not None and on["decoder_layer_calls_per_step"] < 1.5:
         raise PartFailed("checkpointing on, yet each decoder layer ran once a step: nothing was recomputed in backward", details)
     return details
 
@@ -364,31 +283,38 @@ def part_prefix_cache(bench: Bench) -> dict[str, Any]:
     del llm
     free_memory(cuda)
     details["attention"] = {f"batch {b}": time_attention(b, args.cache_tokens, prefix, shape, args.rounds, args.steps, cuda) for b in (4, 1)}
-    if details["first_step_logits_relative_difference"] > LOGITS_TOLERANCE:
-        raise PartFailed(f"fp32 first-step logits differ by {details['first_step_logits_relative_difference']:.1e} relative with the cache", details)
+    for name, difference in details["first_step_logits_relative_difference"].items():
+        if difference > LOGITS_TOLERANCE:
+            raise PartFailed(f"fp32 first-step logits differ by {difference:.1e} relative with the {name.removeprefix('cache on, ')}", details)
     return details
 
 
-def count_4bit_layers(model: Any, _: str) -> dict[str, Any]:
+def count_4bit_layers(model: Any) -> dict[str, Any]:
     """How many linear layers of the backbone bitsandbytes holds in 4 bits."""
     return {"linear_4bit_layers": sum(type(m).__name__ == "Linear4bit" for m in model.llm.modules())}
 
 
-def part_nf4(bench: Bench) -> dict[str, Any]:
-    """NF4 backbone: load time (setup to first step), 4-bit layer count, step time, memory and finite losses."""
-    if not bench.cuda:
-        raise Skipped("no CUDA")
-    details = bench.fit(bench.args.steps, after=count_4bit_layers, quantization="4bit")
-    if not details["linear_4bit_layers"]:
-        raise PartFailed("quantization 4bit loaded no Linear4bit layer", details)
-    if not details["losses_finite"]:
-        raise PartFailed("a training loss was not finite", details)
+def losses_finite(details: dict[str, Any]) -> dict[str, Any]:
+    """``details`` when every variant's training losses were finite, else :class:`PartFailed` naming the variant."""
+    for name, variant in details["variants"].items():
+        if not variant["losses_finite"]:
+            raise PartFailed(f"{name}: a training loss was not finite", details)
     return details
 
 
-def lora_state(model: Any, root: str) -> dict[str, Any]:
-    """LoRA tensors and how many of them moved from peft's zero initialisation of ``lora_B``."""
-    details = count_4bit_layers(model, root)
+def part_nf4(bench: Bench) -> dict[str, Any]:
+    """The backbone in bf16 and in 4-bit NF4, alternated: load time, 4-bit layer count, device time, memory, finite losses."""
+    if not bench.cuda:
+        raise Skipped("no CUDA")
+    details = time_module_variants(bench, {"bf16": {}, "nf4": {"quantization": "4bit"}}, after=count_4bit_layers)
+    if not details["variants"]["nf4"]["linear_4bit_layers"]:
+        raise PartFailed("quantization 4bit loaded no Linear4bit layer", details)
+    return losses_finite(details)
+
+
+def lora_state(model: Any) -> dict[str, Any]:
+    """4-bit layers, trainable and LoRA parameters, and how many ``lora_B`` tensors moved from peft's zero initialisation."""
+    details = count_4bit_layers(model)
     lora_b = [p for name, p in model.named_parameters() if "lora_B" in name]
     details.update(
         trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -400,15 +326,15 @@ def lora_state(model: Any, root: str) -> dict[str, Any]:
 
 
 def part_lora_nf4(bench: Bench) -> dict[str, Any]:
-    """LoRA r=8 over the NF4 backbone: the adapters train (``lora_B`` leaves zero) and losses stay finite."""
+    """The NF4 backbone without and with LoRA r=8, alternated: the adapters train (``lora_B`` leaves zero), losses stay finite."""
     if not bench.cuda:
         raise Skipped("no CUDA")
-    details = bench.fit(bench.args.steps, after=lora_state, quantization="4bit", lora_r=8)
-    if not details["lora_b_tensors"] or not details["lora_b_trained"]:
-        raise PartFailed(f"{details['lora_b_trained']} of {details['lora_b_tensors']} LoRA B tensors changed in training", details)
-    if not details["losses_finite"]:
-        raise PartFailed("a training loss was not finite", details)
-    return details
+    variants = {"nf4": {"quantization": "4bit"}, "nf4 + LoRA": {"quantization": "4bit", "lora_r": 8}}
+    details = time_module_variants(bench, variants, after=lora_state)
+    lora = details["variants"]["nf4 + LoRA"]
+    if not lora["lora_b_tensors"] or not lora["lora_b_trained"]:
+        raise PartFailed(f"{lora['lora_b_trained']} of {lora['lora_b_tensors']} LoRA B tensors changed in training", details)
+    return losses_finite(details)
 
 
 def part_predict(bench: Bench) -> dict[str, Any]:
@@ -527,15 +453,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=ROOT / "tests" / "data" / "trajectories")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--seq-tokens", type=int, help="model.max_context_tokens (default 1000; smoke 32)")
-    parser.add_argument("--steps", type=int, help="optimizer steps of each fit (default 20; smoke 2)")
-    parser.add_argument("--warmup-steps", type=int, help="first steps left out of the timing (default 3; smoke 0)")
-    parser.add_argument("--rounds", type=int, default=3, help="prefix_cache: rounds the variants alternate for")
+    parser.add_argument("--steps", type=int, help="timed steps of each variant a round (default 8; smoke 1)")
+    parser.add_argument("--warmup-steps", type=int, help="untimed steps of each variant before them, every round (default 2; smoke 0)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds the variants of a timed part alternate for")
     parser.add_argument("--cache-tokens", type=int, help="prefix_cache: tokens a sequence (default 600; smoke 360)")
     parser.add_argument("--logit-layers", type=int, help="prefix_cache: decoder layers of the fp32 logits check (default 4; smoke all)")
     parser.add_argument("--predict-fit-steps", type=int, help="training steps before predict (default 20; smoke 1)")
     parser.add_argument("--predict-examples", type=int, help="examples to predict (default 8; smoke 2)")
     parser.add_argument("--max-new-tokens", type=int, help="generation budget (default: demo-cpu.yaml's; smoke 32)")
-    parser.add_argument("--tests-timeout", type=int, default=240, help="seconds for pytest -m gpu")
+    parser.add_argument("--tests-timeout", type=int, help="seconds for pytest -m gpu (default 240; smoke 540, under its 600 s limit)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help=f"results JSON, Markdown beside it (default {DEFAULT_OUT.relative_to(ROOT)}; smoke: a temp folder)")
     args = parser.parse_args(argv)
@@ -553,11 +479,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     demo_new_tokens = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"].get("max_new_tokens", 96)
     defaults = (
-        dict(batch_size=2, seq_tokens=32, steps=2, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32, cache_tokens=360)
+        dict(
+            batch_size=2, seq_tokens=32, steps=1, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32, cache_tokens=360,
+            tests_timeout=540,
+        )
         if args.smoke
         else dict(
-            batch_size=4, seq_tokens=1000, steps=20, warmup_steps=3, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens,
-            cache_tokens=600, logit_layers=4,
+            batch_size=4, seq_tokens=1000, steps=8, warmup_steps=2, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens,
+            cache_tokens=600, logit_layers=4, tests_timeout=240,
         )
     )
     for key, value in defaults.items():

@@ -1,22 +1,26 @@
 """The GPU check's ``prefix_timing`` part: the frozen-prefix cache timed on a random Qwen3-8B-shaped decoder, checked in fp32.
 
 A fit's step time on a 135M model is mostly host work, and two fits of one configuration differed by 40% on an H200,
-so this part times the decoder's own step (forward, loss, backward) and nothing else: the variants (cache off / on)
-alternate for ``rounds`` rounds in one process, each step's device work is timed with CUDA events and its host
-preparation (inputs, padding, the cache's mask) with the wall clock, apart. The decoder has Qwen3-8B's shape in bf16
-with random weights (step time does not depend on them), at ``tokens`` per sequence with the prompt prefix of the
-chat template's length, for each batch size. Correctness: the first step's logits at the labelled positions, with and
-without the cache, in fp32 on a decoder of the same widths and ``logit_layers`` layers, within 1e-4 relative. The
-attention call alone is timed for the cases the cache makes: transformers' explicit mask with repeated keys (what
-attention gets today with the cache), PyTorch's bottom-right causal bias, and the whole sequence with ``is_causal``.
+so this part times the decoder's own step (forward, loss, backward) and nothing else: the variants (cache off; cache on
+with the explicit mask transformers' SDPA builds after a cache; cache on with PyTorch's bottom-right causal bias, which
+the module uses for padding-free batches) alternate for ``rounds`` rounds in one process, each step's device work is
+timed with CUDA events and its host preparation (inputs, padding, the cache's mask) with the wall clock, apart. The
+decoder has Qwen3-8B's shape in bf16 with random weights (step time does not depend on them), at ``tokens`` per
+sequence with the prompt prefix of the chat template's length, for each batch size. Correctness: the first step's
+logits at the labelled positions of each cached variant against those without the cache, in fp32 on a decoder of the
+same widths and ``logit_layers`` layers, within 1e-4 relative. The attention call alone is timed for the same three
+cases, with repeated keys where a mask is passed (as transformers does).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
+
+from gpu_timing import DeviceClock, alternate, autocast, compare
+
+from qgmem_train.model.prefix_attention import IMPLEMENTATION
 
 QWEN3_8B = dict(
     vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
@@ -38,42 +42,16 @@ TARGET_TOKENS = 40
 """Labelled tokens at the end of each sequence (a target JSON's length)."""
 
 
-class DeviceClock:
-    """Milliseconds of device work between ``start()`` and ``stop()``: CUDA events on a GPU, the wall clock on the CPU."""
-
-    def __init__(self, cuda: bool) -> None:
-        import torch
-
-        self.cuda = cuda
-        self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
-        self._wall = 0.0
-
-    def start(self) -> None:
-        if self._events:
-            self._events[0].record()
-        else:
-            self._wall = time.perf_counter()
-
-    def stop(self) -> float:
-        if self._events:
-            import torch
-
-            self._events[1].record()
-            torch.cuda.synchronize()
-            return float(self._events[0].elapsed_time(self._events[1]))
-        return (time.perf_counter() - self._wall) * 1000
-
-
 def random_decoder(shape: dict[str, Any], layers: int | None, dtype: Any, device: str) -> Any:
     """A Qwen3 causal LM of ``shape`` (``layers`` decoder layers when given) with random weights, built on ``device``, frozen."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen3Config
 
     config = Qwen3Config(**{**shape, **({"num_hidden_layers": layers} if layers else {})})
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    with torch.device(device):
-        model = Qwen3ForCausalLM(config).to(dtype)
+    with torch.device(device):  # built in ``dtype`` on the device: Qwen3-8B in fp32 first would take 33 GB more
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.requires_grad_(False).eval()
 
 
@@ -123,80 +101,93 @@ def the_prefix(llm: Any, length: int) -> tuple[tuple[int, ...], Any]:
     return ids, compute_prefix(llm, ids, cache_key(llm, ids))
 
 
-def alternate(variants: dict[str, Callable[[int], tuple[float, float]]], rounds: int, steps: int, warmup: int) -> dict[str, Any]:
-    """Run each variant's ``steps`` timed steps (after ``warmup`` untimed ones) in turn, ``rounds`` times.
+VARIANTS = {"cache off": (False, "sdpa"), "cache on, explicit mask": (True, "sdpa"), "cache on, bottom-right": (True, IMPLEMENTATION)}
+"""Each timed variant: whether the prefix cache serves the prefix, and the backbone's attention implementation (transformers'
+SDPA builds an explicit mask after a cache; ``sdpa_bottom_right`` passes PyTorch's bottom-right causal bias instead)."""
 
-    A variant is ``step(seed) -> (host_ms, device_ms)``. Per variant: the median device and host milliseconds over all
-    rounds and the median of each round; the on / off ratio of each round shows the spread the medians hide.
-    """
-    times: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, step in variants.items():
-            for seed in range(warmup):
-                step(seed)
-            times[name].append([step(warmup + seed) for seed in range(steps)])
-    summary: dict[str, Any] = {}
-    for name, per_round in times.items():
-        flat = [t for r in per_round for t in r]
-        summary[name] = {
-            "device_ms_median": statistics.median(d for _, d in flat),
-            "host_ms_median": statistics.median(h for h, _ in flat),
-            "device_ms_round_medians": [statistics.median(d for _, d in r) for r in per_round],
-        }
-    return summary
+COMPARISONS = (("cache off", "cache on, explicit mask"), ("cache off", "cache on, bottom-right"), ("cache on, explicit mask", "cache on, bottom-right"))
+
+
+def mask_kind(llm: Any, inputs: dict[str, Any]) -> str:
+    """What the first decoder layer gets as its attention mask for ``inputs``: none (SDPA's ``is_causal``), the bottom-right
+    bias or an explicit mask; one forward pass without gradients."""
+    import torch
+    from torch.nn.attention.bias import CausalBias
+
+    seen: list[Any] = []
+    hook = llm.get_decoder().layers[0].register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            decoder_step(llm, inputs, backward=False)
+    finally:
+        hook.remove()
+    mask = seen[0]
+    return "none (is_causal)" if mask is None else "bottom-right bias" if isinstance(mask, CausalBias) else "explicit mask"
 
 
 def time_prefix_cache(llm: Any, batch: int, tokens: int, prefix_tokens: int, rounds: int, steps: int, warmup: int, cuda: bool) -> dict[str, Any]:
-    """Cache off / on alternated: device and host milliseconds a step, and the on / off ratio overall and per round."""
+    """The :data:`VARIANTS` alternated: device and host milliseconds a step, the mask attention gets, and :data:`COMPARISONS`."""
     import torch
 
     clock = DeviceClock(cuda)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
-    with autocast:
+    with autocast(cuda):
         prefix = the_prefix(llm, prefix_tokens)
 
     def step(cached: bool) -> Callable[[int], tuple[float, float]]:
         def run(seed: int) -> tuple[float, float]:
             started = time.perf_counter()
-            with autocast:
+            with autocast(cuda):
                 inputs = step_inputs(llm, batch, tokens, prefix, cached, seed)
             host = (time.perf_counter() - started) * 1000
             clock.start()
-            with autocast:
+            with autocast(cuda):
                 decoder_step(llm, inputs)
             return host, clock.stop()
 
         return run
 
-    summary = alternate({"off": step(False), "on": step(True)}, rounds, steps, warmup)
-    off, on = summary["off"], summary["on"]
-    summary["device_on_over_off"] = on["device_ms_median"] / off["device_ms_median"]
-    summary["device_on_over_off_per_round"] = [b / a for a, b in zip(off["device_ms_round_medians"], on["device_ms_round_medians"])]
-    summary.update(batch=batch, tokens=tokens, prefix_tokens=prefix_tokens)
+    masks = {}
+    for name, (cached, implementation) in VARIANTS.items():
+        llm.set_attn_implementation(implementation)
+        with autocast(cuda):
+            masks[name] = mask_kind(llm, step_inputs(llm, batch, tokens, prefix, cached, seed=0))
+    summary = alternate(
+        {name: step(cached) for name, (cached, _) in VARIANTS.items()}, rounds, steps, warmup,
+        before_round=lambda name: llm.set_attn_implementation(VARIANTS[name][1]),
+    )  # fmt: skip
+    llm.set_attn_implementation("sdpa")
+    result: dict[str, Any] = {
+        "batch": batch, "tokens": tokens, "prefix_tokens": prefix_tokens,
+        "variants": {name: {**summary[name], "attention_mask": masks[name]} for name in VARIANTS},
+        "comparisons": [compare(summary, base, other) for base, other in COMPARISONS],
+    }  # fmt: skip
     if cuda:
-        summary["peak_gib"] = torch.cuda.max_memory_allocated() / 1024**3
-    return summary
+        result["peak_gib"] = torch.cuda.max_memory_allocated() / 1024**3
+    return result
 
 
-def first_step_logits_difference(llm: Any, batch: int, tokens: int, prefix_tokens: int) -> float:
-    """Largest difference between the first step's logits (labelled positions) with and without the cache, over the largest logit.
+def first_step_logits_difference(llm: Any, batch: int, tokens: int, prefix_tokens: int) -> dict[str, float]:
+    """Per cached variant, the largest difference between its first step's logits (labelled positions) and those without the
+    cache, over the largest logit.
 
-    ``llm`` runs in fp32: at that precision the two paths differ only by the order of floating-point sums.
+    ``llm`` runs in fp32: at that precision the paths differ only by the order of floating-point sums.
     """
     import torch
 
     from qgmem_train.model.fusion import IGNORE_INDEX
 
+    logits = {}
     with torch.no_grad():
         prefix = the_prefix(llm, prefix_tokens)
-        logits = []
-        for cached in (False, True):
+        for name, (cached, implementation) in VARIANTS.items():
+            llm.set_attn_implementation(implementation)
             inputs = step_inputs(llm, batch, tokens, prefix, cached, seed=0)
             hidden = decoder_step(llm, inputs, backward=False)
             picked = inputs["labels"][:, 1:] != IGNORE_INDEX
-            logits.append(llm.get_output_embeddings()(hidden[:, :-1][picked]).float())
-    plain, cached_logits = logits
-    return float((cached_logits - plain).abs().max() / plain.abs().max())
+            logits[name] = llm.get_output_embeddings()(hidden[:, :-1][picked]).float()
+    llm.set_attn_implementation("sdpa")
+    plain = logits.pop("cache off")
+    return {name: float((values - plain).abs().max() / plain.abs().max()) for name, values in logits.items()}
 
 
 def time_attention(batch: int, tokens: int, prefix_tokens: int, shape: dict[str, Any], rounds: int, steps: int, cuda: bool) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from qgmem_train.fileio import write_report_atomic
 PARTS = ("tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict")
 TITLES = {
     "tests": "CUDA-marked tests (`pytest -m gpu`)",
-    "bf16": "bf16 fit: gradient checkpointing off vs on",
-    "prefix_cache": "Frozen-prefix cache: decoder step off vs on (Qwen3-8B shape, bf16), fp32 logits, attention kernels",
+    "bf16": "bf16 training steps: gradient checkpointing off vs on",
+    "prefix_cache": "Frozen-prefix cache: decoder step off vs on, explicit mask vs bottom-right bias (Qwen3-8B shape, bf16), fp32 logits",
     "nf4": "NF4 (4-bit) backbone: load and train",
     "lora_nf4": "LoRA (r=8) on the NF4 backbone",
     "predict": "predict (constrained generation)",
@@ -42,42 +42,77 @@ def status_line(record: dict[str, Any] | None) -> str:
     return f"**{status}**{seconds}: {record.get('error', '')}"
 
 
-def fit_row(label: str, r: dict[str, Any]) -> str:
-    """One table row of a fit's measurements."""
-    if "error" in r and "step_s_median" not in r:
-        return f"| {label} | failed: {r['error']} |  |  |  |  |  |"
-    loss = f"{fmt(r.get('loss_first'))} → {fmt(r.get('loss_last'))}"
+def comparison_line(comparison: dict[str, Any], label: str) -> str:
+    """A :func:`gpu_timing.compare` result in words: the ratio with its range across rounds, or "within noise" when the
+    variants' rounds overlap (then no faster or slower is claimed)."""
+    spread = f"rounds ×{comparison['low']:.2f} to ×{comparison['high']:.2f}"
+    if comparison["within_noise"]:
+        return f"{label}, device time a step: within noise (×{comparison['ratio']:.2f}; {spread} overlap)"
+    return f"{label}, device time a step: ×{comparison['ratio']:.2f} ({spread})"
+
+
+VARIANT_HEADER = [
+    "| variant | device ms a step (median) | per-round medians | host ms (median) | peak CUDA GiB | above resident GiB | "
+    "decoder-layer passes a step | tokens a sequence | loss first → last | load s |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def variant_row(label: str, r: dict[str, Any]) -> str:
+    """One table row of a variant's alternated training steps."""
+    rounds = ", ".join(fmt(x, 1) for x in r["device_ms_round_medians"])
     return (
-        f"| {label} | {fmt(r.get('step_s_median'))} | {fmt(r.get('peak_gib'), 2)} | {fmt(r.get('above_resident_gib'), 2)} | "
-        f"{fmt(r.get('decoder_layer_calls_per_step'), 1)} | {fmt(r.get('sequence_tokens'), 0)} | {loss} |"
+        f"| {label} | {fmt(r['device_ms_median'], 1)} | {rounds} | {fmt(r['host_ms_median'], 1)} | {fmt(r.get('peak_gib'), 2)} | "
+        f"{fmt(r.get('above_resident_gib'), 2)} | {fmt(r.get('decoder_layer_calls_per_step'), 1)} | {fmt(r.get('sequence_tokens'), 0)} | "
+        f"{fmt(r.get('loss_first'))} → {fmt(r.get('loss_last'))} | {fmt(r.get('load_s'), 1)} |"
     )
 
 
-FIT_HEADER = [
-    "| run | step s (median) | peak CUDA GiB | above resident GiB | decoder-layer calls a step | tokens a sequence | loss first → last |",
-    "|---|---|---|---|---|---|---|",
-]
+def module_steps_markdown(name: str, record: dict[str, Any]) -> list[str]:
+    """A timed part's table (one row a variant) and its comparison in words."""
+    prefix = "checkpointing " if name == "bf16" else ""
+    comparison = record["comparison"]
+    lines = [
+        f"{len(record['variants'])} variants alternated for {record['rounds']} rounds in one process, each round {record['warmup_steps']} "
+        f"untimed then {record['steps']} timed training steps a variant; device time by CUDA events (the wall clock on a CPU), host preparation apart.",
+        "",
+        *VARIANT_HEADER,
+        *(variant_row(f"{prefix}{label}", r) for label, r in record["variants"].items()),
+        "",
+        comparison_line(comparison, f"{prefix}{comparison['other']} / {comparison['base']}") + ".",
+    ]
+    extra = record["variants"][comparison["other"]]
+    if "linear_4bit_layers" in extra:
+        words = f"{comparison['other']}: {extra['linear_4bit_layers']} Linear4bit layers"
+        if "lora_b_tensors" in extra:
+            words += (
+                f"; {extra['trainable_parameters']:,} trainable parameters, {extra['lora_parameters']:,} of them LoRA; "
+                f"{extra['lora_b_trained']} of {extra['lora_b_tensors']} LoRA B tensors trained"
+            )
+        lines.append(words + ".")
+    return lines
 
 
 def prefix_cache_markdown(record: dict[str, Any]) -> list[str]:
     """The prefix-cache part's tables: decoder step device/host time per batch and variant, then the attention call alone."""
+    differences = ", ".join(f"{name}: {value:.1e}" for name, value in record["first_step_logits_relative_difference"].items())
     lines = [
         f"{record['shape']}, {record['steps'][0]['tokens']} tokens a sequence of which {record['prefix_tokens']} are the prompt prefix; "
-        f"cache off and on alternated for {record['rounds']} rounds in one process. fp32 first-step logits with vs without the cache "
-        f"differ by {record['first_step_logits_relative_difference']:.1e} relative (allowed 1e-4).",
+        f"the variants alternated for {record['rounds']} rounds in one process. fp32 first-step logits against those without the cache "
+        f"differ by ({differences}) relative to the largest (allowed 1e-4).",
         "",
-        "| batch | variant | device ms a step (median) | per-round medians | host ms (median) |",
-        "|---|---|---|---|---|",
+        "| batch | variant | attention mask | device ms a step (median) | per-round medians | host ms (median) |",
+        "|---|---|---|---|---|---|",
     ]
     ratios = []
     for run in record["steps"]:
-        for variant in ("off", "on"):
-            r = run[variant]
+        for variant, r in run["variants"].items():
             rounds = ", ".join(fmt(x, 1) for x in r["device_ms_round_medians"])
-            lines.append(f"| batch {run['batch']} | cache {variant} | {fmt(r['device_ms_median'], 1)} | {rounds} | {fmt(r['host_ms_median'], 2)} |")
-        per_round = ", ".join(f"×{x:.2f}" for x in run["device_on_over_off_per_round"])
-        ratios.append(f"batch {run['batch']}: ×{run['device_on_over_off']:.2f} (rounds {per_round})")
-    lines += ["", f"Cache on / off, decoder step device time: {'; '.join(ratios)}.", "", "| attention call (forward + backward) | " + " | ".join(record["attention"]) + " |"]
+            lines.append(
+                f"| batch {run['batch']} | {variant} | {r['attention_mask']} | {fmt(r['device_ms_median'], 1)} | {rounds} | {fmt(r['host_ms_median'], 2)} |"
+            )
+        ratios += [comparison_line(c, f"batch {run['batch']}, {c['other']} / {c['base']}") + "." for c in run["comparisons"]]
+    lines += ["", *ratios, "", "| attention call (forward + backward) | " + " | ".join(record["attention"]) + " |"]
     lines.append("|---|" + "---|" * len(record["attention"]))
     cases = next(iter(record["attention"].values()))
     for case in cases:
@@ -99,8 +134,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Commit {env.get('commit')}. Written by `scripts/gpu_check.sh` / `bench/gpu_check.py`.",
         "",
         f"Settings: LLM {settings.get('llm')}, batch {settings.get('batch_size')}, contexts cut to {settings.get('seq_tokens')} tokens, "
-        f"{settings.get('steps')} steps a fit (step times are medians after {settings.get('warmup_steps')} warm-up steps), "
-        "configs/demo-cpu.yaml's model settings otherwise.",
+        f"timed parts alternate their variants for {settings.get('rounds')} rounds of {settings.get('warmup_steps')} untimed and "
+        f"{settings.get('steps')} timed steps each, configs/demo-cpu.yaml's model settings otherwise.",
     ]
     models = next((r["models"] for r in parts.values() if r.get("models")), {})
     for kind, note in models.items():
@@ -115,26 +150,8 @@ def markdown(result: dict[str, Any]) -> str:
             lines += ["", f"`{record.get('command')}`: {record['summary']}"] + [f"- {f}" for f in record.get("failures", [])]
         elif name == "prefix_cache" and record.get("steps"):
             lines += ["", *prefix_cache_markdown(record)]
-        elif name == "bf16" and record.get("variants"):
-            label = "checkpointing"
-            lines += ["", *FIT_HEADER]
-            lines += [fit_row(f"{label} {v}", r) for v, r in record["variants"].items()]
-            ratios = []
-            if record.get("step_time_on_over_off"):
-                ratios.append(f"step time ×{record['step_time_on_over_off']:.2f}")
-            if record.get("memory_above_resident_on_over_off") is not None:
-                ratios.append(f"memory above resident ×{record['memory_above_resident_on_over_off']:.2f}")
-            if ratios:
-                lines += ["", f"{label.capitalize()} on / off: {', '.join(ratios)} (precision {record.get('precision')})."]
-        elif name in ("nf4", "lora_nf4") and "step_s_median" in record:
-            lines += ["", *FIT_HEADER, fit_row(name, record), ""]
-            extra = f"Load (setup to first step) {fmt(record.get('load_s'), 1)} s; {record.get('linear_4bit_layers')} Linear4bit layers"
-            if name == "lora_nf4":
-                extra += (
-                    f"; {record.get('trainable_parameters'):,} trainable parameters, {record.get('lora_parameters'):,} of them LoRA; "
-                    f"{record.get('lora_b_trained')} of {record.get('lora_b_tensors')} LoRA B tensors trained"
-                )
-            lines.append(extra + ".")
+        elif name in ("bf16", "nf4", "lora_nf4") and record.get("comparison"):
+            lines += ["", *module_steps_markdown(name, record)]
         elif name == "predict" and "examples" in record:
             lines += [
                 "",

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# GPU check of training on one CUDA GPU (bench/gpu_check.py): the CUDA-marked tests, a bf16 fit of SmolLM2 with vs
-# without gradient checkpointing, the prefix cache timed on a random Qwen3-8B-shaped decoder (device time, alternated
-# rounds, fp32 logits check), NF4 loading and 20 steps, LoRA on NF4 for 20
-# steps, and predict; writes bench/results/gpu.md and gpu.json. Each part runs in its own process under its own limit
-# (they add up to 10 minutes at most); a part over its limit is killed and recorded as timed out.
+# GPU check of training on one CUDA GPU (bench/gpu_check.py): the CUDA-marked tests; training steps of SmolLM2 with
+# gradient checkpointing off vs on (bf16), bf16 vs NF4, NF4 without vs with LoRA, each pair alternated for 3 rounds in
+# one process with device time from CUDA events; the prefix cache timed on a random Qwen3-8B-shaped decoder at 600
+# tokens, batch 4 and 1 (off, explicit mask, bottom-right bias; fp32 logits check); and predict. Writes
+# bench/results/gpu.md and gpu.json. Each part runs in its own process under its own limit (they add up to 7 minutes at
+# most, about 5 expected: half the device's 15, so a rerun fits); a part over its limit is killed and recorded as timed out.
 #
 #   scripts/gpu_check.sh prepare        # here (network, .venv): what the GPU machine lacks, into .gpu_check/
 #   scripts/gpu_check.sh [OPTION ...]   # on the GPU machine; options go to bench/gpu_check.py (--smoke: seconds)
@@ -16,14 +17,16 @@
 # tokenizers of the bundled SmolLM2 and MiniLM in .gpu_check/models: their weights (about 90 MB each) do not
 # travel, so random weights of the same architecture stand in (step time and memory do not depend on them).
 # .gpu_check is about 40 MB; .gitignore lists it, so name it in the run's carry.
-# Environment (defaults): PYTHON (see above), GPU_CHECK_DIR (.gpu_check), GPU_CUDA (13), LIMITS ("tests:100 bf16:120 prefix_cache:150
-# nf4:70 lora_nf4:70 predict:90", seconds per part). Exit 0 when every part passed or was skipped.
+# Environment (defaults): PYTHON (see above), GPU_CHECK_DIR (.gpu_check), GPU_CUDA (13), LIMITS (seconds per part:
+# GPU_LIMITS below, or SMOKE_LIMITS with --smoke). Exit 0 when every part passed or was skipped.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 STATE=${GPU_CHECK_DIR:-.gpu_check}
-LIMITS=${LIMITS:-"tests:100 bf16:120 prefix_cache:150 nf4:70 lora_nf4:70 predict:90"}
+GPU_LIMITS="tests:60 bf16:60 prefix_cache:120 nf4:60 lora_nf4:60 predict:60"
+SMOKE_LIMITS="tests:600 bf16:600 prefix_cache:600 nf4:600 lora_nf4:600 predict:600"  # --smoke: a shared CPU, no device budget
+if [[ " $* " == *" --smoke "* ]]; then LIMITS=${LIMITS:-$SMOKE_LIMITS}; else LIMITS=${LIMITS:-$GPU_LIMITS}; fi
 # Packages the checked code imports that the H200 image lacks (device KINDS.md's list), and the pinned ones it holds at
 # other versions (transformers 5.17 there names the decoder's cache argument past_key_values, 5.24 cache), at .venv's
 # versions. The bitsandbytes wheel keeps only its libraries for CUDA $GPU_CUDA (13: the H200 image's), so that the

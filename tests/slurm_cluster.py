@@ -17,6 +17,8 @@ from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from tests.stack_watchdog import Watchdog, pids_with_env
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "slurm_local.sh"
 CANNOT_INSTALL = 3
@@ -69,9 +71,9 @@ class LocalSlurm:
         out = self.run("scontrol", "show", "job", "--oneliner", job_id)
         return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if line.strip()]
 
-    def wait(self, job_id: str, timeout: float, release_requeued: bool = True) -> dict[str, str]:
+    def wait(self, job_id: str, timeout: float, release_requeued: bool = True, watchdog: Watchdog | None = None) -> dict[str, str]:
         """Poll until every record of the job has finished; return the last. A requeued job waits for its begin time
-        (Slurm delays it by minutes): ``release_requeued`` lets it start at once."""
+        (Slurm delays it by minutes): ``release_requeued`` lets it start at once. ``watchdog`` fails a job that stalls."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             records = self.jobs(job_id)
@@ -80,11 +82,13 @@ class LocalSlurm:
             for record in records:
                 if release_requeued and record["JobState"] == "PENDING" and record.get("Reason") == "BeginTime":
                     self.run("scontrol", "update", f"JobId={record['JobId']}", "StartTime=now")
+            if watchdog is not None:
+                watchdog.check(f"job {job_id}")
             time.sleep(1)
         raise TimeoutError(f"job {job_id} still {[r['JobState'] for r in self.jobs(job_id)]} after {timeout:.0f} s")
 
-    def wait_for(self, condition: Callable[[], bool], job_id: str, timeout: float) -> None:
-        """Poll ``condition`` while the job runs; an error if the job finishes first or time runs out."""
+    def wait_for(self, condition: Callable[[], bool], job_id: str, timeout: float, watchdog: Watchdog | None = None) -> None:
+        """Poll ``condition`` while the job runs; an error if the job finishes first, stalls (``watchdog``) or time runs out."""
         deadline = time.monotonic() + timeout
         while not condition():
             states = [r["JobState"] for r in self.jobs(job_id)]
@@ -92,7 +96,15 @@ class LocalSlurm:
                 raise RuntimeError(f"job {job_id} ended ({states}) before the awaited condition")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} is {states}; condition still false after {timeout:.0f} s")
+            if watchdog is not None:
+                watchdog.check(f"job {job_id}")
             time.sleep(0.5)
+
+    def watchdog(self, job_id: str, watched: list[Path], stall_s: float | None = None) -> Watchdog:
+        """A watchdog over what the job writes (``watched``) that dumps the stacks of every process of the job (its batch
+        script, ranks and loader workers: all carry ``SLURM_JOB_ID``) to ``stacks-<job>.txt`` in the cluster's folder;
+        ``stall_s`` as :class:`~tests.stack_watchdog.Watchdog` takes it (default: ``QGMEM_TEST_STALL_S`` or 240 s)."""
+        return Watchdog(watched, lambda: pids_with_env("SLURM_JOB_ID", job_id), self.folder / f"stacks-{job_id}.txt", stall_s)
 
 
 class PaceSteps(Callback):

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench.gpu_report import comparison_line
+from bench.gpu_timing import alternate, compare
 from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ["tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict"]
 TITLES = [
     "## CUDA-marked tests (`pytest -m gpu`)",
-    "## bf16 fit: gradient checkpointing off vs on",
-    "## Frozen-prefix cache: decoder step off vs on (Qwen3-8B shape, bf16), fp32 logits, attention kernels",
+    "## bf16 training steps: gradient checkpointing off vs on",
+    "## Frozen-prefix cache: decoder step off vs on, explicit mask vs bottom-right bias (Qwen3-8B shape, bf16), fp32 logits",
     "## NF4 (4-bit) backbone: load and train",
     "## LoRA (r=8) on the NF4 backbone",
     "## predict (constrained generation)",
@@ -48,19 +51,33 @@ def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_
     for name in ("nf4", "lora_nf4"):
         assert (parts[name]["status"], parts[name]["reason"]) == ("skipped", "no CUDA")
     assert report.count("**skipped**: no CUDA") == 2
-    off, on = parts["bf16"]["variants"]["off"], parts["bf16"]["variants"]["on"]
-    assert off["steps"] == on["steps"] == 2 and off["losses_finite"] and on["losses_finite"]
+    bf16 = parts["bf16"]
+    off, on = bf16["variants"]["off"], bf16["variants"]["on"]
+    assert bf16["rounds"] == 3, "checkpointing off and on alternate for three rounds in one process"
+    for variant in (off, on):
+        assert len(variant["device_ms_round_medians"]) == 3 and variant["host_ms_median"] > 0 and variant["losses_finite"]
+        assert variant["steps"] == 3 * (bf16["steps"] + bf16["warmup_steps"])
     assert off["decoder_layer_calls_per_step"] == 1.0
     assert on["decoder_layer_calls_per_step"] == 2.0, "with checkpointing on, backward recomputes every decoder layer"
+    assert len(bf16["comparison"]["per_round"]) == 3
     assert "| checkpointing off |" in report and "| checkpointing on |" in report
+    assert comparison_line(bf16["comparison"], "checkpointing on / off") in report
     cache = parts["prefix_cache"]
-    assert cache["status"] == "ok" and cache["first_step_logits_relative_difference"] < 1e-4, cache
+    variants = ["cache off", "cache on, explicit mask", "cache on, bottom-right"]
+    assert cache["status"] == "ok" and list(cache["first_step_logits_relative_difference"]) == variants[1:], cache
+    assert all(difference < 1e-4 for difference in cache["first_step_logits_relative_difference"].values())
     assert [run["batch"] for run in cache["steps"]] == [4, 1] and all(run["tokens"] == 360 for run in cache["steps"])
     for run in cache["steps"]:
-        assert len(run["off"]["device_ms_round_medians"]) == len(run["on"]["device_ms_round_medians"]) == 3, "three alternating rounds"
-        assert len(run["device_on_over_off_per_round"]) == 3 and run["off"]["host_ms_median"] > 0
+        assert list(run["variants"]) == variants
+        assert [v["attention_mask"] for v in run["variants"].values()] == ["none (is_causal)", "explicit mask", "bottom-right bias"]
+        assert all(len(v["device_ms_round_medians"]) == 3 and v["host_ms_median"] > 0 for v in run["variants"].values()), "three rounds"
+        assert [(c["base"], c["other"]) for c in run["comparisons"]] == [(variants[0], variants[1]), (variants[0], variants[2]), (variants[1], variants[2])]
+        for comparison in run["comparisons"]:
+            assert len(comparison["per_round"]) == 3
+            assert comparison_line(comparison, f"batch {run['batch']}, {comparison['other']} / {comparison['base']}") in report
     assert len(cache["attention"]) == 2 and all(len(cases) == 3 for cases in cache["attention"].values())
-    assert "| batch 4 | cache off |" in report and "| batch 1 | cache on |" in report and "fp32" in report
+    assert "| batch 4 | cache off | none (is_causal) |" in report and "| batch 1 | cache on, bottom-right | bottom-right bias |" in report
+    assert "fp32" in report
     assert "| after the prefix, explicit mask, repeated keys |" in report
     predict = parts["predict"]
     assert predict["status"] == "ok" and predict["examples"] == 2 and 0.0 <= predict["schema_valid"] <= 1.0
@@ -165,3 +182,61 @@ def test_slim_wheel_keeps_only_the_target_cuda_libraries_and_their_record(tmp_pa
     expected = ["bitsandbytes/libbitsandbytes_cuda130.so", "bitsandbytes/libbitsandbytes_cuda132.so", "bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/__init__.py", record]
     assert kept == expected and listed == expected
     assert "dropped 2 libraries" in result.stdout
+
+
+def test_compare_says_within_noise_only_when_the_rounds_overlap() -> None:
+    apart = {"off": {"device_ms_round_medians": [9.0, 10.0, 11.0]}, "on": {"device_ms_round_medians": [14.0, 15.0, 16.5]}}
+    result = compare(apart, "off", "on")
+    assert result["ratio"] == 1.5 and not result["within_noise"], "the median of the rounds' ratios"
+    assert result["per_round"] == pytest.approx([14 / 9, 1.5, 1.5]) and (result["low"], result["high"]) == pytest.approx((1.5, 14 / 9))
+    assert comparison_line(result, "on / off") == "on / off, device time a step: ×1.50 (rounds ×1.50 to ×1.56)"
+    overlapping = {**apart, "on": {"device_ms_round_medians": [10.5, 11.5, 9.5]}}
+    result = compare(overlapping, "off", "on")
+    assert result["within_noise"]
+    assert comparison_line(result, "on / off") == "on / off, device time a step: within noise (×1.15; rounds ×0.86 to ×1.17 overlap)"
+
+
+def test_alternate_runs_the_variants_in_turn_each_round() -> None:
+    order: list[str] = []
+
+    def step(name: str):
+        def run(seed: int) -> tuple[float, float]:
+            order.append(f"{name}{seed}")
+            return 1.0, float(seed)
+
+        return run
+
+    summary = alternate({"a": step("a"), "b": step("b")}, rounds=3, steps=2, warmup=1, before_round=lambda n: order.append(f"<{n}"))
+    assert order == ["<a", "a0", "a1", "a2", "<b", "b0", "b1", "b2"] * 3
+    assert summary["a"]["device_ms_round_medians"] == [1.5, 1.5, 1.5] and summary["b"]["host_ms_median"] == 1.0
+
+
+def test_the_default_limits_leave_room_for_a_rerun_in_the_device_budget() -> None:
+    """The device lends 15 minutes a session (its start included): the parts' limits must add up to at most 7 of them."""
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    limits = re.search(r'^GPU_LIMITS="([^"]+)"$', script, re.MULTILINE)
+    assert limits is not None
+    seconds = {entry.split(":")[0]: int(entry.split(":")[1]) for entry in limits.group(1).split()}
+    assert list(seconds) == PARTS and sum(seconds.values()) <= 7 * 60, seconds
+
+
+def test_the_report_of_the_cuda_only_parts_names_their_variants_layers_and_lora_tensors() -> None:
+    """The nf4 and lora_nf4 parts skip on CPU, so their sections are rendered here from records of their shape."""
+    from bench.gpu_report import markdown
+
+    def variant(ms: list[float], **extra: object) -> dict:
+        return {"device_ms_median": ms[1], "host_ms_median": 2.0, "device_ms_round_medians": ms, "steps": 30, "load_s": 1.5, "peak_gib": 1.2,
+                "above_resident_gib": 0.4, "decoder_layer_calls_per_step": 1.0, "sequence_tokens": 1000.0, "loss_first": 12.0,
+                "loss_last": 11.0, "losses_finite": True, "linear_4bit_layers": 0, **extra}  # fmt: skip
+
+    def part(base: str, other: str, extra: dict) -> dict:
+        variants = {base: variant([100.0, 101.0, 102.0]), other: variant([150.0, 151.0, 149.0], **extra)}
+        return {"status": "ok", "seconds": 40.0, "rounds": 3, "steps": 8, "warmup_steps": 2, "variants": variants, "comparison": compare(variants, base, other)}
+
+    lora = {"linear_4bit_layers": 210, "trainable_parameters": 1_500_000, "lora_parameters": 460_800, "lora_b_tensors": 60, "lora_b_trained": 60}
+    result = {"parts": {"nf4": part("bf16", "nf4", {"linear_4bit_layers": 210}), "lora_nf4": part("nf4", "nf4 + LoRA", lora)}}
+    report = markdown(result)
+    assert "| nf4 | 151.0 | 150.0, 151.0, 149.0 |" in report and "| nf4 + LoRA | 151.0 |" in report
+    assert "nf4 / bf16, device time a step: ×1.50 (rounds ×1.46 to ×1.50)." in report
+    assert "nf4: 210 Linear4bit layers." in report
+    assert "nf4 + LoRA: 210 Linear4bit layers; 1,500,000 trainable parameters, 460,800 of them LoRA; 60 of 60 LoRA B tensors trained." in report

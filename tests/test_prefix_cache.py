@@ -208,3 +208,52 @@ def test_smollm2_losses_gradients_and_answers_equal_with_and_without_the_cache(d
     batch = data.collate(examples)
     _assert_same_training(cached, plain, batch)
     assert cached.generate(examples, batch["graph"]) == plain.generate(examples, batch["graph"])
+
+
+def _masks_and_logits(model: GraphAugmentedLM, batch: dict) -> tuple[list[type], torch.Tensor]:
+    """The type of the mask the first decoder layer gets, and the fp32 logits at the labelled positions, for one batch."""
+    from qgmem_train.model.fusion import IGNORE_INDEX
+
+    seen: list[object] = []
+    with torch.no_grad():
+        inputs = model.training_inputs(batch)  # computes the prefix first (one pass of its own)
+        hook = model.llm.model.layers[0].register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True)
+        try:
+            hidden = model.hidden_states(inputs)
+        finally:
+            hook.remove()
+    picked = inputs["labels"][:, 1:] != IGNORE_INDEX
+    return seen, model.llm.get_output_embeddings()(hidden[:, :-1][picked]).float()
+
+
+def test_a_padding_free_batch_attends_through_the_bottom_right_bias_with_the_same_logits(llm_dir, data) -> None:
+    """Without padding the queries after the prefix get PyTorch's bottom-right causal bias (a kernel path with no mask
+    tensor); with padding, the explicit mask. Either way the logits are those of the explicit mask and of no cache."""
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+
+    cached, plain = _tiny(llm_dir, data)
+    for examples, padded in ((data.splits["train"][:1], False), (data.splits["train"][:3], True)):
+        batch = data.collate(examples)
+        (mask,), logits = _masks_and_logits(cached, batch)
+        if padded:
+            assert type(mask) is torch.Tensor and mask.dtype == torch.bool, type(mask)
+        else:
+            assert isinstance(mask, CausalBias) and mask.variant == CausalVariant.LOWER_RIGHT, type(mask)
+        assert cached.llm.config._attn_implementation == "sdpa_bottom_right"
+        cached.llm.set_attn_implementation("sdpa")
+        try:
+            (explicit_mask,), explicit = _masks_and_logits(cached, batch)
+        finally:
+            cached.llm.set_attn_implementation("sdpa_bottom_right")
+        assert type(explicit_mask) is torch.Tensor
+        _, whole = _masks_and_logits(plain, batch)
+        scale = float(explicit.abs().max())
+        assert float((logits - explicit).abs().max()) <= 1e-4 * scale and float((logits - whole).abs().max()) <= 1e-4 * scale
+
+
+def test_gradient_checkpointing_recomputes_through_the_bottom_right_bias(llm_dir, data) -> None:
+    cached, plain = _tiny(llm_dir, data, gradient_checkpointing=True)
+    batch = data.collate(data.splits["train"][:1])
+    (mask,), _ = _masks_and_logits(cached, batch)
+    assert type(mask).__name__ == "CausalBias"
+    _assert_same_training(cached, plain, batch)

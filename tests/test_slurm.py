@@ -23,6 +23,7 @@ import yaml
 
 from qgmem_train.config import BUNDLED_EMBEDDER
 from tests.slurm_cluster import ROOT, LocalSlurm, SlurmUnavailable
+from tests.stack_watchdog import Stalled, pids_with_env
 from tests.test_data_prep_run import make_config, rows
 from tests.tiny_decoder import FIXTURE, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
 
@@ -209,6 +210,41 @@ def test_stopping_the_cluster_ends_the_jobs_it_still_runs(tmp_path: Path) -> Non
     assert not alive, "the job's process outlived the cluster"
 
 
+def python_tasks(job: str) -> list[int]:
+    """The job's processes that run this interpreter (its srun tasks, not the batch script or srun itself)."""
+    tasks = []
+    for pid in pids_with_env("SLURM_JOB_ID", job):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == sys.executable.encode():
+                tasks.append(pid)
+        except OSError:  # ended meanwhile
+            pass
+    return tasks
+
+
+def test_a_stalled_job_fails_its_wait_with_the_stacks_of_its_tasks(tmp_path: Path) -> None:
+    """The watchdog of the training test, on a job whose two tasks block: their Python stacks are dumped, then the wait fails."""
+    cluster = LocalSlurm(tmp_path / "cluster")
+    try:
+        cluster.start()
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no local Slurm: {exc}")
+    stuck = "import time\ndef job_task_stuck_here():\n    time.sleep(600)\njob_task_stuck_here()"
+    output = tmp_path / "job.out"
+    try:
+        job = cluster.run(
+            "sbatch", "--parsable", "--ntasks=2", "--cpus-per-task=1", f"--output={output}", "--wrap", f"srun {sys.executable} -c '{stuck}'"
+        ).strip()
+        cluster.wait_for(lambda: len(python_tasks(job)) == 2, job, timeout=120)
+        watchdog = cluster.watchdog(job, [output], stall_s=2.0)
+        with pytest.raises(Stalled, match=f"job {job} made no progress for 2 s"):
+            cluster.wait(job, timeout=120, watchdog=watchdog)
+    finally:
+        cluster.stop()
+    dump = (tmp_path / "cluster" / f"stacks-{job}.txt").read_text()
+    assert dump.count("job_task_stuck_here (<string>:3)") == 2, dump
+
+
 @pytest.mark.slow
 def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch: Path) -> None:
     one = make_config(scratch, "one")
@@ -298,10 +334,11 @@ def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm
     ).strip()  # fmt: skip
     log = logs / f"qgmem-train-{job}.out"
     rank0 = run / "steps" / "rank0"
-    slurm.wait_for(lambda: rank0.exists() and int(rank0.read_text() or 0) > SIGNAL_AFTER_STEP, job, timeout=900)
+    watchdog = slurm.watchdog(job, [run, log])  # a stall dumps the stacks of the ranks and their loader workers
+    slurm.wait_for(lambda: rank0.exists() and int(rank0.read_text() or 0) > SIGNAL_AFTER_STEP, job, timeout=900, watchdog=watchdog)
     time.sleep(random.uniform(0, 0.4))
     slurm.run("scancel", "--signal=USR1", job)
-    final = slurm.wait(job, timeout=900)
+    final = slurm.wait(job, timeout=900, watchdog=watchdog)
     text = log.read_text()
     assert final["JobState"] == "COMPLETED", text[-4000:]
     assert final["Restarts"] == "1"
@@ -319,7 +356,9 @@ def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm
     assert os.path.getmtime(hpc) < os.path.getmtime(run / "ckpt" / "last.ckpt")
 
     reference = slurm.run(*submit, "slurm/train.sbatch", str(training_config(scratch, llm_dir, straight)), env=job_env(RUN_DIR=str(straight))).strip()
-    assert slurm.wait(reference, timeout=900)["JobState"] == "COMPLETED", (logs / f"qgmem-train-{reference}.out").read_text()[-3000:]
+    reference_log = logs / f"qgmem-train-{reference}.out"
+    reference_state = slurm.wait(reference, timeout=900, watchdog=slurm.watchdog(reference, [straight, reference_log]))
+    assert reference_state["JobState"] == "COMPLETED", reference_log.read_text()[-3000:]
     resumed, uninterrupted = trainable_state(run / "ckpt" / "last.ckpt"), trainable_state(straight / "ckpt" / "last.ckpt")
     assert resumed.keys() == uninterrupted.keys()
     for name in resumed:

@@ -45,6 +45,7 @@ from qgmem_train.model.fusion import (
     per_example_loss,
     sequence_labels,
 )
+from qgmem_train.model.prefix_attention import use_bottom_right
 from qgmem_train.model.prefix_cache import (
     PrefixKV,
     attend_to_prefix,
@@ -235,8 +236,10 @@ class GraphAugmentedLM(L.LightningModule):
         if hp.gradient_checkpointing:
             llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.llm = llm
-        if hp.gradient_checkpointing and self.prefix_cache_status()[0]:
-            _keep_read_only_cache_when_checkpointing(llm)
+        if self.prefix_cache_status()[0]:
+            use_bottom_right(llm)  # padding-free batches after the prefix: a kernel without a mask tensor
+            if hp.gradient_checkpointing:
+                _keep_read_only_cache_when_checkpointing(llm)
         self._ddp_params_and_buffers_to_ignore = frozen_backbone_names(self)
         self.to(torch.device(target))
         self.embedding_norm = float(llm.get_input_embeddings().weight.detach().float().norm(dim=-1).mean())
