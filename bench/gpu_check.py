@@ -7,7 +7,7 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
 1. ``tests``: ``pytest -m gpu`` over the test files that carry the marker, on this check's LLM and embedder (the
    stand-ins below where the bundled packages are missing).
 2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct on ``accelerator="gpu", devices=1,
-   precision="bf16-mixed"``, contexts cut to ``--seq-tokens`` (``model.max_context_tokens``): median step time, peak
+   precision="bf16-mixed"``, contexts cut to ``--seq-tokens`` (``model.prompt.max_context_tokens``): median step time, peak
    CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer calls per step, checkpointing off vs on.
 3. ``prefix_cache``: the frozen-prefix cache on a random Qwen3-8B-shaped decoder in bf16 (``bench/gpu_prefix_timing.py``): the
    decoder step's device time (CUDA events, host preparation apart) off vs on, alternated for ``--rounds`` rounds, at
@@ -230,18 +230,17 @@ class Bench:
     def module_settings(self, **overrides: Any) -> dict[str, Any]:
         """configs/demo-cpu.yaml's model section with this check's overrides, reduced to what the module accepts."""
         from qgmem_train.model.module import GraphAugmentedLM
+        from qgmem_train.model.settings import merge_settings
 
         config = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"]
-        settings = {
-            **config,
+        check = {
             "feature_dim": self.data().feature_dim,
             "llm": self.llm,
             "dtype": "bfloat16" if self.cuda else "float32",
-            "max_context_tokens": self.args.seq_tokens,
-            "max_new_tokens": self.args.max_new_tokens,
-            "val_generate": False,
-            **overrides,
+            "prompt": {"max_context_tokens": self.args.seq_tokens},
+            "generation": {"max_new_tokens": self.args.max_new_tokens, "val_generate": False},
         }
+        settings = merge_settings(merge_settings(config, check), overrides)
         accepted = inspect.signature(GraphAugmentedLM.__init__).parameters
         return {k: v for k, v in settings.items() if k in accepted}
 
@@ -403,7 +402,7 @@ def part_lora_nf4(bench: Bench) -> dict[str, Any]:
     """LoRA r=8 over the NF4 backbone: the adapters train (``lora_B`` leaves zero) and losses stay finite."""
     if not bench.cuda:
         raise Skipped("no CUDA")
-    details = bench.fit(bench.args.steps, after=lora_state, quantization="4bit", lora_r=8)
+    details = bench.fit(bench.args.steps, after=lora_state, quantization="4bit", lora={"r": 8})
     if not details["lora_b_tensors"] or not details["lora_b_trained"]:
         raise PartFailed(f"{details['lora_b_trained']} of {details['lora_b_tensors']} LoRA B tensors changed in training", details)
     if not details["losses_finite"]:
@@ -444,7 +443,7 @@ def part_predict(bench: Bench) -> dict[str, Any]:
             "schema_valid": mean("valid_json"),
             "exact_match": mean("exact_match"),
             "f1": mean("f1"),
-            "max_new_tokens": model.hparams.max_new_tokens,
+            "max_new_tokens": model.generation_args.max_new_tokens,
             "sample": records[0]["generated"][:300] if records else None,
         }
 
@@ -526,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embedder", default=None, help="embedder reference (default: the bundled all-MiniLM-L6-v2)")
     parser.add_argument("--data", type=Path, default=ROOT / "tests" / "data" / "trajectories")
     parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--seq-tokens", type=int, help="model.max_context_tokens (default 1000; smoke 32)")
+    parser.add_argument("--seq-tokens", type=int, help="model.prompt.max_context_tokens (default 1000; smoke 32)")
     parser.add_argument("--steps", type=int, help="optimizer steps of each fit (default 20; smoke 2)")
     parser.add_argument("--warmup-steps", type=int, help="first steps left out of the timing (default 3; smoke 0)")
     parser.add_argument("--rounds", type=int, default=3, help="prefix_cache: rounds the variants alternate for")
@@ -551,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.export_models:
         print(json.dumps(export_models(args.llm, args.embedder, args.export_models), indent=2))
         return 0
-    demo_new_tokens = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"].get("max_new_tokens", 96)
+    demo_new_tokens = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"]["generation"]["max_new_tokens"]
     defaults = (
         dict(batch_size=2, seq_tokens=32, steps=2, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32, cache_tokens=360)
         if args.smoke
