@@ -13,6 +13,7 @@ from qgmem_train.graph.centered_projector import ReferenceCenteredProjector
 from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.model.checkpoint import trainable_state_dict
 from qgmem_train.model.module import GraphAugmentedLM, reference_graphs
+from qgmem_train.model.settings import merge_settings
 from tests.tiny_decoder import fit_to_last_checkpoint, tiny_module_kwargs
 
 HIDDEN = 12
@@ -59,7 +60,8 @@ def test_evaluation_uses_the_statistics_of_the_last_training_step() -> None:
 
 def _module(llm_dir, data, **overrides) -> GraphAugmentedLM:
     torch.manual_seed(0)
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, projector={"center": "reference"}, readout={"tokens": 2}, **overrides))
+    centered = merge_settings({"projector": {"center": "reference"}, "readout": {"tokens": 2}}, overrides)
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, **centered))
     model.load_backbone()
     return model
 

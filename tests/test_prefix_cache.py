@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
+from qgmem_train.model.settings import merge_settings
 from tests.test_model_cluster import CHATS
 from tests.tiny_decoder import FIXTURE, fixture_corpus, official_chat, save_tiny_decoder, tiny_module_kwargs
 
@@ -34,7 +35,7 @@ def _pair(data: TrajectoryDataModule, **settings: object) -> tuple[GraphAugmente
 
 
 def _tiny(llm_dir: Path, data: TrajectoryDataModule, **overrides: object) -> tuple[GraphAugmentedLM, GraphAugmentedLM]:
-    settings = tiny_module_kwargs(llm_dir, data.feature_dim, readout={"tokens": 2}, **overrides)
+    settings = merge_settings(tiny_module_kwargs(llm_dir, data.feature_dim, readout={"tokens": 2}), overrides)
     settings.pop("feature_dim")
     return _pair(data, **settings)
 

@@ -158,11 +158,11 @@ class GraphAugmentedLM(L.LightningModule):
         for name, value in nonnegative.items():
             if value < 0:
                 raise InputError(f"model.{name}", f"must be 0 or more, not {value}")
-        center = self.projector_args
-        if center.center not in ("none", "reference"):
-            raise InputError("model.projector.center", f"{center.center!r} is not one of none, reference")
-        if center.reference_graphs < 2:
-            raise InputError("model.projector.reference_graphs", f"must be at least 2 to have a spread, not {center.reference_graphs}")
+        enc, proj = self.encoder_args, self.projector_args
+        if proj.center not in ("none", "reference"):
+            raise InputError("model.projector.center", f"{proj.center!r} is not one of none, reference")
+        if proj.reference_graphs < 2:
+            raise InputError("model.projector.reference_graphs", f"must be at least 2 to have a spread, not {proj.reference_graphs}")
         if self.generation_args.max_new_tokens <= JSON_OVERHEAD_TOKENS:
             raise InputError("model.generation.max_new_tokens", f"must be more than {JSON_OVERHEAD_TOKENS} to hold an answer JSON")
         backbone_settings = dict(llm=llm, llm_revision=llm_revision, dtype=dtype, quantization=quantization, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
@@ -193,7 +193,6 @@ class GraphAugmentedLM(L.LightningModule):
         self.readout: torch.nn.Module | None = None
         self._reference_graph: Batch | None = None
         if tokens > 0:
-            enc, proj = self.encoder_args, self.projector_args
             self.encoder = RelationalGraphEncoder(feature_dim, enc.hidden_dim, enc.layers, enc.heads, enc.dropout, reverse_edges=enc.reverse_edges)
             self.readout = build_readout(kind, enc.hidden_dim, feature_dim, tokens)
             per_vector = self.readout.tokens_per_vector
