@@ -16,9 +16,9 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from qgmem_train.config import PipelineConfig, read_yaml
