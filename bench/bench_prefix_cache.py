@@ -96,9 +96,10 @@ def build(args: argparse.Namespace, feature_dim: int, context: int, prefix_cache
     """Our model with the benchmark's settings, seeded so that both cache settings start with the same weights."""
     torch.manual_seed(args.seed)
     model = GraphAugmentedLM(
-        feature_dim=feature_dim, llm=args.llm, dtype="float32", graph_tokens=1, gnn_hidden=args.gnn_hidden, gnn_layers=2,
-        gnn_heads=4, projector_hidden=2 * args.gnn_hidden, learning_rate=args.lr, weight_decay=0.0, max_context_tokens=context,
-        max_new_tokens=args.max_new_tokens, val_generate=False, prefix_cache=prefix_cache,
+        feature_dim=feature_dim, llm=args.llm, dtype="float32", prefix_cache=prefix_cache, readout={"tokens": 1},
+        encoder={"hidden_dim": args.gnn_hidden, "layers": 2, "heads": 4}, projector={"hidden_dim": 2 * args.gnn_hidden},
+        optim={"learning_rate": args.lr, "weight_decay": 0.0}, prompt={"max_context_tokens": context},
+        generation={"max_new_tokens": args.max_new_tokens, "val_generate": False},
     )  # fmt: skip
     model.load_backbone("cpu")
     model.train()
@@ -126,7 +127,7 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def user_content(model: GraphAugmentedLM, example: Any) -> str:
     """The rendered FINAL_ANSWER user message of ``example`` under ``model``'s context budget (what PyG gets as the question)."""
-    context = truncate_to_tokens(model.tokenizer, example.context, model.hparams.max_context_tokens)
+    context = truncate_to_tokens(model.tokenizer, example.context, model.prompt_args.max_context_tokens)
     return final_answer_chat(example.question, example.question_time, context, example.graph, text_path=False)[-1]["content"]
 
 

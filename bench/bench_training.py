@@ -48,13 +48,14 @@ from qgmem_train.model.checkpoint import save_adapter, trainable_state_dict
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.fusion import per_example_loss
 from qgmem_train.model.module import GraphAugmentedLM
+from qgmem_train.model.settings import merge_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("timing", "checkpointing", "validation", "ablations")
-ABLATIONS: dict[str, dict[str, bool]] = {
+ABLATIONS: dict[str, dict[str, dict[str, bool]]] = {
     "reverse edges + projector norm (default)": {},
-    "without reverse edges": {"reverse_edges": False},
-    "without projector norm": {"projector_norm": False},
+    "without reverse edges": {"encoder": {"reverse_edges": False}},
+    "without projector norm": {"projector": {"norm": False}},
 }
 """Graph-path settings compared in section 5, each trained the same way."""
 
@@ -62,11 +63,13 @@ ABLATIONS: dict[str, dict[str, bool]] = {
 def build(args: argparse.Namespace, data: TrajectoryDataModule, graph_tokens: int, load: bool = True, **overrides: Any) -> GraphAugmentedLM:
     """The module under test with the benchmark's settings (seeded, so every variant starts alike)."""
     torch.manual_seed(args.seed)
-    model = GraphAugmentedLM(
-        feature_dim=data.feature_dim, llm=args.llm, dtype="float32", graph_tokens=graph_tokens, gnn_hidden=args.gnn_hidden,
-        gnn_layers=2, gnn_heads=4, projector_hidden=2 * args.gnn_hidden, learning_rate=args.lr, weight_decay=0.0,
-        warmup_fraction=0.1, max_context_tokens=args.max_context_tokens, val_generate=False, **overrides,
-    )  # fmt: skip
+    settings = {
+        "feature_dim": data.feature_dim, "llm": args.llm, "dtype": "float32", "readout": {"tokens": graph_tokens},
+        "encoder": {"hidden_dim": args.gnn_hidden, "layers": 2, "heads": 4}, "projector": {"hidden_dim": 2 * args.gnn_hidden},
+        "optim": {"learning_rate": args.lr, "weight_decay": 0.0, "warmup_fraction": 0.1},
+        "prompt": {"max_context_tokens": args.max_context_tokens}, "generation": {"val_generate": False},
+    }  # fmt: skip
+    model = GraphAugmentedLM(**merge_settings(settings, overrides))
     if load:
         model.load_backbone("cpu")
     return model

@@ -7,7 +7,7 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
 1. ``tests``: ``pytest -m gpu`` over the test files that carry the marker, on this check's LLM and embedder (the
    stand-ins below where the bundled packages are missing).
 2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct in bf16 autocast, contexts cut to
-   ``--seq-tokens`` (``model.max_context_tokens``), gradient checkpointing off vs on: training steps alternated for
+   ``--seq-tokens`` (``model.prompt.max_context_tokens``), gradient checkpointing off vs on: training steps alternated for
    ``--rounds`` rounds in one process (``gpu_module_steps.py``), device time (CUDA events) apart from host preparation,
    peak CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer passes a step.
 3. ``prefix_cache``: the frozen-prefix cache on a random Qwen3-8B-shaped decoder in bf16 (``gpu_prefix_timing.py``): the
@@ -15,7 +15,7 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
    for ``--rounds`` rounds at ``--cache-tokens`` tokens, batch 4 and 1; fp32 first-step logits of each cached variant
    against those without the cache within 1e-4 relative; and the attention call alone for the same three cases.
 4. ``nf4``: the backbone in bf16 vs in 4-bit NF4 (``quantization: 4bit``), alternated as ``bf16``; 4-bit layers, load time.
-5. ``lora_nf4``: the NF4 backbone without vs with LoRA (``lora_r: 8``), alternated as ``bf16``; the LoRA B tensors train.
+5. ``lora_nf4``: the NF4 backbone without vs with LoRA (``model.lora.r: 8``), alternated as ``bf16``; the LoRA B tensors train.
 6. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
    schema-valid rate, exact match and seconds.
 
@@ -173,18 +173,17 @@ class Bench:
     def module_settings(self, **overrides: Any) -> dict[str, Any]:
         """configs/demo-cpu.yaml's model section with this check's overrides, reduced to what the module accepts."""
         from qgmem_train.model.module import GraphAugmentedLM
+        from qgmem_train.model.settings import merge_settings
 
         config = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"]
-        settings = {
-            **config,
+        check = {
             "feature_dim": self.data().feature_dim,
             "llm": self.llm,
             "dtype": "bfloat16" if self.cuda else "float32",
-            "max_context_tokens": self.args.seq_tokens,
-            "max_new_tokens": self.args.max_new_tokens,
-            "val_generate": False,
-            **overrides,
+            "prompt": {"max_context_tokens": self.args.seq_tokens},
+            "generation": {"max_new_tokens": self.args.max_new_tokens, "val_generate": False},
         }
+        settings = merge_settings(merge_settings(config, check), overrides)
         accepted = inspect.signature(GraphAugmentedLM.__init__).parameters
         return {k: v for k, v in settings.items() if k in accepted}
 
@@ -329,7 +328,7 @@ def part_lora_nf4(bench: Bench) -> dict[str, Any]:
     """The NF4 backbone without and with LoRA r=8, alternated: the adapters train (``lora_B`` leaves zero), losses stay finite."""
     if not bench.cuda:
         raise Skipped("no CUDA")
-    variants = {"nf4": {"quantization": "4bit"}, "nf4 + LoRA": {"quantization": "4bit", "lora_r": 8}}
+    variants = {"nf4": {"quantization": "4bit"}, "nf4 + LoRA": {"quantization": "4bit", "lora": {"r": 8}}}
     details = time_module_variants(bench, variants, after=lora_state)
     lora = details["variants"]["nf4 + LoRA"]
     if not lora["lora_b_tensors"] or not lora["lora_b_trained"]:
@@ -370,7 +369,7 @@ def part_predict(bench: Bench) -> dict[str, Any]:
             "schema_valid": mean("valid_json"),
             "exact_match": mean("exact_match"),
             "f1": mean("f1"),
-            "max_new_tokens": model.hparams.max_new_tokens,
+            "max_new_tokens": model.generation_args.max_new_tokens,
             "sample": records[0]["generated"][:300] if records else None,
         }
 
@@ -452,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embedder", default=None, help="embedder reference (default: the bundled all-MiniLM-L6-v2)")
     parser.add_argument("--data", type=Path, default=ROOT / "tests" / "data" / "trajectories")
     parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--seq-tokens", type=int, help="model.max_context_tokens (default 1000; smoke 32)")
+    parser.add_argument("--seq-tokens", type=int, help="model.prompt.max_context_tokens (default 1000; smoke 32)")
     parser.add_argument("--steps", type=int, help="timed steps of each variant a round (default 8; smoke 1)")
     parser.add_argument("--warmup-steps", type=int, help="untimed steps of each variant before them, every round (default 2; smoke 0)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds the variants of a timed part alternate for")
@@ -477,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.export_models:
         print(json.dumps(export_models(args.llm, args.embedder, args.export_models), indent=2))
         return 0
-    demo_new_tokens = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"].get("max_new_tokens", 96)
+    demo_new_tokens = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())["model"]["generation"]["max_new_tokens"]
     defaults = (
         dict(
             batch_size=2, seq_tokens=32, steps=1, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32, cache_tokens=360,

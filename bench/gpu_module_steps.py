@@ -67,7 +67,7 @@ def build_variant(bench: Any, overrides: dict[str, Any]) -> Variant:
         torch.cuda.synchronize()
     load_s = time.perf_counter() - started
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=model.hparams.learning_rate, weight_decay=model.hparams.weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=model.optim_args.learning_rate, weight_decay=model.optim_args.weight_decay)
     data.prompt_tokens = model.prompt_tokens
     train = data.splits["train"]
     batches = [data.collate(train[i : i + size]) for i in range(0, max(len(train) - size + 1, 1), size)][:4]

@@ -74,15 +74,16 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def module_hyperparameters(checkpoint: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The module's ``__init__`` arguments from the checkpoint (LightningCLI bookkeeping dropped, no cache path)."""
-    from qgmem_train.model.module import GraphAugmentedLM
+    """The module's settings from the checkpoint under their flat names, the export's record (LightningCLI bookkeeping
+    dropped, no cache path); a checkpoint of before the grouping holds them flat already."""
+    from qgmem_train.model.module import flat_parameters
+    from qgmem_train.model.settings import flat_settings, grouped_hparams
 
-    parameters = {n: p for n, p in inspect.signature(GraphAugmentedLM.__init__).parameters.items() if n != "self"}
-    saved = checkpoint["hyper_parameters"]
-    missing = [n for n, p in parameters.items() if n not in saved and p.default is inspect.Parameter.empty]
+    saved = flat_settings(grouped_hparams(checkpoint["hyper_parameters"]))
+    missing = [name for name, _, default in flat_parameters() if name not in saved and default is inspect.Parameter.empty]
     if missing:
         raise InputError(f"{where}: hyper_parameters", f"missing {', '.join(missing)}")
-    values = {n: saved.get(n, p.default) for n, p in parameters.items()}
+    values = {name: saved.get(name, default) for name, _, default in flat_parameters()}
     values["cache_dir"] = None
     return values
 

@@ -4,19 +4,25 @@ A config holds LightningCLI's sections (``seed_everything``, ``trainer``, ``mode
 ``checkpoint``) and the pipeline's (``pipeline``: models, construction, retrieval, generation). The
 model references are written once, under ``pipeline.models``, and linked into the model and data
 module; the node/edge feature width is linked from the loaded embedder. A ModelCheckpoint that keeps
-``last.ckpt`` is always present, so ``--ckpt_path last`` resumes the latest run.
+``last.ckpt`` is always present, so ``--ckpt_path last`` resumes the latest run. The model's settings are grouped
+(``model.encoder.hidden_dim``, :mod:`qgmem_train.model.settings`); a flat key of before (``model.gnn_hidden``) is refused
+in one line naming its new key, and a checkpoint with flat hyperparameters is read as groups.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
+from pathlib import Path
 
+import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from qgmem_train.config import PipelineConfig
+from qgmem_train.config import PipelineConfig, read_yaml
+from qgmem_train.errors import InputError
 from qgmem_train.graph.shuffle_gap import graph_reading_line
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.model.datamodule import TrajectoryDataModule
@@ -24,6 +30,7 @@ from qgmem_train.model.launch_checks import ValidationOnStepBoundaries, refuse_s
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
 from qgmem_train.model.requeue import StepBoundaryRequeue
+from qgmem_train.model.settings import FLAT_NAMES, grouped_hparams, new_key
 
 PIPELINE_LINKS = {
     "pipeline.models.llm": "model.llm",
@@ -59,12 +66,44 @@ class QGMemCLI(LightningCLI):
             }
         )
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Sequence[str] | None) -> None:
+        """Refuse a flat model key of before the grouping (in a ``--config`` file or a ``--model.*`` flag), then parse."""
+        refuse_flat_model_keys(list(args) if args is not None else [])
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """As Lightning does, let the ``--ckpt_path`` checkpoint's module settings override the config's, reading the
+        flat hyperparameters of a checkpoint written before the grouping as groups."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        hparams.pop("_instantiator", None)
+        if hparams:
+            self.config = self.parser.parse_object({subcommand: {"model": grouped_hparams(hparams)}}, self.config)
+
     def before_instantiate_classes(self) -> None:
         """Refuse, before any model loads, a ``*-true`` half precision and (fit) a stale Slurm requeue checkpoint."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         refuse_true_precision(config["trainer"]["precision"])
         if self.subcommand == "fit":
             refuse_stale_requeue_checkpoints(config["trainer"]["default_root_dir"] or os.getcwd(), config["ckpt_path"])
+
+
+def refuse_flat_model_keys(argv: list[str]) -> None:
+    """One :class:`InputError` naming the new key for the first flat model setting (``gnn_hidden``) that a ``--config``
+    file's ``model`` section or a ``--model.*`` flag of ``argv`` still uses."""
+    for i, arg in enumerate(argv):
+        name, _, value = arg.partition("=")
+        if name.startswith("--model.") and name[len("--model.") :] in FLAT_NAMES:
+            raise InputError(name, f"renamed to --model.{new_key(name[len('--model.'):])} (the model's settings are grouped)")
+        path = value if value else (argv[i + 1] if i + 1 < len(argv) else "")
+        if name in ("--config", "-c") and Path(path).is_file():
+            model = read_yaml(path).get("model")
+            for key in model if isinstance(model, dict) else ():
+                if key in FLAT_NAMES:
+                    raise InputError(f"{path}: model.{key}", f"renamed to model.{new_key(key)} (the model's settings are grouped)")
 
 
 def always_on_callbacks() -> list[Callback]:

@@ -49,8 +49,8 @@ def test_config_parses_and_links_the_pipeline_models(path: Path, command: str) -
 
 def test_overrides_reach_the_model_through_the_pipeline_section() -> None:
     qwen = next(p for p in CONFIGS if p.name == "qwen3-8b.yaml")
-    config = _parse("fit", "--config", str(qwen), "--pipeline.models.quantization", "4bit", "--model.graph_tokens", "0")
-    assert config.model.quantization == "4bit" and config.model.graph_tokens == 0
+    config = _parse("fit", "--config", str(qwen), "--pipeline.models.quantization", "4bit", "--model.readout.tokens", "0")
+    assert config.model.quantization == "4bit" and config.model.readout.tokens == 0
     assert config.trainer.strategy == "ddp" and config.trainer.devices == -1 and config.trainer.precision == "bf16-mixed"
     assert all(source.startswith("pipeline.models.") for source in PIPELINE_LINKS)
 

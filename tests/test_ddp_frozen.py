@@ -18,7 +18,7 @@ from tests.tiny_decoder import FIXTURE, tiny_module_kwargs
 def test_ddp_syncs_only_the_trainable_parameters(llm_dir: Path, tmp_path: Path, lora_r: int) -> None:
     data = TrajectoryDataModule(str(FIXTURE), batch_size=1, max_examples=1)
     data.setup("fit")
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, lora_r=lora_r))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, lora={"r": lora_r}))
     model.load_backbone("cpu")
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert any(name.startswith("encoder.") for name in trainable) and any("lora_" in name for name in trainable) == (lora_r > 0)

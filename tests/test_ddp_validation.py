@@ -19,7 +19,7 @@ def _validate(llm_dir: Path, root: Path, devices: int) -> dict[str, float]:
     data.splits["validation"] = (data.splits["validation"] + data.splits["test"])[:3]
     assert len(data.splits["validation"]) == 3, "an odd split: two ranks would pad it to four"
     L.seed_everything(0)
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, generation={"val_generate": False}))
     trainer = L.Trainer(
         accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto", logger=False, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=False, default_root_dir=root,
@@ -47,7 +47,7 @@ def test_a_validation_split_smaller_than_the_ranks_is_refused_before_the_model_l
     data = TrajectoryDataModule(str(FIXTURE), batch_size=1)
     data.setup("fit")
     data.splits["validation"] = data.splits["validation"][:1]
-    model = RefusedBeforeLoading(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    model = RefusedBeforeLoading(**tiny_module_kwargs(llm_dir, data.feature_dim, generation={"val_generate": False}))
     trainer = L.Trainer(
         accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False, enable_progress_bar=False, enable_model_summary=False,
         enable_checkpointing=False, default_root_dir=tmp_path,

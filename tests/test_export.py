@@ -56,8 +56,9 @@ def trained(tmp_path_factory):
     L.seed_everything(0)
     data = TrajectoryDataModule(str(FIXTURE), batch_size=1, max_examples=1)
     model = GraphAugmentedLM(
-        feature_dim=data.feature_dim, llm=BUNDLED_LLM, dtype="float32", gnn_hidden=32, gnn_layers=1, gnn_heads=2,
-        projector_hidden=32, lora_r=2, max_context_tokens=48, max_new_tokens=32, learning_rate=1e-2, weight_decay=0.0,
+        feature_dim=data.feature_dim, llm=BUNDLED_LLM, dtype="float32", encoder={"hidden_dim": 32, "layers": 1, "heads": 2},
+        projector={"hidden_dim": 32}, lora={"r": 2}, prompt={"max_context_tokens": 48}, generation={"max_new_tokens": 32},
+        optim={"learning_rate": 1e-2, "weight_decay": 0.0},
     )  # fmt: skip
     checkpoint = fit_to_last_checkpoint(model, data, root, steps=1)
     config = root / "fit.yaml"

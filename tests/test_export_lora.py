@@ -44,7 +44,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[GraphAugmentedLM,
     L.seed_everything(0)
     data = TrajectoryDataModule(str(FIXTURE), batch_size=1, max_examples=2)
     data.setup("fit")
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj", "o_proj"]))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "o_proj"]}))
     checkpoint = fit_to_last_checkpoint(model, data, root, steps=2)
     config = root / "fit.yaml"
     models = {"llm": str(llm_dir), "embedder": BUNDLED_EMBEDDER, "reranker": "none", "dtype": "float32", "device": "cpu"}

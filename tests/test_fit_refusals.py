@@ -24,8 +24,8 @@ def fit(llm_dir: Path, root: Path, *extra: str, env: dict[str, str] | None = Non
     command = [
         sys.executable, "-m", "qgmem_train", "fit", "--config", str(DEMO), "--pipeline.models.llm", str(llm_dir),
         "--trainer.default_root_dir", str(root), "--trainer.logger", "false", "--checkpoint.dirpath", str(root / "ckpt"),
-        "--data.max_examples", "2", "--model.max_context_tokens", "24", "--model.gnn_hidden", "32", "--model.projector_hidden", "32",
-        "--trainer.max_steps", "1", "--trainer.val_check_interval", "1", "--model.val_generate", "false", *extra,
+        "--data.max_examples", "2", "--model.prompt.max_context_tokens", "24", "--model.encoder.hidden_dim", "32", "--model.projector.hidden_dim", "32",
+        "--trainer.max_steps", "1", "--trainer.val_check_interval", "1", "--model.generation.val_generate", "false", *extra,
     ]  # fmt: skip
     return subprocess.run(command, cwd=ROOT, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=600)
 
@@ -75,7 +75,7 @@ def test_validation_inside_an_accumulation_window_is_refused(llm_dir: Path, tmp_
     from tests.tiny_decoder import FIXTURE, tiny_module_kwargs
 
     data = TrajectoryDataModule(str(FIXTURE), batch_size=1)
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, generation={"val_generate": False}))
     trainer = L.Trainer(
         accelerator="cpu", max_steps=1, accumulate_grad_batches=2, val_check_interval=every, limit_val_batches=1, num_sanity_val_steps=0,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
@@ -104,7 +104,7 @@ def test_timed_checkpoints_with_accumulation_are_refused_before_the_model_loads(
     from tests.tiny_decoder import FIXTURE, tiny_module_kwargs
 
     data = TrajectoryDataModule(str(FIXTURE), batch_size=1)
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, generation={"val_generate": False}))
     timed = ModelCheckpoint(dirpath=tmp_path / "ckpt", train_time_interval=timedelta(minutes=30))
     trainer = L.Trainer(
         accelerator="cpu", max_steps=1, accumulate_grad_batches=2, limit_val_batches=0, logger=False, enable_progress_bar=False,

@@ -1,4 +1,4 @@
-"""Reference-centered graph tokens (``model.graph_center: reference``): what all graphs share cancels, the graph part
+"""Reference-centered graph tokens (``model.projector.center: reference``): what all graphs share cancels, the graph part
 keeps its share, evaluation reuses the last training step's statistics, and the adapter carries them."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from qgmem_train.graph.centered_projector import ReferenceCenteredProjector
 from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.model.checkpoint import trainable_state_dict
 from qgmem_train.model.module import GraphAugmentedLM, reference_graphs
+from qgmem_train.model.settings import merge_settings
 from tests.tiny_decoder import fit_to_last_checkpoint, tiny_module_kwargs
 
 HIDDEN = 12
@@ -59,14 +60,15 @@ def test_evaluation_uses_the_statistics_of_the_last_training_step() -> None:
 
 def _module(llm_dir, data, **overrides) -> GraphAugmentedLM:
     torch.manual_seed(0)
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, graph_center="reference", graph_tokens=2, **overrides))
+    centered = merge_settings({"projector": {"center": "reference"}, "readout": {"tokens": 2}}, overrides)
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, **centered))
     model.load_backbone()
     return model
 
 
 @pytest.mark.parametrize("readout", ["mean", "edges", "query"])
 def test_every_readout_trains_centered_and_its_tokens_follow_the_graph(llm_dir, data, readout) -> None:
-    model = _module(llm_dir, data, graph_readout=readout).train()
+    model = _module(llm_dir, data, readout={"kind": readout}).train()
     model.set_reference_graphs(reference_graphs(data, 4))
     batch = data.collate(data.splits["train"][:2])
     model.training_step(batch, 0).backward()
@@ -83,10 +85,10 @@ def test_training_without_reference_graphs_is_one_clear_error(llm_dir, data) -> 
         model.training_step(data.collate(data.splits["train"][:1]), 0)
 
 
-@pytest.mark.parametrize("field,value", [("graph_center", "batch"), ("graph_reference_graphs", 1)])
+@pytest.mark.parametrize("field,value", [("center", "batch"), ("reference_graphs", 1)])
 def test_bad_settings_are_refused(llm_dir, data, field, value) -> None:
-    with pytest.raises(InputError, match=field):
-        GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, **{field: value}))
+    with pytest.raises(InputError, match=f"model.projector.{field}"):
+        GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, projector={field: value}))
 
 
 def test_a_fit_picks_its_reference_and_the_checkpoint_carries_the_statistics(llm_dir, data, tmp_path) -> None:

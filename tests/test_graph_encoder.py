@@ -97,7 +97,7 @@ def test_projector_makes_t_tokens_of_the_llm_width_that_depend_on_the_input() ->
 
 
 def test_projector_without_norm_is_the_papers_eq7_two_layer_mlp() -> None:
-    """``normalize=False`` (``model.projector_norm: false``) is ``W2 σ(W1 g + b1) + b2`` with nothing after it (paper Eq. 7)."""
+    """``normalize=False`` (``model.projector.norm: false``) is ``W2 σ(W1 g + b1) + b2`` with nothing after it (paper Eq. 7)."""
     torch.manual_seed(0)
     projector = GraphTokenProjector(in_dim=32, hidden_dim=16, llm_hidden_size=48, tokens=3, normalize=False)
     first, act, second = projector.mlp

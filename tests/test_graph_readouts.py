@@ -1,4 +1,4 @@
-"""Graph readouts (``model.graph_readout``): per-edge tokens with a padding mask, question-aware pooling, the paper's mean."""
+"""Graph readouts (``model.readout.kind``): per-edge tokens with a padding mask, question-aware pooling, the paper's mean."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _cut(example, edges: int):
 
 
 def test_edges_readout_gives_one_token_per_edge_in_fact_order_up_to_the_cap(llm_dir, data) -> None:
-    model = _module(llm_dir, data, graph_readout="edges", graph_tokens=4)
+    model = _module(llm_dir, data, readout={"kind": "edges", "tokens": 4})
     examples = [_cut(data.splits["train"][0], 2), _cut(data.splits["train"][1], 6), _cut(data.splits["train"][2], 0)]
     batch = data.collate(examples)
     tokens = model.graph_embeddings(batch["graph"])
@@ -45,7 +45,7 @@ def test_edges_readout_gives_one_token_per_edge_in_fact_order_up_to_the_cap(llm_
 
 
 def test_edges_readout_padded_batch_equals_one_at_a_time(llm_dir, data) -> None:
-    model = _module(llm_dir, data, graph_readout="edges", graph_tokens=5)
+    model = _module(llm_dir, data, readout={"kind": "edges", "tokens": 5})
     examples = [_cut(data.splits["train"][0], 1), _cut(data.splits["train"][1], 5), _cut(data.splits["train"][2], 0)]
     with torch.no_grad():
         batch = data.collate(examples)
@@ -65,7 +65,7 @@ def test_edges_readout_padded_batch_equals_one_at_a_time(llm_dir, data) -> None:
 
 
 def test_query_readout_changes_with_the_question_not_only_with_the_graph(llm_dir, data) -> None:
-    model = _module(llm_dir, data, graph_readout="query", graph_tokens=3)
+    model = _module(llm_dir, data, readout={"kind": "query", "tokens": 3})
     first, second = data.splits["train"][0], data.splits["train"][1]
     assert first.question != second.question and first.graph != second.graph
     asked_otherwise = dataclasses.replace(first, question=second.question)
@@ -89,18 +89,18 @@ def test_query_readout_changes_with_the_question_not_only_with_the_graph(llm_dir
 def test_mean_readout_is_the_papers_and_every_readout_trains(llm_dir, data) -> None:
     batch = data.collate(data.splits["train"][:2])
     for readout, names in (("mean", {"encoder", "projector"}), ("edges", {"encoder", "projector"}), ("query", {"encoder", "projector", "readout"})):
-        model = _module(llm_dir, data, graph_readout=readout, graph_tokens=2)
+        model = _module(llm_dir, data, readout={"kind": readout, "tokens": 2})
         model.train()
         model.example_losses(batch).mean().backward()
         assert {n.split(".")[0] for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0} == names
-    mean = _module(llm_dir, data, graph_tokens=2)
+    mean = _module(llm_dir, data, readout={"tokens": 2})
     with torch.no_grad():
         tokens = mean.graph_embeddings(batch["graph"])
         assert tokens.mask is None and torch.allclose(tokens.embeds, mean.projector(mean.encoder(batch["graph"])))
 
 
 def test_checkpoint_settings_name_the_readout(llm_dir, data) -> None:
-    mean, edges = _module(llm_dir, data, graph_tokens=2), _module(llm_dir, data, graph_tokens=2, graph_readout="edges")
+    mean, edges = _module(llm_dir, data, readout={"tokens": 2}), _module(llm_dir, data, readout={"tokens": 2, "kind": "edges"})
     assert mean.checkpoint_metadata()["settings"]["graph_readout"] == "mean"
     assert mean.checkpoint_metadata()["config_hash"] != edges.checkpoint_metadata()["config_hash"]
 
@@ -108,14 +108,14 @@ def test_checkpoint_settings_name_the_readout(llm_dir, data) -> None:
 def test_unknown_readout_is_refused(llm_dir, data) -> None:
     from qgmem_train.errors import InputError
 
-    with pytest.raises(InputError, match="model.graph_readout"):
-        GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, graph_readout="max"))
+    with pytest.raises(InputError, match="model.readout.kind"):
+        GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, readout={"kind": "max"}))
 
 
 def test_validation_logs_answer_loss_and_graph_token_diagnostics(llm_dir, data) -> None:
     import lightning as L
 
-    model = _module(llm_dir, data, graph_readout="query", graph_tokens=2, val_generate=False)
+    model = _module(llm_dir, data, readout={"kind": "query", "tokens": 2}, generation={"val_generate": False})
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     metrics = trainer.validate(model, datamodule=data, verbose=False)[0]
     assert {"val/loss", "val/answer_loss", "val/graph_token_cosine", "val/graph_token_between_variance_ratio"} <= set(metrics)

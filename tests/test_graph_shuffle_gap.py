@@ -28,7 +28,7 @@ from tests.tiny_decoder import publish_to_hub_cache, save_tiny_decoder, tiny_mod
 COLOURS = ["red", "blue", "green", "yellow"]
 ANIMALS = ["otter", "heron", "badger", "lynx", "marten", "stoat", "ibis", "vole"]
 FIT_STEPS = 100
-READABLE = dict(graph_tokens=8, projector_norm=False)
+READABLE = {"readout": {"tokens": 8}, "projector": {"norm": False}}
 """Graph tokens this tiny frozen decoder can read within a short fit: eight, with the paper's projector (no LayerNorm).
 With the shipped LayerNorm projector, at one token or eight, the gap stayed under 0.0002 nats in 160 steps here (a probe outside this file)."""
 
@@ -114,7 +114,7 @@ def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _fit(tiny_llm: str, root: Path, graph_answers: bool, **module: object) -> tuple[GraphAugmentedLM, L.Trainer]:
     L.seed_everything(0)
     data = TrajectoryDataModule(str(_task(root, graph_answers)), batch_size=4, shuffle_seed=0)
-    settings = {**READABLE, "val_generate": False, "warmup_fraction": 0.0, "min_lr_ratio": 1.0, **module}
+    settings = {**READABLE, "generation": {"val_generate": False}, "optim": {"warmup_fraction": 0.0, "min_lr_ratio": 1.0}, **module}
     model = GraphAugmentedLM(**tiny_module_kwargs(tiny_llm, data.feature_dim, **settings))  # type: ignore[arg-type]
     trainer = L.Trainer(
         accelerator="cpu", max_steps=FIT_STEPS, val_check_interval=FIT_STEPS, check_val_every_n_epoch=None, num_sanity_val_steps=0, logger=False,
@@ -177,8 +177,9 @@ def test_the_checkpoint_the_fit_line_and_the_model_card_carry_the_gap(graph_task
 def test_the_switch_turns_the_extra_pass_off_and_no_graph_is_skipped_with_a_reason(tiny_llm: str, tmp_path: Path) -> None:
     L.seed_everything(0)
     data = TrajectoryDataModule(str(_task(tmp_path, graph_answers=True)), batch_size=4)
-    for settings, says in (({"graph_shuffle_gap": False}, "model.graph_shuffle_gap: false"), ({"graph_tokens": 0, "lora_r": 2}, "graph_tokens is 0")):
-        model = GraphAugmentedLM(**tiny_module_kwargs(tiny_llm, data.feature_dim, val_generate=False, **settings))  # type: ignore[arg-type]
+    switches = (({"diagnostics": {"shuffle_gap": False}}, "model.diagnostics.shuffle_gap: false"), ({"readout": {"tokens": 0}, "lora": {"r": 2}}, "readout.tokens is 0"))
+    for settings, says in switches:
+        model = GraphAugmentedLM(**tiny_module_kwargs(tiny_llm, data.feature_dim, generation={"val_generate": False}, **settings))  # type: ignore[arg-type]
         trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
         (metrics,) = trainer.validate(model, datamodule=data)
         assert "val/graph_shuffle_gap" not in metrics and says in graph_reading_line(model.graph_reading)

@@ -36,8 +36,8 @@ class TokenizerGoneAtTheFirstStep(L.Callback):
 
 def test_batches_carry_the_modules_ids_and_the_training_step_does_not_tokenise(llm_dir, tmp_path) -> None:
     data = TrajectoryDataModule(str(FIXTURE), batch_size=2)
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
-    reference = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, generation={"val_generate": False}))
+    reference = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, generation={"val_generate": False}))
     seen = TokenizerGoneAtTheFirstStep()
     trainer = L.Trainer(
         accelerator="cpu", max_steps=2, limit_val_batches=0, logger=False, enable_progress_bar=False, enable_model_summary=False,

@@ -125,7 +125,7 @@ class _LayerCalls(Callback):
 def _fit_once(llm_dir: Path, data: TrajectoryDataModule, root: Path, checkpointing: bool) -> tuple[int, int, list[bool]]:
     """Decoder-layer forward calls and bytes of tensors saved for backward outside checkpoints, over one step."""
     L.seed_everything(0)
-    model = _module(llm_dir, data, gradient_checkpointing=checkpointing, val_generate=False)
+    model = _module(llm_dir, data, gradient_checkpointing=checkpointing, generation={"val_generate": False})
     calls = _LayerCalls()
     saved = [0]
 
@@ -164,8 +164,8 @@ def test_schedule_of_the_cluster_configs_peaks_and_decays(llm_dir, data, name: s
     config = _parse("fit", "--config", str(next(p for p in CONFIGS if p.name == name)))
     total = _optimizer_steps(1300, config.data.batch_size, devices, config.trainer.accumulate_grad_batches, config.trainer.max_epochs)
     assert total >= 50, f"{total} optimizer steps is too few to train anything"
-    schedule = {key: config.model[key] for key in ("learning_rate", "warmup_fraction", "min_lr_ratio")}
-    model = _module(llm_dir, data, **schedule)
+    schedule = {key: config.model.optim[key] for key in ("learning_rate", "warmup_fraction", "min_lr_ratio")}
+    model = _module(llm_dir, data, optim=schedule)
     model._trainer = SimpleNamespace(estimated_stepping_batches=total)
     setup = model.configure_optimizers()
     optimizer, scheduler = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
@@ -174,12 +174,12 @@ def test_schedule_of_the_cluster_configs_peaks_and_decays(llm_dir, data, name: s
         rates.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    peak = config.model.learning_rate
+    peak = config.model.optim.learning_rate
     assert max(rates) == pytest.approx(peak) and rates[0] < 0.5 * peak
     top = rates.index(max(rates))
     assert 0 < top < total // 4, "warm-up is a short first part of the run"
     assert all(a >= b for a, b in zip(rates[top:], rates[top + 1 :])), "decays monotonically after the peak"
-    assert rates[-1] == pytest.approx(peak * config.model.min_lr_ratio)
+    assert rates[-1] == pytest.approx(peak * config.model.optim.min_lr_ratio)
 
 
 @pytest.mark.parametrize("hidden_size", [64, 512])

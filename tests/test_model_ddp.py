@@ -19,7 +19,7 @@ def _train(llm_dir, root, devices: int, batch_size: int) -> tuple[dict[str, torc
     data = TrajectoryDataModule(str(FIXTURE), batch_size=batch_size)
     data.setup("fit")
     torch.manual_seed(0)
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=True))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, generation={"val_generate": True}))
     initial = {k: v.clone() for k, v in trainable_state_dict(model).items()}
     trainer = L.Trainer(
         accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto", max_steps=2,

@@ -53,10 +53,10 @@ def test_demo_fit_lowers_the_loss_and_validate_resumes_from_last(tmp_path) -> No
         "--trainer.logger.save_dir", str(tmp_path / "logs"),
         "--checkpoint.dirpath", str(tmp_path / "ckpt"),
         "--data.max_examples", "2",
-        "--model.max_context_tokens", "24",
-        "--model.max_new_tokens", str(MAX_NEW_TOKENS),
+        "--model.prompt.max_context_tokens", "24",
+        "--model.generation.max_new_tokens", str(MAX_NEW_TOKENS),
     ]
-    assert main(["fit", *common, "--trainer.max_steps", "4", "--trainer.val_check_interval", "4", "--model.val_generate", "false"]) == 0
+    assert main(["fit", *common, "--trainer.max_steps", "4", "--trainer.val_check_interval", "4", "--model.generation.val_generate", "false"]) == 0
     rows = _metrics(tmp_path / "logs")
     losses = [float(row["train/loss"]) for row in rows if row.get("train/loss")]
     assert len(losses) == 4

@@ -24,7 +24,7 @@ def model(tmp_path_factory, data) -> GraphAugmentedLM:
     folder = save_tiny_decoder(tmp_path_factory.mktemp("tiny"), fixture_corpus())
     torch.manual_seed(0)
     # The whole sequence in one pass: tests/test_prefix_cache.py checks the cached path against this one.
-    model = GraphAugmentedLM(**tiny_module_kwargs(folder, data.feature_dim, graph_tokens=2, prefix_cache=False))
+    model = GraphAugmentedLM(**tiny_module_kwargs(folder, data.feature_dim, readout={"tokens": 2}, prefix_cache=False))
     model.load_backbone("cpu")
     return model
 
@@ -97,8 +97,8 @@ def test_smollm2_graph_path_answers_are_schema_valid_for_a_left_padded_batch(dat
 
     torch.manual_seed(0)
     model = GraphAugmentedLM(
-        feature_dim=data.feature_dim, llm=BUNDLED_LLM, dtype="float32", gnn_hidden=32, gnn_layers=1, gnn_heads=2,
-        projector_hidden=32, max_context_tokens=64, max_new_tokens=48,
+        feature_dim=data.feature_dim, llm=BUNDLED_LLM, dtype="float32", encoder={"hidden_dim": 32, "layers": 1, "heads": 2},
+        projector={"hidden_dim": 32}, prompt={"max_context_tokens": 64}, generation={"max_new_tokens": 48},
     )  # fmt: skip
     model.load_backbone("cpu")
     examples = data.splits["train"][:4]

@@ -31,7 +31,8 @@ def test_graph_token_trains_over_a_bf16_or_nf4_backbone(dtype: str, quantization
     data = TrajectoryDataModule(str(FIXTURE), embedder=EMBEDDER, batch_size=2)
     data.setup("fit")
     model = GraphAugmentedLM(
-        feature_dim=data.feature_dim, llm=LLM, dtype=dtype, quantization=quantization, gnn_hidden=64, projector_hidden=64, max_context_tokens=32
+        feature_dim=data.feature_dim, llm=LLM, dtype=dtype, quantization=quantization, encoder={"hidden_dim": 64}, projector={"hidden_dim": 64},
+        prompt={"max_context_tokens": 32},
     )
     model.load_backbone(DEVICE)
     model.train()

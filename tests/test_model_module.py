@@ -39,7 +39,7 @@ def test_gradients_reach_only_encoder_and_projector(llm_dir, data) -> None:
 def test_the_papers_projector_without_layernorm_trains(llm_dir, data) -> None:
     """``projector_norm: false``, the paper's Eq. 7 projector: a few steps on one batch change its weights and lower its loss
     (a little: the tiny decoder's logits barely move, see ``tests/tiny_decoder.py``)."""
-    model = _module(llm_dir, data, projector_norm=False)
+    model = _module(llm_dir, data, projector={"norm": False})
     assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.projector.modules())
     assert _grads(model, data) == {"encoder", "projector"}
     before = {name: p.detach().clone() for name, p in model.projector.named_parameters()}
@@ -57,7 +57,7 @@ def test_the_papers_projector_without_layernorm_trains(llm_dir, data) -> None:
 
 
 def test_lora_adds_only_adapter_gradients(llm_dir, data) -> None:
-    model = _module(llm_dir, data, lora_r=4)
+    model = _module(llm_dir, data, lora={"r": 4})
     names = {n for n, p in model.named_parameters() if p.grad is None and p.requires_grad}
     assert names and all(("lora_" in n) or n.startswith(("encoder", "projector")) for n in names)
     _grads(model, data)
@@ -79,7 +79,7 @@ def test_gradient_checkpointing_keeps_the_same_loss_and_gradients(llm_dir, data)
 
 
 def test_no_graph_ablation_has_nothing_to_train_but_evaluates(llm_dir, data) -> None:
-    model = _module(llm_dir, data, graph_tokens=0)
+    model = _module(llm_dir, data, readout={"tokens": 0})
     assert model.encoder is None and model.graph_embeddings(data.collate(data.splits["train"][:1])["graph"]) is None
     assert model.example_losses(data.collate(data.splits["train"][:2])).shape == (2,)
     with pytest.raises(InputError, match="nothing to train"):
@@ -133,11 +133,11 @@ def test_checkpoint_holds_only_trainable_parameters_and_refuses_a_mismatch(llm_d
     assert set(checkpoint["state_dict"]) == set(trainable_state_dict(model))
     assert all(k.startswith(("encoder.", "projector.")) for k in checkpoint["state_dict"])
     assert checkpoint[METADATA_KEY]["base_model"] == str(llm_dir)
-    restored = _module(llm_dir, data, learning_rate=0.5)
+    restored = _module(llm_dir, data, optim={"learning_rate": 0.5})
     restored.on_load_checkpoint(checkpoint)
     restored.load_state_dict(checkpoint["state_dict"], strict=False)
     assert all(torch.equal(v, trainable_state_dict(restored)[k]) for k, v in checkpoint["state_dict"].items())
-    other = _module(llm_dir, data, graph_tokens=2)
+    other = _module(llm_dir, data, readout={"tokens": 2})
     with pytest.raises(InputError, match="config_hash"):
         L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).validate(other, datamodule=data, ckpt_path=tmp_path / "ckpt" / "last.ckpt")
     file = save_adapter(checkpoint["state_dict"], model.checkpoint_metadata(), tmp_path / "export")
@@ -156,7 +156,7 @@ def test_stop_and_resume_continue_the_same_loss_curve(llm_dir, tmp_path) -> None
 
 @pytest.mark.parametrize("readout", ["mean", "edges"])
 def test_training_loss_adds_the_hinge_on_own_against_another_questions_graph(llm_dir, data, readout) -> None:
-    model = _module(llm_dir, data, graph_readout=readout, graph_tokens=3, graph_contrast=0.5, graph_contrast_margin=0.2).train()
+    model = _module(llm_dir, data, readout={"kind": readout, "tokens": 3}, optim={"contrast": 0.5, "contrast_margin": 0.2}).train()
     batch = data.collate(data.splits["train"][:3])
     tokens = model.graph_embeddings(batch["graph"])
     own = model.example_losses(batch, tokens)
@@ -174,13 +174,13 @@ def test_without_the_term_the_loss_is_the_target_loss(llm_dir, data) -> None:
 
 
 def test_a_batch_of_one_has_no_other_graph_and_trains_on_its_target_loss_alone(llm_dir, data) -> None:
-    model = _module(llm_dir, data, graph_contrast=1.0).train()
+    model = _module(llm_dir, data, optim={"contrast": 1.0}).train()
     batch = data.collate(data.splits["train"][:1])
     assert model.training_step(batch, 0).item() == pytest.approx(model.example_losses(batch).mean().item(), rel=1e-6)
 
 
 def test_the_term_reaches_the_graph_path(llm_dir, data) -> None:
-    model = _module(llm_dir, data, graph_contrast=1.0, graph_contrast_margin=10.0).train()
+    model = _module(llm_dir, data, optim={"contrast": 1.0, "contrast_margin": 10.0}).train()
     batch = data.collate(data.splits["train"][:2])
     plain = _module(llm_dir, data).train()
     model.training_step(batch, 0).backward()
@@ -189,7 +189,7 @@ def test_the_term_reaches_the_graph_path(llm_dir, data) -> None:
     assert mine is not None and not torch.allclose(mine, theirs)
 
 
-@pytest.mark.parametrize("field,value", [("graph_contrast", -0.1), ("graph_contrast_margin", -1.0)])
+@pytest.mark.parametrize("field,value", [("contrast", -0.1), ("contrast_margin", -1.0)])
 def test_negative_settings_are_refused(llm_dir, data, field, value) -> None:
-    with pytest.raises(InputError, match=field):
-        GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, **{field: value}))
+    with pytest.raises(InputError, match=f"model.optim.{field}"):
+        GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, optim={field: value}))

@@ -27,7 +27,7 @@ EPOCH_BATCHES = 7
 """Batches of one example an epoch: 7 = 4 + a partial accumulation of 3."""
 TOTAL_STEPS = 4
 """Two epochs: two optimizer steps each."""
-CONSTANT_RATE = dict(warmup_fraction=0.0, min_lr_ratio=1.0, max_new_tokens=32)
+CONSTANT_RATE = {"optim": {"warmup_fraction": 0.0, "min_lr_ratio": 1.0}, "generation": {"max_new_tokens": 32}}
 """A learning rate that does not depend on the run's length, so a run stopped at ``max_steps`` trains like a longer one."""
 
 

@@ -125,7 +125,7 @@ def test_an_invalid_answer_cites_nothing_and_shows_the_working_memory(minilm, tm
 
 def test_graph_path_wiring_and_lora_off_in_the_frozen_pipeline(llm_dir, minilm, tmp_path) -> None:
     torch.manual_seed(0)
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, minilm.dim, lora_r=2))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, minilm.dim, lora={"r": 2}))
     model.load_backbone()
     for name, param in model.llm.named_parameters():
         if "lora_B" in name:

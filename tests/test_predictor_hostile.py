@@ -114,7 +114,7 @@ def clean_export(tmp_path_factory) -> Path:
     llm_dir = save_tiny_decoder(root / "tiny", fixture_corpus())
     L.seed_everything(0)
     data = TrajectoryDataModule(str(FIXTURE), batch_size=2, max_examples=2)
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, lora_r=2))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, lora={"r": 2}))
     trainer = L.Trainer(
         accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=root
     )  # fmt: skip

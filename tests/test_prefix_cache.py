@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
+from qgmem_train.model.settings import merge_settings
 from tests.test_model_cluster import CHATS
 from tests.tiny_decoder import FIXTURE, fixture_corpus, official_chat, save_tiny_decoder, tiny_module_kwargs
 
@@ -34,7 +35,7 @@ def _pair(data: TrajectoryDataModule, **settings: object) -> tuple[GraphAugmente
 
 
 def _tiny(llm_dir: Path, data: TrajectoryDataModule, **overrides: object) -> tuple[GraphAugmentedLM, GraphAugmentedLM]:
-    settings = tiny_module_kwargs(llm_dir, data.feature_dim, graph_tokens=2, **overrides)
+    settings = merge_settings(tiny_module_kwargs(llm_dir, data.feature_dim, readout={"tokens": 2}), overrides)
     settings.pop("feature_dim")
     return _pair(data, **settings)
 
@@ -126,7 +127,7 @@ def test_greedy_answers_are_identical_for_a_left_padded_batch(llm_dir, data) -> 
 
 
 def test_the_cache_is_off_with_lora_and_says_so(llm_dir, data) -> None:
-    cached, _ = _tiny(llm_dir, data, lora_r=4)
+    cached, _ = _tiny(llm_dir, data, lora={"r": 4})
     enabled, why = cached.prefix_cache_status()
     assert not enabled and "LoRA" in why
     inputs = cached.training_inputs(data.collate(data.splits["train"][:2]))
@@ -164,7 +165,7 @@ def test_fit_runs_the_prefix_once_and_checkpointed_layers_still_recompute(llm_di
     lengths = {}
     for cached in (True, False):
         L.seed_everything(0)
-        settings = tiny_module_kwargs(llm_dir, data.feature_dim, gradient_checkpointing=checkpointing, val_generate=False, prefix_cache=cached)
+        settings = tiny_module_kwargs(llm_dir, data.feature_dim, gradient_checkpointing=checkpointing, generation={"val_generate": False}, prefix_cache=cached)
         model = GraphAugmentedLM(**settings)
         calls = _DecoderLengths()
         trainer = L.Trainer(
@@ -183,7 +184,7 @@ def test_fit_runs_the_prefix_once_and_checkpointed_layers_still_recompute(llm_di
 
 
 def test_under_bf16_autocast_the_prefix_computed_at_fit_start_serves_the_steps(llm_dir, data, tmp_path) -> None:
-    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, val_generate=False))
+    model = GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, generation={"val_generate": False}))
     calls = _DecoderLengths()
     trainer = L.Trainer(
         accelerator="cpu", precision="bf16-mixed", max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False,
@@ -200,8 +201,8 @@ def test_smollm2_losses_gradients_and_answers_equal_with_and_without_the_cache(d
     from qgmem_train.config import BUNDLED_LLM
 
     cached, plain = _pair(
-        data, llm=BUNDLED_LLM, dtype="float32", gnn_hidden=32, gnn_layers=1, gnn_heads=2, projector_hidden=32,
-        max_context_tokens=64, max_new_tokens=32,
+        data, llm=BUNDLED_LLM, dtype="float32", encoder={"hidden_dim": 32, "layers": 1, "heads": 2}, projector={"hidden_dim": 32},
+        prompt={"max_context_tokens": 64}, generation={"max_new_tokens": 32},
     )  # fmt: skip
     examples = data.splits["train"][:2]
     assert len({len(cached.prompt_ids(ex).ids) for ex in examples}) > 1, "prompts of different lengths"

@@ -22,6 +22,7 @@ import torch
 import yaml
 
 from qgmem_train.logging_setup import LOG_LEVEL_ENV, QUIET_ENV, library_log_level, take_verbose_flag
+from qgmem_train.model.settings import merge_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "locomo_sample.json"
@@ -72,7 +73,7 @@ def fit_config(root: Path) -> Path:
     for logger in raw["trainer"]["logger"]:
         logger["init_args"]["save_dir"] = str(root)
     raw["checkpoint"]["dirpath"] = str(root / "ckpt")
-    raw["model"].update(lora_r=2, val_generate=False, max_new_tokens=48)
+    raw["model"] = merge_settings(raw["model"], {"lora": {"r": 2}, "generation": {"val_generate": False, "max_new_tokens": 48}})
     raw["data"]["path"] = str(TRAJECTORIES)
     path = root / "fit.yaml"
     path.write_text(yaml.safe_dump(raw))

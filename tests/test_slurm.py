@@ -272,7 +272,7 @@ def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch:
 
 def training_config(scratch: Path, llm_dir: Path, run: Path) -> Path:
     """A fit YAML over the tiny decoder: 2 ranks x batch 1 = 4 steps per epoch, 2 loader workers, CSV metrics every step, ranks paced apart."""
-    model = {k: v for k, v in tiny_module_kwargs(llm_dir, 0, val_generate=False).items() if k not in ("feature_dim", "llm")}
+    model = {k: v for k, v in tiny_module_kwargs(llm_dir, 0, generation={"val_generate": False}).items() if k not in ("feature_dim", "llm")}
     raw = {
         "seed_everything": 0,
         "trainer": {

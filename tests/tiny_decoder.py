@@ -20,6 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from qgmem_train.llm.prompts import FINAL_ANSWER
+from qgmem_train.model.settings import merge_settings
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -166,13 +167,13 @@ def fixture_corpus() -> list[str]:
 
 
 def tiny_module_kwargs(llm_dir: Path, feature_dim: int, **overrides: object) -> dict[str, object]:
-    """Settings of a GraphAugmentedLM over the tiny decoder: small encoder, short context, short generations."""
-    settings: dict[str, object] = dict(
-        feature_dim=feature_dim, llm=str(llm_dir), gnn_hidden=32, gnn_layers=2, gnn_heads=2, projector_hidden=32,
-        max_context_tokens=48, max_new_tokens=32, learning_rate=1e-2, weight_decay=0.0,
-    )
-    settings.update(overrides)
-    return settings
+    """Settings of a GraphAugmentedLM over the tiny decoder: small encoder, short context, short generations; a group in
+    ``overrides`` (``readout={"tokens": 2}``) changes only the fields it names."""
+    settings = {
+        "feature_dim": feature_dim, "llm": str(llm_dir), "encoder": {"hidden_dim": 32, "layers": 2, "heads": 2}, "projector": {"hidden_dim": 32},
+        "prompt": {"max_context_tokens": 48}, "generation": {"max_new_tokens": 32}, "optim": {"learning_rate": 1e-2, "weight_decay": 0.0},
+    }  # fmt: skip
+    return merge_settings(settings, overrides)
 
 
 def fit_to_last_checkpoint(model: Any, data: Any, root: Path, steps: int) -> Path:

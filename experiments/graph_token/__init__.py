@@ -20,7 +20,7 @@ Stages (progress lines for each; rerunning the same command resumes):
    graphs (a learned soft prompt; for ``edges`` the mean readout with the cap's worth of tokens, since an empty graph has
    no edges), and ``<design>-shuffled``, the design's trained checkpoint tested with each test question given another
    question's graph from the same conversation (no training); ``<design>-centered`` for ``mean1`` and ``edges``, the
-   design with the reference-centered projector (``model.graph_center: reference``), controlled by the design's soft
+   design with the reference-centered projector (``model.projector.center: reference``), controlled by the design's soft
    prompt and by its own ``-centered-shuffled`` test; ``lora`` (LoRA r=8, no graph) and ``lora+<design>``
    (``--lora-readout``) with its ``lora+<design>-shuffled`` test; ``text`` (the graph's facts in the prompt, no training); ``none`` (no graph, no training).
    Local graphs carry attribute edges (``graph.attribute_edges``; ``--no-attribute-edges`` for the paper's). Trained arms

@@ -21,7 +21,7 @@ class Variant:
     text_path: bool = False
     lora_r: int = 0
     graph_center: str = "none"
-    """The projector's centering (``model.graph_center``)."""
+    """The projector's centering (``model.projector.center``)."""
     empty_graphs: bool = False
     """Train and evaluate on empty graphs (the learned soft-prompt control)."""
     shuffled_of: str | None = None

@@ -11,7 +11,7 @@ of their variance (:mod:`qgmem_train.graph.diagnostics`, as training logs them),
 energy that is not the shared mean (``token_spread``: 0 when every vector of every question is the same); and the
 shuffle gap, the answer-span loss with another question's graph minus with the question's own. ``--contrast W`` trains
 with the module's ``graph_contrast`` term (needs ``--batch-size`` 2 or more); ``--center reference`` with the reference-centered
-projector (``model.graph_center``; its ``mlp`` stage is the MLP output before centering). Writes
+projector (``model.projector.center``; its ``mlp`` stage is the MLP output before centering). Writes
 ``graph_token_collapse_<readout>[_contrastW][_centered].{json,md}`` to ``--out``.
 """
 
@@ -118,16 +118,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(str(args.trajectories), "fewer than two test questions to compare")
     variant = Variant("collapse", args.readout, graph_tokens=args.tokens, graph_readout=args.readout, graph_center=args.center)
     torch.manual_seed(args.seed)
-    model = build_module(args, variant, data.feature_dim, graph_contrast=args.contrast, graph_contrast_margin=args.margin)
+    model = build_module(args, variant, data.feature_dim, optim={"contrast": args.contrast, "contrast_margin": args.margin})
     model.load_backbone("cpu")
     if args.center == "reference":
-        model.set_reference_graphs(reference_graphs(data, model.hparams.graph_reference_graphs))
+        model.set_reference_graphs(reference_graphs(data, model.projector_args.reference_graphs))
         model.train()
         with torch.no_grad():
             model.graph_embeddings(data.collate(examples[:1])["graph"])  # the statistics the first measurement evaluates with
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.steps, WARMUP_FRACTION, model.hparams.min_lr_ratio))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.steps, WARMUP_FRACTION, model.optim_args.min_lr_ratio))
     points = [{"step": 0, "train_loss": None, **measure(model, data, examples, 8)}]
     print(f"step 0: {json.dumps(points[-1])}", flush=True)
     batches = itertools.cycle(data.train_dataloader())
@@ -183,9 +183,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, default=10, help="measure every N steps")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (the experiment's default)")
     p.add_argument("--batch-size", type=int, default=1, help="training examples per step")
-    p.add_argument("--contrast", type=float, default=0.0, help="weight of the own-against-another-graph hinge (model.graph_contrast)")
-    p.add_argument("--margin", type=float, default=0.1, help="its margin in nats (model.graph_contrast_margin)")
-    p.add_argument("--center", choices=("none", "reference"), default="none", help="the projector's centering (model.graph_center)")
+    p.add_argument("--contrast", type=float, default=0.0, help="weight of the own-against-another-graph hinge (model.optim.contrast)")
+    p.add_argument("--margin", type=float, default=0.1, help="its margin in nats (model.optim.contrast_margin)")
+    p.add_argument("--center", choices=("none", "reference"), default="none", help="the projector's centering (model.projector.center)")
     p.add_argument("--questions", type=int, default=64, help="test questions measured")
     p.add_argument("--gnn-hidden", type=int, default=256)
     p.add_argument("--max-context-tokens", type=int, default=128)

@@ -73,16 +73,20 @@ WARMUP_FRACTION = 0.1
 
 def build_module(args: argparse.Namespace, variant: Variant, feature_dim: int, **overrides: Any) -> Any:
     """The arm's ``GraphAugmentedLM`` over the frozen ``args.llm`` (float32), with the experiment's encoder, schedule and
-    context; ``overrides`` are further module settings."""
+    context; ``overrides`` are further module settings (a group changes only the fields it names)."""
     from qgmem_train.model.module import GraphAugmentedLM
+    from qgmem_train.model.settings import merge_settings
 
-    return GraphAugmentedLM(
-        feature_dim=feature_dim, llm=args.llm, dtype="float32", graph_tokens=variant.graph_tokens,
-        graph_readout=variant.graph_readout, text_path=variant.text_path,
-        gnn_hidden=args.gnn_hidden, gnn_layers=2, gnn_heads=4, projector_hidden=2 * args.gnn_hidden, lora_r=variant.lora_r,
-        learning_rate=args.lr, weight_decay=0.0, warmup_fraction=WARMUP_FRACTION, max_context_tokens=args.max_context_tokens,
-        max_new_tokens=args.max_new_tokens, val_generate=False, graph_center=variant.graph_center, **overrides,
-    )  # fmt: skip
+    settings = {
+        "feature_dim": feature_dim, "llm": args.llm, "dtype": "float32",
+        "readout": {"tokens": variant.graph_tokens, "kind": variant.graph_readout},
+        "prompt": {"text_path": variant.text_path, "max_context_tokens": args.max_context_tokens},
+        "encoder": {"hidden_dim": args.gnn_hidden, "layers": 2, "heads": 4},
+        "projector": {"hidden_dim": 2 * args.gnn_hidden, "center": variant.graph_center}, "lora": {"r": variant.lora_r},
+        "optim": {"learning_rate": args.lr, "weight_decay": 0.0, "warmup_fraction": WARMUP_FRACTION},
+        "generation": {"max_new_tokens": args.max_new_tokens, "val_generate": False},
+    }  # fmt: skip
+    return GraphAugmentedLM(**merge_settings(settings, overrides))
 
 
 def arm_data_and_module(args: argparse.Namespace, variant: Variant, seed: int, data_path: Path) -> tuple[Any, Any]:

@@ -1,4 +1,4 @@
-"""Reference-centered projector (``model.graph_center: reference``): graph tokens that cannot turn into a soft prompt.
+"""Reference-centered projector (``model.projector.center: reference``): graph tokens that cannot turn into a soft prompt.
 
 With the plain projector, training moves what every question's gradient shares (the MLP's biases, the encoder's
 common component) fastest, and the layer norm then squeezes what differs between graphs: the tokens become one

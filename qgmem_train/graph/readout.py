@@ -1,4 +1,4 @@
-"""Graph readouts (``model.graph_readout``): from the encoder's node states to the vectors the projector maps to graph tokens.
+"""Graph readouts (``model.readout.kind``): from the encoder's node states to the vectors the projector maps to graph tokens.
 
 Each readout returns ``(vectors, mask)``: ``vectors`` is ``(B, n, in_dim)`` and the projector turns each vector
 into ``tokens_per_vector`` LLM embeddings; ``mask`` is ``(B, n)`` (1 = a real vector) when the count varies per

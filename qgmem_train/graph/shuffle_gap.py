@@ -9,7 +9,7 @@ Student-t interval over the examples.
 The verdict needs more than an interval that excludes 0: the loss pass is deterministic, so with enough examples even
 tokens that collapsed into one prompt show a gap that is "significant" and meaningless (0.0002 to 0.0015 nats in
 ``experiments/graph_token/results/graph_token.md``, token cosine 0.99999). A gap counts as read only when its whole interval lies above
-a noise floor (``model.graph_shuffle_floor``, default :data:`DEFAULT_FLOOR`, several times the largest collapsed gap
+a noise floor (``model.diagnostics.shuffle_floor``, default :data:`DEFAULT_FLOOR`, several times the largest collapsed gap
 measured), and as nothing when its whole interval lies below it; in between, the split is too small to tell.
 """
 

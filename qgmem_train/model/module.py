@@ -1,7 +1,7 @@
 """The LightningModule of graph-augmented generation (paper III-C): a frozen LLM, a trainable graph path.
 
 Trainable: the relational graph encoder, the graph readout's own parameters (``query``) and the projector (plus
-LoRA adapters when ``lora_r > 0``); with ``graph_center: reference`` the projector also keeps its centering statistics.
+LoRA adapters when ``lora.r > 0``); with ``projector.center: reference`` the projector also keeps its centering statistics.
 The LLM's own weights never change and it stays in eval mode (no dropout) even while Lightning trains.
 Its weights load in ``configure_model``, on the device the strategy gives this process (every launch
 mode: Lightning's launcher, torchrun, srun); ``load_backbone`` does the same outside a Trainer.
@@ -12,8 +12,12 @@ the parameters.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
+import os
 import random
+import typing
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -30,7 +34,7 @@ from qgmem_train.graph.diagnostics import graph_token_diagnostics
 from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.graph.readout import READOUTS, GraphTokens, build_readout
-from qgmem_train.graph.shuffle_gap import DEFAULT_FLOOR, graph_donors, shuffle_gap_summary
+from qgmem_train.graph.shuffle_gap import graph_donors, shuffle_gap_summary
 from qgmem_train.metrics.answers import answer_scores
 from qgmem_train.model.answer_target import answer_labels, answer_token_mask
 from qgmem_train.model.backbone import describe_backbone
@@ -56,6 +60,21 @@ from qgmem_train.model.prefix_cache import (
     unsupported_reason,
 )
 from qgmem_train.model.prompt_tokens import PromptTokens
+from qgmem_train.model.settings import (
+    FLAT_NAMES,
+    GROUPS,
+    DiagnosticsArgs,
+    EncoderArgs,
+    GenerationArgs,
+    LoraArgs,
+    OptimArgs,
+    ProjectorArgs,
+    PromptArgs,
+    ReadoutArgs,
+    as_group,
+    flat_settings,
+    grouped_hparams,
+)
 from qgmem_train.schedule import warmup_cosine
 from qgmem_train.trajectory import TrajectoryExample
 
@@ -72,7 +91,7 @@ ANSWER_METRICS = {"json_valid": "valid_json", "exact_match": "exact_match", "f1"
 
 
 class GraphAugmentedLM(L.LightningModule):
-    """Frozen causal LM + relation-aware graph encoder + projector to ``graph_tokens`` input embeddings."""
+    """Frozen causal LM + relation-aware graph encoder + projector to ``readout.tokens`` input embeddings."""
 
     def __init__(
         self,
@@ -83,35 +102,16 @@ class GraphAugmentedLM(L.LightningModule):
         quantization: Literal["none", "4bit", "8bit"] = "none",
         cache_dir: str | None = None,
         trust_remote_code: bool = False,
-        graph_tokens: int = 1,
-        graph_readout: Literal["mean", "edges", "query"] = "mean",
-        graph_contrast: float = 0.0,
-        graph_contrast_margin: float = 0.1,
-        graph_center: Literal["none", "reference"] = "none",
-        graph_reference_graphs: int = 32,
-        graph_center_share: float = 1.0,
-        text_path: bool = False,
-        gnn_hidden: int = 1024,
-        gnn_layers: int = 3,
-        gnn_heads: int = 4,
-        gnn_dropout: float = 0.0,
-        reverse_edges: bool = True,
-        projector_hidden: int = 2048,
-        projector_norm: bool = True,
-        lora_r: int = 0,
-        lora_alpha: int = 16,
-        lora_target_modules: list[str] | None = None,
         gradient_checkpointing: bool = False,
         prefix_cache: bool = True,
-        learning_rate: float = 1e-4,
-        weight_decay: float = 0.05,
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.1,
-        max_context_tokens: int | None = None,
-        max_new_tokens: int = 256,
-        val_generate: bool = True,
-        graph_shuffle_gap: bool = True,
-        graph_shuffle_floor: float = DEFAULT_FLOOR,
+        encoder: EncoderArgs = EncoderArgs(),
+        readout: ReadoutArgs = ReadoutArgs(),
+        projector: ProjectorArgs = ProjectorArgs(),
+        lora: LoraArgs = LoraArgs(),
+        optim: OptimArgs = OptimArgs(),
+        prompt: PromptArgs = PromptArgs(),
+        generation: GenerationArgs = GenerationArgs(),
+        diagnostics: DiagnosticsArgs = DiagnosticsArgs(),
     ) -> None:
         """Build the trainable graph path; the frozen LLM's weights load later (``configure_model``).
 
@@ -123,66 +123,60 @@ class GraphAugmentedLM(L.LightningModule):
             quantization: bitsandbytes quantization of the frozen LLM (``4bit`` is NF4); CUDA only.
             cache_dir: cache of converted bundled models.
             trust_remote_code: allow repository code of the LLM; off by default.
-            graph_tokens: number T of graph tokens (the ``edges`` readout: at most T); 0 runs the same prompt with no graph (the paper's ablation).
-            graph_readout: how node states become graph tokens: ``mean`` (the paper's mean pool), ``edges`` (one token per
-                edge in the text path's fact order, at most T, masked in a batch) or ``query`` (T attention pools queried by
-                the question's embedding); see :mod:`qgmem_train.graph.readout`.
-            graph_contrast: weight of a training term that asks each question's target loss to be ``graph_contrast_margin``
-                below its loss with the previous batch example's graph tokens (a hinge; 0: off, the paper's loss). The shared
-                part of the tokens cancels in that difference, so only what differs between graphs can lower it.
-            graph_contrast_margin: the hinge's margin in nats.
-            graph_center: ``none`` (the paper's projector) or ``reference``: each graph token is a learned prompt plus the
-                graph's deviation from the mean of ``graph_reference_graphs`` training graphs re-encoded at every step,
-                scaled to ``graph_center_share`` of the prompt's RMS, so the tokens cannot collapse into a soft prompt
-                (:mod:`qgmem_train.graph.centered_projector`).
-            graph_reference_graphs: training graphs (with at least one edge, a seeded sample) the centering is computed over.
-            graph_center_share: RMS of the graph part relative to the learned prompt's.
-            text_path: append the local graph to the prompt as labelled facts (API backbones; use with ``graph_tokens: 0``).
-            gnn_hidden: hidden width of the graph encoder.
-            gnn_layers: message-passing layers.
-            gnn_heads: attention heads per TransformerConv layer.
-            gnn_dropout: attention dropout of the graph encoder.
-            reverse_edges: also pass messages object → subject, with an inverse-relation feature.
-            projector_hidden: hidden width of the projector MLP.
-            projector_norm: layer-normalise graph tokens to the mean norm of the LLM's input embeddings (learned scale).
-            lora_r: LoRA rank on the LLM (0: no LoRA, the LLM is fully frozen).
-            lora_alpha: LoRA scaling numerator.
-            lora_target_modules: modules LoRA wraps (default ``q_proj``, ``v_proj``).
             gradient_checkpointing: recompute LLM decoder-layer activations in backward to save memory.
             prefix_cache: compute the frozen prompt prefix (every token before the graph slot) once and reuse its
                 keys and values in every step and generation; applies without LoRA (see ``prefix_cache_status``).
-            learning_rate: AdamW peak learning rate.
-            weight_decay: AdamW weight decay.
-            warmup_fraction: share of the run's optimizer steps spent warming up linearly to the peak rate.
-            min_lr_ratio: the cosine decay ends at this fraction of the peak rate.
-            max_context_tokens: cut the serialized working memory to this many tokens (None: keep all).
-            max_new_tokens: generation budget of validation, test and predict (answers are schema-constrained to fit it).
-            val_generate: generate answers in validation/test to report valid-JSON rate, exact match, F1 and BLEU-1.
-            graph_shuffle_gap: in validation and test, also score each example with another example's graph (another
-                question of its conversation where there is one) and log the mean loss difference as
-                ``val/graph_shuffle_gap``, whether the model reads its graphs; costs one more loss pass per batch (false: off).
-            graph_shuffle_floor: nats a token that the shuffle gap's whole 95% interval must clear for fit's last line to
-                say the model reads its graphs, or stay under to say it reads nothing (see :mod:`qgmem_train.graph.shuffle_gap`).
+            encoder: graph encoder: relation-aware message passing over each question's local graph.
+            readout: graph readout: how node states become graph tokens, and how many.
+            projector: projector: readout vectors to the LLM's input embeddings, optionally centred on reference graphs.
+            lora: LoRA adapters on the frozen LLM.
+            optim: optimisation: AdamW with warm-up and cosine decay, and the graph-contrast loss term.
+            prompt: prompt: the working memory's token budget and the text path.
+            generation: generation: answers in validation, test and predict.
+            diagnostics: diagnostics: the shuffle gap, whether the model reads its graphs.
+
+        Each group is a dataclass of :mod:`qgmem_train.model.settings`, or a mapping of its fields (checkpoints hold plain mappings).
         """
         super().__init__()
-        if graph_tokens < 0:
-            raise InputError("model.graph_tokens", "must be 0 (no graph) or more")
-        if graph_readout not in READOUTS:
-            raise InputError("model.graph_readout", f"{graph_readout!r} is not one of {', '.join(READOUTS)}")
-        for name, value in (("graph_contrast", graph_contrast), ("graph_contrast_margin", graph_contrast_margin), ("graph_shuffle_floor", graph_shuffle_floor)):
+        self.encoder_args = as_group(EncoderArgs, encoder, "model.encoder")
+        self.readout_args = as_group(ReadoutArgs, readout, "model.readout")
+        self.projector_args = as_group(ProjectorArgs, projector, "model.projector")
+        self.lora_args = as_group(LoraArgs, lora, "model.lora")
+        self.optim_args = as_group(OptimArgs, optim, "model.optim")
+        self.prompt_args = as_group(PromptArgs, prompt, "model.prompt")
+        self.generation_args = as_group(GenerationArgs, generation, "model.generation")
+        self.diagnostics_args = as_group(DiagnosticsArgs, diagnostics, "model.diagnostics")
+        tokens, kind = self.readout_args.tokens, self.readout_args.kind
+        if tokens < 0:
+            raise InputError("model.readout.tokens", "must be 0 (no graph) or more")
+        if kind not in READOUTS:
+            raise InputError("model.readout.kind", f"{kind!r} is not one of {', '.join(READOUTS)}")
+        nonnegative = {
+            "optim.contrast": self.optim_args.contrast,
+            "optim.contrast_margin": self.optim_args.contrast_margin,
+            "diagnostics.shuffle_floor": self.diagnostics_args.shuffle_floor,
+        }
+        for name, value in nonnegative.items():
             if value < 0:
                 raise InputError(f"model.{name}", f"must be 0 or more, not {value}")
-        if graph_center not in ("none", "reference"):
-            raise InputError("model.graph_center", f"{graph_center!r} is not one of none, reference")
-        if graph_reference_graphs < 2:
-            raise InputError("model.graph_reference_graphs", f"must be at least 2 to have a spread, not {graph_reference_graphs}")
-        if max_new_tokens <= JSON_OVERHEAD_TOKENS:
-            raise InputError("model.max_new_tokens", f"must be more than {JSON_OVERHEAD_TOKENS} to hold an answer JSON")
-        self.save_hyperparameters()
+        enc, proj = self.encoder_args, self.projector_args
+        if proj.center not in ("none", "reference"):
+            raise InputError("model.projector.center", f"{proj.center!r} is not one of none, reference")
+        if proj.reference_graphs < 2:
+            raise InputError("model.projector.reference_graphs", f"must be at least 2 to have a spread, not {proj.reference_graphs}")
+        if self.generation_args.max_new_tokens <= JSON_OVERHEAD_TOKENS:
+            raise InputError("model.generation.max_new_tokens", f"must be more than {JSON_OVERHEAD_TOKENS} to hold an answer JSON")
+        backbone_settings = dict(llm=llm, llm_revision=llm_revision, dtype=dtype, quantization=quantization, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+        self.save_hyperparameters(
+            {
+                "feature_dim": feature_dim, **backbone_settings, "gradient_checkpointing": gradient_checkpointing, "prefix_cache": prefix_cache,
+                **{name: dataclasses.asdict(getattr(self, f"{name}_args")) for name in GROUPS},
+            }
+        )  # fmt: skip  # plain mappings: a checkpoint loads with torch.load(weights_only=True)
         self.strict_loading = False  # checkpoints hold trainable parameters only; on_load_checkpoint checks them
         backbone = describe_backbone(llm, llm_revision, cache_dir, trust_remote_code)
         self.tokenizer = backbone.tokenizer
-        self.prompt_tokens = PromptTokens(backbone.tokenizer, max_context_tokens, text_path)
+        self.prompt_tokens = PromptTokens(backbone.tokenizer, self.prompt_args.max_context_tokens, self.prompt_args.text_path)
         self.backbone_fingerprint = backbone.fingerprint
         self.llm: Any = None
         self.embedding_norm: float | None = None
@@ -199,14 +193,22 @@ class GraphAugmentedLM(L.LightningModule):
         self.projector: GraphTokenProjector | ReferenceCenteredProjector | None = None
         self.readout: torch.nn.Module | None = None
         self._reference_graph: Batch | None = None
-        if graph_tokens > 0:
-            self.encoder = RelationalGraphEncoder(feature_dim, gnn_hidden, gnn_layers, gnn_heads, gnn_dropout, reverse_edges=reverse_edges)
-            self.readout = build_readout(graph_readout, gnn_hidden, feature_dim, graph_tokens)
-            tokens = self.readout.tokens_per_vector
-            if graph_center == "reference":
-                self.projector = ReferenceCenteredProjector(self.readout.out_dim, projector_hidden, backbone.hidden_size, tokens, graph_center_share)
+        if tokens > 0:
+            self.encoder = RelationalGraphEncoder(feature_dim, enc.hidden_dim, enc.layers, enc.heads, enc.dropout, reverse_edges=enc.reverse_edges)
+            self.readout = build_readout(kind, enc.hidden_dim, feature_dim, tokens)
+            per_vector = self.readout.tokens_per_vector
+            if proj.center == "reference":
+                self.projector = ReferenceCenteredProjector(self.readout.out_dim, proj.hidden_dim, backbone.hidden_size, per_vector, proj.center_share)
             else:
-                self.projector = GraphTokenProjector(self.readout.out_dim, projector_hidden, backbone.hidden_size, tokens, normalize=projector_norm)
+                self.projector = GraphTokenProjector(self.readout.out_dim, proj.hidden_dim, backbone.hidden_size, per_vector, normalize=proj.norm)
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, *args: Any, **kwargs: Any) -> GraphAugmentedLM:  # type: ignore[override]
+        """Lightning's loader, reading the flat hyperparameters of a checkpoint written before the grouping as groups
+        (Lightning would drop them as unknown arguments, or hand them to LightningCLI's parser, which refuses them)."""
+        saved = torch.load(checkpoint_path, map_location="cpu", weights_only=True).get("hyper_parameters", {})
+        grouped = {**grouped_hparams(saved), "_instantiator": None}  # None: built here from these arguments
+        return super().load_from_checkpoint(checkpoint_path, *args, **{**grouped, **kwargs})
 
     def configure_model(self) -> None:
         """Lightning hook: load the frozen LLM once, on the device the strategy gives this process."""
@@ -231,8 +233,8 @@ class GraphAugmentedLM(L.LightningModule):
         target = str(device) if device is not None else pick_device("auto")
         quantization = hp.quantization if quantized else "none"
         llm = _load_frozen_llm(hp.llm, hp.llm_revision, hp.dtype, quantization, hp.cache_dir, hp.trust_remote_code, target)
-        if hp.lora_r > 0:
-            llm = _add_lora(llm, hp.lora_r, hp.lora_alpha, hp.lora_target_modules)
+        if self.lora_args.r > 0:
+            llm = _add_lora(llm, self.lora_args)
         if hp.gradient_checkpointing:
             llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.llm = llm
@@ -272,7 +274,7 @@ class GraphAugmentedLM(L.LightningModule):
 
     def graph_embeddings(self, graph: Batch) -> GraphTokens | None:
         """Graph tokens ``(B, T_max, H)`` of a batch of local graphs from the configured readout, with their mask when the
-        count varies per graph (``edges``); ``None`` when ``graph_tokens`` is 0."""
+        count varies per graph (``edges``); ``None`` when ``readout.tokens`` is 0."""
         if self.encoder is None or self.projector is None or self.readout is None:
             return None
         graph = graph.to(self.device)
@@ -285,14 +287,14 @@ class GraphAugmentedLM(L.LightningModule):
         return GraphTokens(projected.reshape(size, count, self.projector.llm_hidden_size), mask)
 
     def set_reference_graphs(self, graph: Batch) -> None:
-        """The batch of training graphs that ``graph_center: reference`` centers on (:meth:`on_fit_start` picks them from the
+        """The batch of training graphs that ``projector.center: reference`` centers on (:meth:`on_fit_start` picks them from the
         data module's train split; callers training outside a Trainer set them here)."""
         self._reference_graph = graph
 
     def _reference_vectors(self) -> torch.Tensor:
         """The reference graphs' real readout vectors ``(R, in_dim)`` under the current encoder."""
         if self._reference_graph is None or self.encoder is None or self.readout is None:
-            raise RuntimeError("graph_center is reference but no reference graphs are set: fit with the trajectory data module or call set_reference_graphs()")
+            raise RuntimeError("projector.center is reference but no reference graphs are set: fit with the trajectory data module or call set_reference_graphs()")
         graph = self._reference_graph.to(self.device)
         vectors, mask = self.readout(self.encoder.node_states(graph), graph)
         return vectors.flatten(0, 1) if mask is None else vectors[mask.bool()]
@@ -305,7 +307,7 @@ class GraphAugmentedLM(L.LightningModule):
         """Whether the frozen-prefix cache applies to this model, and why: the line fit prints at its start."""
         if not self.hparams.prefix_cache:
             return False, "off (model.prefix_cache: false)"
-        reason = unsupported_reason(self._backbone(), self.hparams.lora_r)
+        reason = unsupported_reason(self._backbone(), self.lora_args.r)
         if reason is not None:
             return False, f"off: {reason}"
         return True, "on: the tokens before the graph slot run through the frozen LLM once, not in every step"
@@ -332,7 +334,7 @@ class GraphAugmentedLM(L.LightningModule):
         if self.trainer.is_global_zero:
             log.info("prefix cache: %s", why)
         if isinstance(self.projector, ReferenceCenteredProjector) and self._reference_graph is None:
-            self.set_reference_graphs(reference_graphs(self.trainer.datamodule, self.hparams.graph_reference_graphs))
+            self.set_reference_graphs(reference_graphs(self.trainer.datamodule, self.projector_args.reference_graphs))
         if enabled:  # under the steps' autocast, so the first step finds the prefix it would compute
             with self.trainer.precision_plugin.forward_context():
                 self.cached_prefix([self.prompt_ids(_probe_example())])
@@ -389,11 +391,12 @@ class GraphAugmentedLM(L.LightningModule):
         own = self.example_losses(batch, graph_embeds)
         loss = own.mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=size)
-        if self.hparams.graph_contrast > 0 and graph_embeds is not None and size > 1:
+        weight, margin = self.optim_args.contrast, self.optim_args.contrast_margin
+        if weight > 0 and graph_embeds is not None and size > 1:
             other = self.example_losses(batch, graph_embeds.rolled())
-            contrast = torch.relu(self.hparams.graph_contrast_margin + own - other).mean()
+            contrast = torch.relu(margin + own - other).mean()
             self.log("train/graph_contrast", contrast, batch_size=size)
-            loss = loss + self.hparams.graph_contrast * contrast
+            loss = loss + weight * contrast
         real = torch.cat(graph_embeds.per_example()) if graph_embeds is not None else None
         if real is not None and real.shape[0] and self.embedding_norm:
             ratio = real.detach().float().norm(dim=-1).mean() / self.embedding_norm
@@ -424,10 +427,10 @@ class GraphAugmentedLM(L.LightningModule):
         self._donors, self._gap_skipped = {}, None
         datamodule = self._trainer.datamodule if self._trainer is not None else None
         examples = getattr(datamodule, "splits", {}).get(EVALUATED_SPLITS[stage], [])
-        if not self.hparams.graph_shuffle_gap:
-            self._gap_skipped = "off: model.graph_shuffle_gap: false"
+        if not self.diagnostics_args.shuffle_gap:
+            self._gap_skipped = "off: model.diagnostics.shuffle_gap: false"
         elif self.encoder is None:
-            self._gap_skipped = "graph_tokens is 0: no graph to shuffle"
+            self._gap_skipped = "readout.tokens is 0: no graph to shuffle"
         elif len(examples) < 2 or not hasattr(datamodule, "collate"):
             self._gap_skipped = f"no data module split of two or more {EVALUATED_SPLITS[stage]} examples to draw other graphs from"
         else:
@@ -460,7 +463,7 @@ class GraphAugmentedLM(L.LightningModule):
             self.log(f"{stage}/graph_token_{name}", value, sync_dist=True)
         reading = {"skipped": self._gap_skipped} if self._gap_skipped else None
         if gaps:
-            reading = {**shuffle_gap_summary(gaps), "token_cosine": diagnostics.get("cosine"), "floor": self.hparams.graph_shuffle_floor, "step": self.global_step}
+            reading = {**shuffle_gap_summary(gaps), "token_cosine": diagnostics.get("cosine"), "floor": self.diagnostics_args.shuffle_floor, "step": self.global_step}
             self.log(f"{stage}/graph_shuffle_gap", reading["shuffle_gap"], sync_dist=True)
         if stage == "val" and reading is not None and not self.trainer.sanity_checking:
             self.graph_reading = reading
@@ -480,7 +483,7 @@ class GraphAugmentedLM(L.LightningModule):
             self._eval_gaps += self._shuffle_differences(batch, whole.detach())
         self._log_split_mean(f"{stage}/loss", whole.detach(), prog_bar=True)
         self._log_split_mean(f"{stage}/answer_loss", answer.detach())
-        if not self.hparams.val_generate:
+        if not self.generation_args.val_generate:
             return
         records = self.predict_step(batch, 0)
         for name, key in ANSWER_METRICS.items():
@@ -502,7 +505,7 @@ class GraphAugmentedLM(L.LightningModule):
 
     def answer_schema(self) -> dict[str, Any]:
         """The answer JSON schema under the text path's string cap for ``max_new_tokens`` (:mod:`qgmem_train.answer.capped`)."""
-        return capped_answer_schema(self.hparams.max_new_tokens)
+        return capped_answer_schema(self.generation_args.max_new_tokens)
 
     @torch.no_grad()
     def generate(self, examples: list[TrajectoryExample], graph: Batch, prompts: list[PromptIds] | None = None) -> list[str]:
@@ -533,7 +536,7 @@ class GraphAugmentedLM(L.LightningModule):
             inputs_embeds=inputs["inputs_embeds"],
             attention_mask=inputs["attention_mask"],
             **cache,
-            max_new_tokens=self.hparams.max_new_tokens,
+            max_new_tokens=self.generation_args.max_new_tokens,
             do_sample=False,
             pad_token_id=pad_id,
             eos_token_id=self.tokenizer.eos_token_id,
@@ -570,24 +573,26 @@ class GraphAugmentedLM(L.LightningModule):
         """AdamW over the trainable parameters with warm-up and cosine decay sized from the run's optimizer steps."""
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
-            raise InputError("model", "nothing to train: graph_tokens is 0 and lora_r is 0 (validate/test/predict still work)")
-        hp = self.hparams
+            raise InputError("model", "nothing to train: readout.tokens is 0 and lora.r is 0 (validate/test/predict still work)")
+        hp = self.optim_args
         optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
         try:
             multiplier = warmup_cosine(self.trainer.estimated_stepping_batches, hp.warmup_fraction, hp.min_lr_ratio)
         except ValueError as exc:
-            raise InputError("model.warmup_fraction", str(exc)) from None
+            raise InputError("model.optim.warmup_fraction", str(exc)) from None
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def checkpoint_metadata(self) -> dict[str, Any]:
-        """Base model id, revision and fingerprint, plus the hash of every setting that shapes or feeds the trainable parameters."""
+        """Base model id, revision and fingerprint, plus the hash of every setting that shapes or feeds the trainable parameters
+        (under their flat names, :func:`~qgmem_train.model.settings.flat_settings`: checkpoints of any version hash alike)."""
         shape_keys = (
             "llm", "llm_revision", "dtype", "quantization", "feature_dim", "graph_tokens", "graph_readout", "graph_center", "text_path", "gnn_hidden",
             "gnn_layers", "gnn_heads", "reverse_edges", "projector_hidden", "projector_norm", "lora_r", "lora_alpha",
             "lora_target_modules",
         )  # fmt: skip
-        settings = {key: self.hparams[key] for key in shape_keys}
+        flat = flat_settings(self.hparams)
+        settings = {key: flat[key] for key in shape_keys}
         return {
             "base_model": self.hparams.llm,
             "revision": self.hparams.llm_revision,
@@ -614,11 +619,26 @@ class GraphAugmentedLM(L.LightningModule):
         self.graph_reading = checkpoint[METADATA_KEY].get("graph_reading")
 
 
+def flat_parameters() -> list[tuple[str, Any, Any]]:
+    """``(flat name, type, default)`` of every :class:`GraphAugmentedLM` setting, the default ``inspect.Parameter.empty``
+    when required: the record an export's ``module`` section (and a checkpoint of before the grouping) holds."""
+    hints = typing.get_type_hints(GraphAugmentedLM.__init__)
+    parameters = []
+    for p in inspect.signature(GraphAugmentedLM.__init__).parameters.values():
+        if p.name in GROUPS:
+            fields = {f.name: f for f in dataclasses.fields(GROUPS[p.name])}
+            field_hints = typing.get_type_hints(GROUPS[p.name])
+            parameters += [(flat, field_hints[f], fields[f].default) for flat, (g, f) in FLAT_NAMES.items() if g == p.name]
+        elif p.name != "self":
+            parameters.append((p.name, hints[p.name], p.default))
+    return parameters
+
+
 def reference_graphs(datamodule: Any, count: int) -> Batch:
     """A seeded sample of ``count`` training examples' local graphs that have an edge, collated (same on every rank)."""
     examples = [ex for ex in getattr(datamodule, "splits", {}).get("train", []) if ex.graph.edge_labels]
     if len(examples) < 2:
-        raise InputError("model.graph_center", "reference centering needs the trajectory data module and two training graphs with an edge")
+        raise InputError("model.projector.center", "reference centering needs the trajectory data module and two training graphs with an edge")
     picked = random.Random(0).sample(examples, min(count, len(examples)))
     return datamodule.collate(picked)["graph"]
 
@@ -675,8 +695,8 @@ def lora_config(rank: int, alpha: int, target_modules: list[str] | None) -> Any:
     return LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
 
 
-def _add_lora(model: Any, rank: int, alpha: int, target_modules: list[str] | None) -> Any:
+def _add_lora(model: Any, settings: LoraArgs) -> Any:
     """Wrap the frozen LLM with peft LoRA adapters (:func:`lora_config`)."""
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(rank, alpha, target_modules))
+    return get_peft_model(model, lora_config(settings.r, settings.alpha, settings.target_modules))

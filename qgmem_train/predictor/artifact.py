@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 from urllib.parse import urlsplit
 
 from qgmem_train.config import ModelsConfig, PipelineConfig, pipeline_from_dict, settings_from_dict
@@ -334,18 +334,17 @@ def module_arguments(export: Export) -> dict[str, Any]:
 
     The arguments become a settings dataclass so that the pipeline's own checker types them.
     """
-    from qgmem_train.model.module import GraphAugmentedLM
+    from qgmem_train.model.module import flat_parameters
 
     where = f"{export.folder / CONFIG_FILE}: module"
-    hints = get_type_hints(GraphAugmentedLM.__init__)
-    signature = inspect.signature(GraphAugmentedLM.__init__).parameters.values()
-    parameters = [p for p in signature if p.name != "self" and p.name not in CALLER_MODULE + MACHINE_MODULE]
     fields = []
-    for p in parameters:
-        required = p.default is inspect.Parameter.empty
-        if required and p.name not in export.module:
-            raise InputError(f"{where}.{p.name}", "missing")
-        fields.append((p.name, hints[p.name], dataclasses.field(default=None if required else p.default)))
+    for name, hint, default in flat_parameters():
+        if name in CALLER_MODULE + MACHINE_MODULE:
+            continue
+        required = default is inspect.Parameter.empty
+        if required and name not in export.module:
+            raise InputError(f"{where}.{name}", "missing")
+        fields.append((name, hint, dataclasses.field(default=None if required else default)))
     settings = dataclasses.make_dataclass("ModuleSettings", fields)
     settings_from_dict(settings, export.module, where, at_least=MODULE_AT_LEAST, unit_interval=frozenset())
     return dict(export.module)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,12 +65,13 @@ def load_exported_module(
     """
     from qgmem_train.model.checkpoint import check_compatible, trainable_state_dict
     from qgmem_train.model.module import GraphAugmentedLM
+    from qgmem_train.model.settings import grouped_hparams
 
     arguments = {**module_arguments(export), **(base_model or {})}
     adapter = export.folder / export.graph_adapter
     state, metadata = read_adapter(export.adapters[export.graph_adapter], adapter)
     _check_sizes(export, arguments, state)
-    model = GraphAugmentedLM(**arguments, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+    model = GraphAugmentedLM(**grouped_hparams(arguments), cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     model.load_backbone(None if device == "auto" else device)
     expected = trainable_state_dict(model)
     graph_keys = {k for k in expected if not k.startswith("llm.")}
@@ -96,6 +98,7 @@ def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[st
 
     from qgmem_train.model.checkpoint import trainable_state_dict
     from qgmem_train.model.module import GraphAugmentedLM
+    from qgmem_train.model.settings import grouped_hparams
 
     if export.lora_adapter:
         path = export.folder / export.lora_adapter
@@ -107,7 +110,7 @@ def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[st
             raise InputError(f"{export.folder / CONFIG_FILE}: module.lora_r", f"is {arguments.get('lora_r')}, but the LoRA adapter's rank is {', '.join(map(str, ranks))}")
     try:
         with torch.device("meta"):
-            shell = GraphAugmentedLM(**arguments)
+            shell = GraphAugmentedLM(**grouped_hparams(arguments))
     except (RuntimeError, ValueError, OverflowError) as exc:
         why = first_line(exc)
         raise InputError(f"{export.folder / CONFIG_FILE}: module", f"its sizes make a module no adapter fits ({why})") from None
@@ -209,7 +212,7 @@ class QGMemPredictor(Predictor):
         base = {"llm": caller["llm"], "llm_revision": caller.get("llm_revision")} if "llm" in caller else {}
         model = load_exported_module(export, cache_dir=cache_dir, device=device, trust_remote_code=trusted and "llm" in caller, base_model=base)
         if max_new_tokens is not None:
-            model.hparams.max_new_tokens = max_new_tokens
+            model.generation_args = replace(model.generation_args, max_new_tokens=max_new_tokens)
         return cls.from_module(model, pipeline, intent=intent, max_question_chars=max_question_chars)
 
     @classmethod

@@ -134,7 +134,7 @@ class PredictorMemory:
         from qgmem_train.answer.citations import cited_units
 
         model = self.predictor.model
-        text_path = model is None or bool(model.hparams.text_path)
+        text_path = model is None or model.prompt_args.text_path
         cited = set(cited_units(parsed.reasoning_path, found.evidence, text_path=text_path)) if parsed else set()
         units = self._evidence_units(found, cited)
         seconds = {**found.seconds, "total": time.perf_counter() - found.started}
@@ -215,11 +215,11 @@ def _generate_graph(predictor: Predictor, found: Sequence[Retrieval]) -> list[tu
     outputs = []
     for item, example, text in zip(found, examples, generated):
         item.seconds.update(graph=graph_seconds, generate=generate_seconds)
-        graph_tokens = model.hparams.graph_tokens
-        if model.hparams.get("graph_readout") == "edges":
+        graph_tokens = model.readout_args.tokens
+        if model.readout_args.kind == "edges":
             graph_tokens = min(graph_tokens, item.evidence.graph.num_edges)
         prompt_tokens = len(model.prompt_ids(example).ids) + graph_tokens
-        outputs.append((text, parse_answer(text, model.hparams.max_new_tokens), prompt_tokens, predictor.llm.count_tokens(text)))
+        outputs.append((text, parse_answer(text, model.generation_args.max_new_tokens), prompt_tokens, predictor.llm.count_tokens(text)))
     return outputs
 
 
