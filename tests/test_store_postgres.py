@@ -202,3 +202,19 @@ def test_a_namespace_locked_past_busy_timeout_is_one_line_and_other_namespaces_a
         assert "\n" not in str(info.value) and "locked by another writer for more than 0.5 s" in str(info.value)
         other.ensure_namespace("alice", "turns", "four-d", 4)  # released with the holder's transaction
         assert other.namespaces() == ["alice", "bob"]
+
+
+def test_eval_retrieval_reads_a_postgresql_store_and_never_shows_its_password(new_postgres_store, tmp_path: Path, capsys) -> None:
+    config = tmp_path / "turns.yaml"
+    config.write_text("pipeline:\n  construction:\n    units: turns\n    traces: false\n")
+    uri = new_postgres_store()
+    assert main(["build", "--dataset", "locomo", "--input", str(SAMPLE), "--store", uri, "--units", "turns", "--limit-sessions", "2", "--config", str(config)]) == 0
+    password = "pw-Zorblatt-4417"  # the test server trusts local connections, so a password in the URI is read and ignored
+    with_password = f"{uri}{'&' if '?' in uri else '?'}password={password}"
+    out = tmp_path / "report"
+    assert main(["eval", "retrieval", "--dataset", "locomo", "--input", str(SAMPLE), "--store", with_password, "--out", str(out),
+                 "--reranker", "none", "--intent", "rules", "--limit", "4", "--config", str(config)]) == 0  # fmt: skip
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["n_questions"] == 4 and 0.0 <= metrics["recall@10"] <= 1.0 and metrics["store"].endswith("password=***")
+    shown = capsys.readouterr().out + "".join(p.read_text(errors="replace") for p in out.iterdir() if p.suffix in (".json", ".jsonl"))
+    assert password not in shown

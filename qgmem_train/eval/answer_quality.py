@@ -64,7 +64,7 @@ class AnswerVariant:
     """Retrieval channels; None: ``retrieval.channels``."""
     traces: bool = True
     """Serialize evidence clusters with their trajectories; False: every unit as a plain fact."""
-    store: Path | None = None
+    store: str | Path | None = None
     """Store to read; None: the run's ``--store``."""
     model: Path | None = None
     """Exported model folder (graph-token path); None: the configured LLM on the text path."""
@@ -207,7 +207,7 @@ def without_traces(memory: Any) -> Any:
 
 def answer_text_path(
     questions: Sequence[BenchmarkQuestion],
-    store_dir: Path,
+    store_dir: str | Path,
     cfg: PipelineConfig,
     variant: AnswerVariant,
     *,
@@ -285,7 +285,7 @@ def answer_text_path(
     return answered
 
 
-def answer_model_path(questions: Sequence[BenchmarkQuestion], store_dir: Path, variant: AnswerVariant, *, intent_mode: str) -> list[AnsweredQuestion]:
+def answer_model_path(questions: Sequence[BenchmarkQuestion], store_dir: str | Path, variant: AnswerVariant, *, intent_mode: str) -> list[AnsweredQuestion]:
     """Answer through an exported model (``qgmem_train.predictor``): graph-token path, its own token and time accounting.
 
     The variant's reranker, when set, replaces the exported pipeline's.

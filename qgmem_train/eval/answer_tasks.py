@@ -19,6 +19,7 @@ from qgmem_train.benchmarks.loaders import spread_subset
 from qgmem_train.errors import InputError
 from qgmem_train.eval.provenance import git_commit
 from qgmem_train.fileio import atomic_output
+from qgmem_train.memory.store_uri import is_store_uri, shown_store
 
 
 def _answer_setup(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
@@ -62,7 +63,7 @@ def _run_metadata(args: argparse.Namespace, cfg: Any, stats: Any, started: float
 
     judge_models = load_pipeline_config(args.judge_config).models if args.judge_config else cfg.models
     return {
-        "benchmark": args.benchmark, "input": str(args.input), "store": str(args.store),
+        "benchmark": args.benchmark, "input": str(args.input), "store": shown_store(args.store),
         "models": {"llm": cfg.models.llm, "embedder": cfg.models.embedder, "reranker": args.reranker or cfg.models.reranker,
                    "reranker_model": cfg.models.reranker_model, "judge_llm": judge_models.llm,
                    "answer_model": str(args.model) if args.model else None},
@@ -130,7 +131,7 @@ def run_ablations(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     cfg, _, questions = _answer_setup(args)
-    if args.turns_store is not None and not args.turns_store.exists():
+    if args.turns_store is not None and not is_store_uri(args.turns_store) and not args.turns_store.exists():
         raise InputError(str(args.turns_store), "no memory store here (build it with --units turns)")
     stats = ParseStats()
     rows = []

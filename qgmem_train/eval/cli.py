@@ -23,6 +23,7 @@ from qgmem_train.benchmarks.loaders import BENCHMARKS, load_benchmark, plain_con
 from qgmem_train.eval.answer_tasks import run_ablations, run_answers
 from qgmem_train.eval.retrieval_task import run_retrieval
 from qgmem_train.fileio import atomic_output
+from qgmem_train.memory.store_uri import store_location
 
 
 def _parse_channels(text: str) -> list[str]:
@@ -36,7 +37,7 @@ def add_retrieval_parser(tasks: argparse._SubParsersAction) -> None:
     parser = tasks.add_parser("retrieval", help="evidence retrieval metrics of working-memory activation")
     parser.add_argument("--dataset", required=True, choices=["locomo"], help="benchmark whose questions and gold evidence to use")
     parser.add_argument("--input", required=True, type=Path, help="the benchmark file (e.g. locomo10.json)")
-    parser.add_argument("--store", required=True, type=Path, help="memory store built from the same conversations (those it lacks are skipped)")
+    parser.add_argument("--store", required=True, type=store_location, help="memory store (folder or postgresql:// URI) built from the same conversations (those it lacks are skipped)")
     parser.add_argument("--out", required=True, type=Path, help="folder for metrics.json, questions.jsonl and recall_at_k.png")
     parser.add_argument("--config", type=Path, help="YAML with a pipeline: section (models, retrieval settings)")
     parser.add_argument("--channels", type=_parse_channels, help="comma-separated subset of bm25,dense,attr (default: retrieval.channels)")
@@ -52,7 +53,7 @@ def _add_answer_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``eval answers`` and ``eval ablations``."""
     parser.add_argument("--benchmark", required=True, choices=BENCHMARKS, help="benchmark format of --input")
     parser.add_argument("--input", required=True, type=Path, help="benchmark file (BEAM: a chat folder or a folder of chats)")
-    parser.add_argument("--store", required=True, type=Path, help="memory store built from the same conversations")
+    parser.add_argument("--store", required=True, type=store_location, help="memory store (folder or postgresql:// URI) built from the same conversations")
     parser.add_argument("--out", required=True, type=Path, help="report folder")
     parser.add_argument("--config", type=Path, help="YAML with a pipeline: section (models, retrieval, generation)")
     parser.add_argument("--judge-config", type=Path, help="YAML whose pipeline.models pick the judge LLM (default: the pipeline LLM)")
@@ -76,7 +77,7 @@ def add_ablations_parser(tasks: argparse._SubParsersAction) -> None:
     _add_answer_options(parser)
     parser.add_argument("--reranker", choices=["llm", "cross"], help="reranker of the full pipeline (default: models.reranker)")
     parser.add_argument("--model", type=Path, help="exported model: the full pipeline answers with it, 'no graph token' with the text path")
-    parser.add_argument("--turns-store", type=Path, help="store of the same input built with --units turns (for 'turn units')")
+    parser.add_argument("--turns-store", type=store_location, help="store (folder or postgresql:// URI) of the same input built with --units turns (for 'turn units')")
     parser.set_defaults(run=run_ablations)
 
 

@@ -22,11 +22,12 @@ from qgmem_train.benchmarks.loaders import group_by_conversation, last_session_t
 from qgmem_train.errors import InputError
 from qgmem_train.eval.provenance import git_commit
 from qgmem_train.fileio import atomic_output
+from qgmem_train.memory.store_uri import shown_store
 
 RECALL_CURVE_KS = tuple(range(1, 21))
 
 
-def stored_conversations(conversation_ids: Sequence[str], namespaces: Sequence[str], store: Path, requested: Sequence[str] | None) -> tuple[list[str], list[str]]:
+def stored_conversations(conversation_ids: Sequence[str], namespaces: Sequence[str], store: str, requested: Sequence[str] | None) -> tuple[list[str], list[str]]:
     """(evaluated, skipped) conversations of the input: the ones the store holds and the others.
 
     A conversation named in ``requested`` (``--conversation``) that the store lacks is an error, as is a
@@ -38,7 +39,7 @@ def stored_conversations(conversation_ids: Sequence[str], namespaces: Sequence[s
         raise InputError(f"{store}: namespace {missing_requested[0]}", "not in the store (build it from the same input first)")
     evaluated = [cid for cid in conversation_ids if cid in held]
     if not evaluated:
-        raise InputError(str(store), f"holds none of the input's conversations ({', '.join(conversation_ids[:5])}); build it from the same input first")
+        raise InputError(store, f"holds none of the input's conversations ({', '.join(conversation_ids[:5])}); build it from the same input first")
     return evaluated, [cid for cid in conversation_ids if cid not in held]
 
 
@@ -75,9 +76,9 @@ def run_retrieval(args: argparse.Namespace) -> int:
     curves: dict[str, list[list[float]]] = {}
     stats = ParseStats()
     with MemoryStore.open(args.store) as store:
-        evaluated, skipped = stored_conversations(list(conversations), store.namespaces(), args.store, args.conversation)
+        evaluated, skipped = stored_conversations(list(conversations), store.namespaces(), shown_store(args.store), args.conversation)
         if skipped:
-            print(f"evaluating {len(evaluated)} of {len(conversations)} conversations; not in {args.store}, skipped: {', '.join(skipped)}")
+            print(f"evaluating {len(evaluated)} of {len(conversations)} conversations; not in {shown_store(args.store)}, skipped: {', '.join(skipped)}")
         questions = spread_subset([q for q in questions if q.conversation_id in set(evaluated)], args.limit)
         if not questions:
             raise InputError(str(args.input), f"no questions of categories 1-4 with gold evidence in {', '.join(evaluated)}")
@@ -129,7 +130,7 @@ def run_retrieval(args: argparse.Namespace) -> int:
         "task": "retrieval",
         "dataset": args.dataset,
         "input": str(args.input),
-        "store": str(args.store),
+        "store": shown_store(args.store),
         "k": k,
         "rankings": ranking_names,
         "final_ranking": "reranked" if reranker is not None else "fused",

@@ -24,6 +24,11 @@ def store_location(text: str) -> str | Path:
     return text if is_store_uri(text) else Path(text)
 
 
+def shown_store(location: str | Path) -> str:
+    """A store location as reports and messages show it: a folder as written, a URI with its password masked."""
+    return masked_uri(location) if is_store_uri(location) else str(location)
+
+
 def _passwords(uri: str) -> list[str]:
     """The passwords written in ``uri``: after the user name (up to the authority's last ``@``, read even from a URI
     the driver would refuse) and in ``password=`` parameters."""
