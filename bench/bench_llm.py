@@ -14,20 +14,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 from machine import machine_info
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the test server lives with the tests
 
 
 from qgmem_train.config import BUNDLED_LLM  # noqa: E402
 from qgmem_train.llm.http import OpenAICompatibleLLM  # noqa: E402
 from qgmem_train.llm.local import TransformersLLM  # noqa: E402
 from qgmem_train.llm.schemas import AnswerOutput  # noqa: E402
-from qgmem_train.llm.serve import OpenAICompatibleServer  # noqa: E402
 from qgmem_train.llm.structured import strict_json_schema  # noqa: E402
+from tests.openai_server import OpenAICompatibleServer  # noqa: E402
 
 QUESTIONS = [
     "Where did Caroline go yesterday, and how did it feel?",

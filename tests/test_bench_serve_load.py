@@ -1,5 +1,7 @@
-"""bench/bench_serve_load.py at its smoke size, end to end on each backend: real server processes over one store, HTTP
-clients across tenants, a server killed with ``kill -9`` mid-write. The invariants are checked, never the timings."""
+"""bench/bench_serve_load.py at its smoke size, end to end on its PostgreSQL arm (two servers over one database; the
+SQLite arm's one server runs the same code over a folder, whose kill-and-retry case tests/test_session_retry.py covers):
+real server processes, HTTP clients across tenants, a server killed with ``kill -9`` mid-write. The invariants are
+checked, never the timings."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ def bench() -> ModuleType:
         return importlib.import_module("bench_serve_load")
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=["postgresql"])
 def arm(request: pytest.FixtureRequest, bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One smoke run of the arm, its report entry (PostgreSQL: a server the pgserver wheel starts, or QGMEM_TEST_POSTGRES)."""
     out = tmp_path_factory.mktemp(request.param)

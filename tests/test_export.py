@@ -184,7 +184,7 @@ def test_round_trip_over_a_memory_written_by_another_process(trained, tmp_path) 
 
 @pytest.mark.slow
 def test_an_api_backbone_answers_on_the_text_path(trained, smollm2, tmp_path) -> None:
-    from qgmem_train.llm.serve import OpenAICompatibleServer
+    from tests.openai_server import OpenAICompatibleServer
 
     with OpenAICompatibleServer(smollm2, model_name=BUNDLED_LLM) as server:
         predictor = QGMemPredictor.from_pretrained(trained[3], models={"backend": "openai", "base_url": server.base_url, "max_retries": 0}, intent="rules")

@@ -17,7 +17,7 @@ from qgmem_train.errors import ModelUnavailableError
 from qgmem_train.llm.http import OpenAICompatibleLLM
 from qgmem_train.llm.prompts import QUERY_INTENT
 from qgmem_train.llm.schemas import IntentOutput
-from qgmem_train.llm.serve import OpenAICompatibleServer
+from tests.openai_server import OpenAICompatibleServer
 from qgmem_train.llm.structured import ParseStats, generate_structured
 
 MODEL = "smollm2-loopback"

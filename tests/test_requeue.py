@@ -46,7 +46,7 @@ L.seed_everything(0)
 data = TrajectoryDataModule(str(FIXTURE), batch_size=1, num_workers=2, shuffle=False)
 data.setup("fit")
 data.splits["validation"] = data.splits["train"][:3]
-model = GraphAugmentedLM(**tiny_module_kwargs(sys.argv[1], data.feature_dim, val_generate=False))
+model = GraphAugmentedLM(**tiny_module_kwargs(sys.argv[1], data.feature_dim, generation={"val_generate": False}))
 callbacks = [SignalTheGroup(), *always_on_callbacks()]
 validation = {"limit_val_batches": 3, "val_check_interval": 2} if WHEN == "validation" else {"limit_val_batches": 0}
 trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=3, accumulate_grad_batches=2, num_sanity_val_steps=0, **validation,

@@ -1,8 +1,8 @@
 """A minimal OpenAI-compatible HTTP server over a local :class:`TransformersLLM`, on loopback.
 
-It exists to test and benchmark the HTTP backend against a real server without a GPU: chat
-completions (with ``response_format`` JSON schema and first-token ``logprobs``), vLLM's ``/tokenize``
-and ``/v1/models``. Concurrent requests are gathered into one batched ``generate`` call, as vLLM
+It lives with the tests (the server the project ships is ``python -m qgmem_train serve``) and exists to test and
+benchmark the HTTP backend against a real server without a GPU: chat completions (with ``response_format`` JSON
+schema and first-token ``logprobs``), vLLM's ``/tokenize`` and ``/v1/models``. Concurrent requests are gathered into one batched ``generate`` call, as vLLM
 batches them. Not a production server: use vLLM for that.
 """
 
