@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from qgmem_train.errors import first_line
+
 PROBE_TIMEOUT_S = 10.0
 """Seconds the reachability probe may take (the Hub client itself has no timeout)."""
 _TRUE = {"1", "on", "yes", "true"}
@@ -29,7 +31,7 @@ def hub_offline() -> bool:
 
 
 def _one_line(exc: BaseException, token: str | None) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = first_line(exc)
     return text.replace(token, "***") if token else text
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from qgmem_train.config import PipelineConfig, load_pipeline_config
-from qgmem_train.errors import InputError
+from qgmem_train.errors import InputError, first_line
 from qgmem_train.fileio import replace_folder
 from qgmem_train.llm.prompts import ALL_PROMPTS, JSON_RETRY, PROMPTS_VERSION, RERANK
 from qgmem_train.model.checkpoint import ADAPTER_FILE, METADATA_KEY, config_hash, save_adapter
@@ -65,8 +65,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle errors of any kind: not a checkpoint we can read safely
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(str(path), f"not a checkpoint readable with torch.load(weights_only=True): {first}") from None
+        raise InputError(str(path), f"not a checkpoint readable with torch.load(weights_only=True): {first_line(exc)}") from None
     for key in ("state_dict", "hyper_parameters", METADATA_KEY):
         if key not in checkpoint:
             raise InputError(f"{path}: {key}", "missing: not a checkpoint of the graph-augmented LM")

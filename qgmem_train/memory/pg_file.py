@@ -24,7 +24,7 @@ from contextlib import contextmanager, nullcontext
 from functools import cache
 from typing import Any
 
-from qgmem_train.errors import InputError
+from qgmem_train.errors import InputError, first_line
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, SCHEMA, StoreLockedError, ThreadConnections
 from qgmem_train.memory.store_uri import masked_text, masked_uri
 
@@ -169,8 +169,7 @@ class PgFile(ThreadConnections):
 
     def _detail(self, exc: Exception) -> str:
         """The first line of a driver error, the URI's password masked."""
-        text = str(exc).strip()
-        return masked_text(text.splitlines()[0] if text else type(exc).__name__, self._uri)
+        return masked_text(first_line(exc), self._uri)
 
     @contextmanager
     def transaction(self, namespace: str | None = None) -> Iterator[PgConnection]:
