@@ -509,21 +509,17 @@ def test_small_reranker_config_distils_the_trained_reranker_on_the_same_split() 
     assert small.data == full.data and small.seed_everything == full.seed_everything and small.trainer.deterministic is True
 
 
-def test_make_reranker_small_trains_the_config_with_two_seeds_and_averages_them_into_the_demos_folder() -> None:
-    """`make reranker-small` (dry run): the small config twice, nothing but the seeds changed, averaged into the folder the demo reads."""
+def test_make_reranker_small_trains_the_config_once_into_the_demos_folder() -> None:
+    """`make reranker-small` (dry run): the teacher when missing, then the small config once, as it is, into the folder the demo reads."""
     dry = subprocess.run(["make", "-n", "reranker-small"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
     fits = [shlex.split(line) for line in dry if "fit-reranker" in line and "reranker-cpu-small.yaml" in line]
-    averages = [shlex.split(line) for line in dry if "average-rerankers" in line]
-    assert len(fits) == 2 and len(averages) == 1, dry
-    seeds = [_parse_reranker_config("reranker-cpu-small.yaml", *fit[fit.index("--config") + 2 :]) for fit in fits]
-    assert [(c.seed_everything, c.data.seed) for c in seeds] == [(0, 0), (1, 1)]
+    assert len(fits) == 1 and not [line for line in dry if "average-rerankers" in line], dry
+    fit = fits[0]
+    assert fit[fit.index("--config") + 2 :] == [], fit
     base = _parse_reranker_config("reranker-cpu-small.yaml")
-    for config in seeds:
-        assert config.model == base.model and config.trainer == base.trainer
-        assert {k: v for k, v in vars(config.data).items() if k != "seed"} == {k: v for k, v in vars(base.data).items() if k != "seed"}
-    average = averages[0]
-    assert average[average.index("average-rerankers") + 1 : average.index("--out")] == [c.out for c in seeds]
-    assert average[average.index("--out") + 1] == base.out == load_pipeline_config(ROOT / "configs" / "demo-cpu.yaml").models.reranker_model
+    assert base.out == load_pipeline_config(ROOT / "configs" / "demo-cpu.yaml").models.reranker_model
+    teacher = _parse_reranker_config("reranker-cpu.yaml")
+    assert any(f"{teacher.out}/model.safetensors" in line for line in dry), dry
 
 
 def test_context_reranker_config_is_the_reranker_config_on_context_documents() -> None:
