@@ -48,8 +48,8 @@ reranker: setup
 	$(PY) -m qgmem_train fit-reranker --config configs/reranker-cpu.yaml $(RERANKER_ARGS)
 
 # The demo's reranker: four layers distilled from that one (configs/reranker-cpu-small.yaml), which it trains first when
-# missing, into checkpoints/reranker-cpu-small/model, with one seed. Two seeds averaged (`average-rerankers`) rank 0.005
-# recall@10 higher on the held-out pair, within noise, for 16 more minutes (experiments/reranker/results/reranker_soup_idle.md).
+# missing, into checkpoints/reranker-cpu-small/model: one seed, one epoch. From a fresh clone on 2 idle cores, the install,
+# the store and both models: MAKE_TIME (experiments/reranker/results/make_reranker_small_time.md).
 RERANKER_SMALL_ARGS ?=
 reranker-small: setup
 	test -f checkpoints/reranker-cpu/model/model.safetensors || $(MAKE) reranker
