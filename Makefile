@@ -49,7 +49,7 @@ reranker: setup
 
 # The demo's reranker: four layers distilled from that one (configs/reranker-cpu-small.yaml), which it trains first when
 # missing, into checkpoints/reranker-cpu-small/model: one seed, one epoch. From a fresh clone on 2 idle cores, the install,
-# the store and both models: MAKE_TIME (experiments/reranker/results/make_reranker_small_time.md).
+# the store and both models: 38 minutes (experiments/reranker/results/make_reranker_small_time.md).
 RERANKER_SMALL_ARGS ?=
 reranker-small: setup
 	test -f checkpoints/reranker-cpu/model/model.safetensors || $(MAKE) reranker
