@@ -166,9 +166,13 @@ def test_turns_build_embeds_a_chunk_of_windows_in_one_call_and_commits_as_before
     assert windows > 8
     counted = _CountingEmbedder(minilm)
     with MemoryStore.open(new_store(), create=True) as store:
-        committed = []
-        add_windows = store.add_windows
-        store.add_windows = lambda namespace, results: (committed.append(len(results)), add_windows(namespace, results))[1]
+        committed, add_windows = [], store.add_windows
+
+        def counted_add_windows(namespace, results):
+            committed.append(len(results))
+            return add_windows(namespace, results)
+
+        store.add_windows = counted_add_windows
         build_conversation(store, conv, chunked, counted)
         memory = store.load_namespace(conv.id)
     assert len(counted.calls) == -(-windows // 8)

@@ -98,6 +98,11 @@ def evaluate(input_path: Path, stores: list[Path], conversations: list[str], set
     base = cfg.retrieval
     variants = {name: replace(base, channels=[*base.channels, "graph"], **{**s, "graph_links": list(s["graph_links"])}) for name, s in settings.items()}
     records, seconds = [], {name: [] for name in settings}
+    reranked: dict[str, RetrievalConfig] = {}
+    if reranking is not None:
+        reranker, rerank_settings = reranking
+        rerank_with = {key: getattr(rerank_settings, key) for key in RERANK_SETTINGS}
+        reranked = {name: replace(retrieval, **rerank_with) for name, retrieval in {"fused": base, **variants}.items()}
     for store in stores:
         with MemoryStore.open(store) as memory_store:
             here = [c for c in conversations if c in memory_store.namespaces()]
@@ -125,13 +130,11 @@ def evaluate(input_path: Path, stores: list[Path], conversations: list[str], set
                 if len(records) % CHECK_EVERY == 0:  # the shortcut (the channels searched once a question) gives what activate gives
                     first = next(iter(variants))
                     assert orders[first] == run(variants[first], indexes[tuple(variants[first].graph_links)]).reranked, first
-                if reranking is not None:
-                    reranker, rerank_settings = reranking
-                    rows = {"fused": (base, batch.index), **{name: (r, indexes[tuple(r.graph_links)]) for name, r in variants.items()}}
-                    for name, (retrieval, index) in rows.items():
-                        memory = run(replace(retrieval, **{key: getattr(rerank_settings, key) for key in RERANK_SETTINGS}), index, reranker)
-                        assert memory.fused == orders[name], name  # the row's own pool, reranked
-                        orders[name + RERANKED] = memory.reranked
+                for name, retrieval in reranked.items():
+                    index = indexes[tuple(retrieval.graph_links)] if name in variants else batch.index
+                    memory = run(retrieval, index, reranker)
+                    assert memory.fused == orders[name], name  # the row's own pool, reranked
+                    orders[name + RERANKED] = memory.reranked
                 records.append({"conversation": batch.conversation_id, "qa_index": q.index, "category": q.category,
                                 **ranking_metrics(orders, sources, set(q.evidence), K)})
     return records, seconds

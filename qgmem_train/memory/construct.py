@@ -4,8 +4,8 @@ Windows already committed are skipped, so a rerun resumes a killed build and a c
 sessions only extracts the new windows; the store refuses a build whose windows are cut otherwise than
 the namespace's (units mode, window, overlap), whose window indices would name other turns. Windows go
 through the LLM ``window_batch_size`` at a time (the turns mode embeds ``embed_windows`` at a time) and each
-``window_batch_size`` windows commit in one transaction with their progress rows. Several builds may write one namespace at once: a consolidation overtaken by another
-build's units is left to that build, which consolidates last.
+``window_batch_size`` windows commit in one transaction with their progress rows. Several builds may write one
+namespace at once: a consolidation overtaken by another build's units is left to that build, which consolidates last.
 """
 
 from __future__ import annotations
