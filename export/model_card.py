@@ -49,6 +49,14 @@ def projector_output(module: Mapping[str, Any]) -> str:
     return "no LayerNorm (the paper's Eq. 7)"
 
 
+def started_from_lines(record: Mapping[str, Any] | None) -> list[str]:
+    """The card's line on the checkpoint the graph path started from (an aligned one, ``model.init_from``), if any."""
+    if not record:
+        return []
+    return [f"The graph encoder and projector started from `{record['name']}` (SHA-256 `{record['sha256']}`), an aligned checkpoint "
+            "(docs/alignment.md): " + graph_reading_line(record.get("graph_reading")), ""]
+
+
 def graph_reading_section(reading: Mapping[str, Any] | None) -> list[str]:
     """The card's lines on whether the model reads its graph tokens: the last validation's shuffle gap and token cosine."""
     lines = ["## Does it read its graphs?", "", graph_reading_line(reading), ""]
@@ -129,6 +137,7 @@ def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | No
         "",
         f"Trained for {training.get('global_step')} steps on trajectories of the frozen pipeline (`{training.get('data') or 'unknown'}`).",
         "",
+        *started_from_lines(training.get("init_from")),
     ]
     if sources:
         lines += ["| source | examples | licence |", "|---|---|---|"]

@@ -207,9 +207,17 @@ def export_config(
             "epoch": checkpoint.get("epoch"),
             "data": Path(data["path"]).name if data.get("path") else None,
             "sources": sources,
+            "init_from": started_from(meta.get("init_from")),
         },
         "libraries": library_versions(),
     }
+
+
+def started_from(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The checkpoint the graph path started from (``model.init_from``), named by its file name only, with its SHA-256."""
+    if not record:
+        return None
+    return {"name": Path(record["path"]).name, "sha256": record["sha256"], "graph_reading": record.get("graph_reading")}
 
 
 def bundle_reranker(cfg: PipelineConfig, staging: Path) -> dict[str, Any]:

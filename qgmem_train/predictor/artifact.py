@@ -53,7 +53,7 @@ CALLER_MODULE = ("trust_remote_code",)
 """Module hyperparameters that decide what runs: the caller's alone."""
 MACHINE_MODELS = ("device", "cache_dir", "template_budget_s")
 """``pipeline.models`` settings of the loading machine: the caller's arguments; an export's values are ignored."""
-MACHINE_MODULE = ("cache_dir",)
+MACHINE_MODULE = ("cache_dir", "init_from")
 MODEL_REFERENCES = ("llm", "embedder", "reranker_model")
 """``pipeline.models`` settings that name a model to load; with ``module.llm``, each is checked by :func:`check_model_reference`."""
 """Module hyperparameters of the loading machine: the caller's argument; an export's value is ignored."""
