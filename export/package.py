@@ -207,7 +207,7 @@ def export_config(
             "epoch": checkpoint.get("epoch"),
             "data": Path(data["path"]).name if data.get("path") else None,
             "sources": sources,
-            "init_from": started_from(meta.get("init_from")),
+            "init_from": meta.get("init_from"),
         },
         "libraries": library_versions(),
     }
@@ -370,7 +370,8 @@ def export_model(
     metrics = read_eval_report(eval_report)
     public = public_models(cfg, hparams, names or {}, config_path)
     public_hparams = {**hparams, "llm": public["llm"]}
-    public_checkpoint = {**checkpoint, METADATA_KEY: rename_base_model(checkpoint[METADATA_KEY], public["llm"])}
+    public_meta = {**rename_base_model(checkpoint[METADATA_KEY], public["llm"]), "init_from": started_from(checkpoint[METADATA_KEY].get("init_from"))}
+    public_checkpoint = {**checkpoint, METADATA_KEY: public_meta}
     public_cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, **public))
 
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ configs/align-cpu.yaml, and a task fit started from its checkpoint (``model.init
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import yaml
 from data_prep.align import case_splits
 from data_prep.config import DataPrepConfig, load_data_prep_config
 from data_prep.run import draw
+from export.__main__ import main as export_main
 from qgmem_train.__main__ import main
 from qgmem_train.graph.facts import graph_facts_text
 from qgmem_train.graph.local_graph import LocalGraph
@@ -120,6 +122,13 @@ def test_an_aligned_checkpoint_starts_a_task_fit_that_names_it(align_data: tuple
     assert set(started["state_dict"]) == set(source["state_dict"])
     for name, tensor in source["state_dict"].items():
         assert torch.equal(started["state_dict"][name], tensor), name
+
+    exported = tmp_path / "export"
+    assert export_main(["--checkpoint", str(tmp_path / "task" / "ckpt" / "last.ckpt"), "--config", str(TASK), "--out", str(exported)]) == 0
+    training = json.loads((exported / "config.json").read_text())["training"]
+    assert training["init_from"]["name"] == "last.ckpt" and training["init_from"]["sha256"] == record["sha256"]
+    assert str(tmp_path) not in (exported / "graph_adapter.safetensors").read_bytes().decode("latin-1"), "no path of this machine"
+    assert f"started from `last.ckpt` (SHA-256 `{record['sha256']}`)" in (exported / "README.md").read_text()
 
     capsys.readouterr()
     refused = _fit(TASK, tmp_path / "refused", "--model.init_from", str(aligned), "--model.encoder.hidden_dim", "128", *task)
