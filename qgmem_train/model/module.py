@@ -160,6 +160,8 @@ class GraphAugmentedLM(L.LightningModule):
             "optim.contrast": self.optim_args.contrast,
             "optim.contrast_margin": self.optim_args.contrast_margin,
             "diagnostics.shuffle_floor": self.diagnostics_args.shuffle_floor,
+            "encoder.layers": self.encoder_args.layers,
+            "projector.hidden_dim": self.projector_args.hidden_dim,
         }
         for name, value in nonnegative.items():
             if value < 0:
@@ -202,7 +204,7 @@ class GraphAugmentedLM(L.LightningModule):
         self._reference_graph: Batch | None = None
         if tokens > 0:
             self.encoder = RelationalGraphEncoder(feature_dim, enc.hidden_dim, enc.layers, enc.heads, enc.dropout, reverse_edges=enc.reverse_edges)
-            self.readout = build_readout(kind, enc.hidden_dim, feature_dim, tokens)
+            self.readout = build_readout(kind, self.encoder.out_dim, feature_dim, tokens)
             per_vector = self.readout.tokens_per_vector
             if proj.center == "reference":
                 self.projector = ReferenceCenteredProjector(self.readout.out_dim, proj.hidden_dim, backbone.hidden_size, per_vector, proj.center_share)
