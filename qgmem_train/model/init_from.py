@@ -7,7 +7,6 @@ shapes the graph path must match, else one :class:`InputError` (:func:`~qgmem_tr
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 
 from qgmem_train.errors import InputError
+from qgmem_train.fileio import file_sha256
 from qgmem_train.model.checkpoint import ADAPTER_FILE, METADATA_KEY, check_compatible, config_hash, load_adapter
 
 GRAPH_PATH = ("encoder.", "readout.", "projector.")
@@ -54,15 +54,6 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str
     return checkpoint.get("state_dict") or {}, checkpoint.get(METADATA_KEY) or {}, checkpoint, path
 
 
-def sha256_of(path: Path) -> str:
-    """Hex SHA-256 of a file's bytes, read in chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def read_init_checkpoint(
     path: str | os.PathLike, expected: Mapping[str, Any], expected_keys: set[str]
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -73,7 +64,7 @@ def read_init_checkpoint(
     check_compatible(graph_only(metadata) if metadata else None, graph_only(expected), set(graph_state), expected_keys, f"model.init_from {path}")
     record = {
         "path": str(path),
-        "sha256": sha256_of(file),
+        "sha256": file_sha256(file),
         "config_hash": metadata.get("config_hash"),
         "global_step": checkpoint.get("global_step"),
         "graph_reading": metadata.get("graph_reading"),
