@@ -20,7 +20,7 @@ import logging
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -34,6 +34,10 @@ from qgmem_train.fileio import read_text, write_json_atomic
 from qgmem_train.graph.facts import graph_facts_text
 from qgmem_train.llm.prompts import ALIGNMENT_INSTRUCTION
 from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, split_of_case, write_trajectory_dataset
+
+if TYPE_CHECKING:  # the pipeline brings in PyG and the model libraries, which bad input should not wait for
+    from data_prep.pipeline import PipelineModels
+    from qgmem_train.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ def settings_fingerprint(cfg: DataPrepConfig, pipeline: PipelineConfig, pseudo_q
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def case_examples(case: ConvoMemCase, store: Any, models: Any, cfg: DataPrepConfig, pipeline: PipelineConfig, pseudo_queries: int) -> list[TrajectoryExample]:
+def case_examples(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg: DataPrepConfig, pipeline: PipelineConfig, pseudo_queries: int) -> list[TrajectoryExample]:
     """Build the case's memory, activate a local graph per query, and keep each distinct graph with an edge as an example."""
     from qgmem_train.graph.local_graph import local_graph_from_units
     from qgmem_train.memory.construct import build_conversation
