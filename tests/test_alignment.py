@@ -21,6 +21,7 @@ from qgmem_train.__main__ import main
 from qgmem_train.graph.facts import graph_facts_text
 from qgmem_train.graph.local_graph import LocalGraph
 from qgmem_train.llm.prompts import ALIGNMENT_INSTRUCTION
+from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, split_of_case, write_trajectory_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,6 +123,8 @@ def test_an_aligned_checkpoint_starts_a_task_fit_that_names_it(align_data: tuple
     assert set(started["state_dict"]) == set(source["state_dict"])
     for name, tensor in source["state_dict"].items():
         assert torch.equal(started["state_dict"][name], tensor), name
+    loaded = GraphAugmentedLM.load_from_checkpoint(tmp_path / "task" / "ckpt" / "last.ckpt")
+    assert loaded.hparams.init_from is None and loaded.init_record == record, "a loaded model keeps its own weights and the record"
 
     exported = tmp_path / "export"
     assert export_main(["--checkpoint", str(tmp_path / "task" / "ckpt" / "last.ckpt"), "--config", str(TASK), "--out", str(exported)]) == 0

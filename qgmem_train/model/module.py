@@ -214,9 +214,11 @@ class GraphAugmentedLM(L.LightningModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, *args: Any, **kwargs: Any) -> GraphAugmentedLM:  # type: ignore[override]
         """Lightning's loader, reading the flat hyperparameters of a checkpoint written before the grouping as groups
-        (Lightning would drop them as unknown arguments, or hand them to LightningCLI's parser, which refuses them)."""
+        (Lightning would drop them as unknown arguments, or hand them to LightningCLI's parser, which refuses them).
+
+        ``init_from`` is dropped: the checkpoint's own weights are the model's, and its metadata keeps where they started."""
         saved = torch.load(checkpoint_path, map_location="cpu", weights_only=True).get("hyper_parameters", {})
-        grouped = {**grouped_hparams(saved), "_instantiator": None}  # None: built here from these arguments
+        grouped = {**grouped_hparams(saved), "init_from": None, "_instantiator": None}  # None: built here from these arguments
         return super().load_from_checkpoint(checkpoint_path, *args, **{**grouped, **kwargs})
 
     def configure_model(self) -> None:
