@@ -3,6 +3,7 @@
     python -m data_prep --config configs/data_prep/demo-cpu.yaml            # all shards' work, then merge
     python -m data_prep --config FILE --shard 0/4                          # one shard (SLURM array task)
     python -m data_prep merge --config FILE [--push-to-hub REPO]           # combine finished shards
+    python -m data_prep align --config FILE [--pseudo-queries N]           # alignment data: graphs -> their facts
 
 Every finished case is persisted at once; rerunning the same command resumes.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.logging_setup import setup_output
@@ -27,13 +29,28 @@ def _shard(text: str) -> tuple[int, int]:
     return index, total
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
-    """The CLI: run (default) or merge."""
+    """The CLI: run (default), merge or align."""
     p = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", nargs="?", choices=["run", "merge"], default="run", help="run (default) or merge")
+    p.add_argument("command", nargs="?", choices=["run", "merge", "align"], default="run",
+                   help="run (default), merge, or align: alignment data from the training cases' graphs (docs/alignment.md)")
     p.add_argument("--config", required=True, help="YAML with data_prep: and pipeline: sections")
     p.add_argument("--shard", type=_shard, help="process only shard I of N (then run merge once all are done)")
     p.add_argument("--push-to-hub", metavar="REPO", help="after merge, push the dataset to this Hub dataset repo (token from HF_TOKEN)")
+    p.add_argument("--pseudo-queries", type=_count, default=16, metavar="N",
+                   help="align: also activate a graph for N of each case's units' own texts (default 16)")
+    p.add_argument("--split-from", metavar="FOLDER", help="align: take each case's split from this trajectory folder (cases absent from it are left out)")
+    p.add_argument("--out", metavar="FOLDER", help="align: output folder (default: data_prep.out/align)")
     return p
 
 
@@ -44,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg, pipeline = load_data_prep_config(args.config)
+        if args.command == "align":
+            from data_prep.align import build_alignment_data
+
+            out = args.out or str(Path(cfg.out) / "align")
+            print(json.dumps(build_alignment_data(cfg, pipeline, out, args.pseudo_queries, args.split_from)))
+            return 0
         if args.command == "run":
             from data_prep.run import run_shard
 

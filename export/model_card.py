@@ -49,6 +49,21 @@ def projector_output(module: Mapping[str, Any]) -> str:
     return "no LayerNorm (the paper's Eq. 7)"
 
 
+def graph_encoder(module: Mapping[str, Any]) -> str:
+    """The card's description of the graph encoder: the TransformerConv stack, or none (frozen node features pooled)."""
+    if module["gnn_layers"] == 0:
+        return "none: the embedder's frozen node features, mean-pooled"
+    return f"TransformerConv, {module['gnn_layers']} layers, hidden {module['gnn_hidden']}, {module['gnn_heads']} heads"
+
+
+def started_from_lines(record: Mapping[str, Any] | None) -> list[str]:
+    """The card's line on the checkpoint the graph path started from (an aligned one, ``model.init_from``), if any."""
+    if not record:
+        return []
+    return [f"The graph encoder and projector started from `{record['name']}` (SHA-256 `{record['sha256']}`), an aligned checkpoint "
+            "(docs/alignment.md): " + graph_reading_line(record.get("graph_reading")), ""]
+
+
 def graph_reading_section(reading: Mapping[str, Any] | None) -> list[str]:
     """The card's lines on whether the model reads its graph tokens: the last validation's shuffle gap and token cosine."""
     lines = ["## Does it read its graphs?", "", graph_reading_line(reading), ""]
@@ -95,8 +110,9 @@ def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | No
         f"| base LLM (frozen) | `{base['id']}` (revision `{base['revision'] or 'default'}`) |",
         f"| embedder (retrieval, graph features) | `{config['embedder']['id']}` ({config['feature_dim']}-d) |",
         f"| reranker | `{config['reranker']['kind']}`{reranker_source(config['reranker'])} |",
-        f"| graph encoder | TransformerConv, {module['gnn_layers']} layers, hidden {module['gnn_hidden']}, {module['gnn_heads']} heads |",
-        f"| projector | MLP hidden {module['projector_hidden']} → {config['graph_tokens']} token(s), {projector_output(module)} |",
+        f"| graph encoder | {graph_encoder(module)} |",
+        f"| projector | {'one linear layer' if module['projector_hidden'] == 0 else 'MLP hidden ' + str(module['projector_hidden'])} → "
+        f"{config['graph_tokens']} token(s), {projector_output(module)} |",
         f"| LoRA | {lora} |",
         f"| memory units | `{pipeline['construction']['units']}`; window {pipeline['construction']['window']}, overlap {pipeline['construction']['overlap']} |",
         f"| retrieval | channels {', '.join(pipeline['retrieval']['channels'])}; n={pipeline['retrieval']['n']}, κ={pipeline['retrieval']['kappa']}, k={pipeline['retrieval']['k']} |",
@@ -129,6 +145,7 @@ def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | No
         "",
         f"Trained for {training.get('global_step')} steps on trajectories of the frozen pipeline (`{training.get('data') or 'unknown'}`).",
         "",
+        *started_from_lines(training.get("init_from")),
     ]
     if sources:
         lines += ["| source | examples | licence |", "|---|---|---|"]

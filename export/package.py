@@ -207,9 +207,17 @@ def export_config(
             "epoch": checkpoint.get("epoch"),
             "data": Path(data["path"]).name if data.get("path") else None,
             "sources": sources,
+            "init_from": meta.get("init_from"),
         },
         "libraries": library_versions(),
     }
+
+
+def started_from(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The checkpoint the graph path started from (``model.init_from``), named by its file name only, with its SHA-256."""
+    if not record:
+        return None
+    return {"name": Path(record["path"]).name, "sha256": record["sha256"], "graph_reading": record.get("graph_reading")}
 
 
 def bundle_reranker(cfg: PipelineConfig, staging: Path) -> dict[str, Any]:
@@ -362,7 +370,8 @@ def export_model(
     metrics = read_eval_report(eval_report)
     public = public_models(cfg, hparams, names or {}, config_path)
     public_hparams = {**hparams, "llm": public["llm"]}
-    public_checkpoint = {**checkpoint, METADATA_KEY: rename_base_model(checkpoint[METADATA_KEY], public["llm"])}
+    public_meta = {**rename_base_model(checkpoint[METADATA_KEY], public["llm"]), "init_from": started_from(checkpoint[METADATA_KEY].get("init_from"))}
+    public_checkpoint = {**checkpoint, METADATA_KEY: public_meta}
     public_cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, **public))
 
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -63,3 +63,21 @@ def test_demo_config_runs_on_the_bundled_cpu_models() -> None:
     assert config.pipeline.models.reranker == "cross" and config.pipeline.models.reranker_model == "checkpoints/reranker-cpu-small/model"
     assert config.pipeline.retrieval.rerank_mode == "blend" and config.pipeline.retrieval.rerank_prior == 0.75
     assert config.pipeline.models.reranker_runtime == "onnxruntime" and config.pipeline.models.reranker_quantization == "int8"
+
+
+ALIGNMENT_PAIRS = [("align-cpu.yaml", "demo-cpu.yaml"), ("align-qwen3-8b.yaml", "qwen3-8b.yaml")]
+"""Each alignment-stage config and the task config whose fit starts from its checkpoint (``model.init_from``)."""
+
+
+@pytest.mark.parametrize(("align", "task"), ALIGNMENT_PAIRS, ids=lambda name: name)
+def test_alignment_configs_shape_the_graph_path_as_their_task_config(align: str, task: str) -> None:
+    by_name = {p.name: p for p in CONFIGS}
+    aligned, tasked = _parse("fit", "--config", str(by_name[align])), _parse("fit", "--config", str(by_name[task]))
+    for group in ("encoder", "readout", "projector"):
+        assert aligned.model[group] == tasked.model[group], f"{align} and {task} differ in model.{group}: the task fit would refuse the checkpoint"
+    assert (aligned.model.llm, aligned.model.dtype, aligned.data.embedder) == (tasked.model.llm, tasked.model.dtype, tasked.data.embedder)
+    assert aligned.model.optim.learning_rate >= 2e-3 > tasked.model.optim.learning_rate, "a projector-only stage with no text trains at 2e-3 or more"
+    assert aligned.model.generation.val_generate is False, "generated facts would be cut at the answer cap; validation scores their loss"
+    assert aligned.model.diagnostics.shuffle_gap, "the shuffle gap on held-out graphs is what the stage is judged by"
+    assert aligned.checkpoint.dirpath != tasked.checkpoint.dirpath
+    assert "/align/" in aligned.data.path, "the folder `python -m data_prep align` writes"

@@ -109,3 +109,29 @@ def test_projector_without_norm_is_the_papers_eq7_two_layer_mlp() -> None:
     assert torch.allclose(projector(pooled), by_hand.view(5, 3, 48), atol=1e-6)
     projector.set_scale(3.0)
     assert torch.allclose(projector(pooled), by_hand.view(5, 3, 48), atol=1e-6), "no scale to set without the norm"
+
+
+def test_zero_layers_pass_the_frozen_node_features_through_unchanged() -> None:
+    """``model.encoder.layers: 0``: no message passing, no parameters; the readout pools the embedder's node features."""
+    encoder = RelationalGraphEncoder(DIM, hidden_dim=16, layers=0, heads=2)
+    assert encoder.out_dim == DIM and not list(encoder.parameters())
+    x = torch.randn(3, DIM)
+    graph = _batch(x, [(0, 1), (1, 2)], torch.randn(2, DIM))
+    assert torch.equal(encoder.node_states(graph), x)
+    assert torch.allclose(encoder(graph)[0], x.mean(0))
+    with pytest.raises(ValueError, match="0 or more"):
+        RelationalGraphEncoder(DIM, hidden_dim=16, layers=-1, heads=2)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_projector_with_no_hidden_layer_is_one_linear_map(normalize: bool) -> None:
+    """``model.projector.hidden_dim: 0``: one linear layer from the pooled vector to the tokens (with ``norm: false``, nothing after it)."""
+    torch.manual_seed(0)
+    projector = GraphTokenProjector(in_dim=32, hidden_dim=0, llm_hidden_size=48, tokens=3, normalize=normalize)
+    (linear,) = projector.mlp
+    assert isinstance(linear, torch.nn.Linear) and (linear.in_features, linear.out_features) == (32, 144)
+    pooled = torch.randn(5, 32)
+    by_hand = (pooled @ linear.weight.T + linear.bias).view(5, 3, 48)
+    if normalize:
+        by_hand = torch.nn.functional.layer_norm(by_hand, (48,)) / 48**0.5  # the learned scale starts at 1
+    assert torch.allclose(projector(pooled), by_hand, atol=1e-5)

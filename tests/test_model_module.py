@@ -193,3 +193,20 @@ def test_the_term_reaches_the_graph_path(llm_dir, data) -> None:
 def test_negative_settings_are_refused(llm_dir, data, field, value) -> None:
     with pytest.raises(InputError, match=f"model.optim.{field}"):
         GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, optim={field: value}))
+
+
+def test_frozen_features_with_one_linear_projector_train_only_the_projector(llm_dir, data) -> None:
+    """The alignment study's first arm: ``encoder.layers: 0`` (the embedder's node features pooled as they are),
+    ``projector.hidden_dim: 0`` (one linear layer) and ``projector.norm: false`` (no LayerNorm)."""
+    model = _module(llm_dir, data, encoder={"layers": 0}, projector={"hidden_dim": 0, "norm": False})
+    assert not list(model.encoder.parameters())
+    assert [type(m) for m in model.projector.mlp] == [torch.nn.Linear] and model.projector.mlp[0].in_features == data.feature_dim
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.projector.modules())
+    assert _grads(model, data) == {"projector"}
+    assert set(trainable_state_dict(model)) == {"projector.mlp.0.weight", "projector.mlp.0.bias"}
+
+
+@pytest.mark.parametrize("group,field", [("encoder", "layers"), ("projector", "hidden_dim")])
+def test_negative_sizes_are_refused(llm_dir, data, group, field) -> None:
+    with pytest.raises(InputError, match=f"model.{group}.{field}"):
+        GraphAugmentedLM(**tiny_module_kwargs(llm_dir, data.feature_dim, **{group: {field: -1}}))

@@ -17,6 +17,8 @@ import math
 import torch
 from torch import nn
 
+from qgmem_train.graph.projector import projector_mlp
+
 SPREAD_FLOOR = 1e-6
 """Smallest deviation spread divided by, so identical reference graphs give zero deviations rather than NaN."""
 
@@ -29,7 +31,7 @@ class ReferenceCenteredProjector(nn.Module):
         self.tokens = tokens
         self.llm_hidden_size = llm_hidden_size
         self.share = share
-        self.mlp = nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, llm_hidden_size * tokens))
+        self.mlp = projector_mlp(in_dim, hidden_dim, llm_hidden_size * tokens)
         self.prompt = nn.Parameter(torch.randn(tokens, llm_hidden_size))
         self.norm = nn.LayerNorm(llm_hidden_size, elementwise_affine=False)
         self.scale = nn.Parameter(torch.ones(()))

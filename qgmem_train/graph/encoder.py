@@ -19,7 +19,7 @@ from torch_geometric.nn import TransformerConv, global_mean_pool
 
 
 class RelationalGraphEncoder(nn.Module):
-    """``layers`` TransformerConv blocks reading edge features, LayerNorm + GELU between, mean pool.
+    """``layers`` TransformerConv blocks reading edge features, LayerNorm + GELU between, mean pool (0 layers: the features).
 
     The inverse relation is the predicate embedding with a direction flag appended (0 forward,
     1 reversed), so ``edge_dim`` is the feature width plus one. Each layer's edge projection (a bias-free
@@ -37,14 +37,15 @@ class RelationalGraphEncoder(nn.Module):
         Args:
             feature_dim: width of node and edge (predicate) features.
             hidden_dim: width of every layer's output and of the pooled vector.
-            layers: TransformerConv layers (at least one).
+            layers: TransformerConv layers; 0 passes the node features through unchanged (frozen embedder features, pooled as
+                they are: ``out_dim`` is then ``feature_dim``).
             heads: attention heads per layer (averaged, not concatenated).
             dropout: attention dropout.
             reverse_edges: also pass messages object → subject along each edge, flagged as the inverse relation.
         """
         super().__init__()
-        if layers < 1:
-            raise ValueError("the graph encoder needs at least one layer")
+        if layers < 0:
+            raise ValueError(f"the graph encoder needs 0 or more layers, not {layers}")
         self.reverse_edges = reverse_edges
         edge_dim = feature_dim + 1 if reverse_edges else feature_dim
         dims = [feature_dim] + [hidden_dim] * layers
@@ -53,7 +54,7 @@ class RelationalGraphEncoder(nn.Module):
             for i in range(layers)
         )
         self.norms = nn.ModuleList(nn.LayerNorm(hidden_dim) for _ in range(layers - 1))
-        self.out_dim = hidden_dim
+        self.out_dim = hidden_dim if layers else feature_dim
 
     def message_edges(self, edge_index: torch.Tensor, edge_attr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The edges messages travel along: the graph's own, plus reversed and flagged ones with ``reverse_edges``."""

@@ -15,14 +15,21 @@ import torch
 from torch import nn
 
 
+def projector_mlp(in_dim: int, hidden_dim: int, out_dim: int) -> nn.Sequential:
+    """``Linear → GELU → Linear`` through ``hidden_dim`` (paper Eq. 7), or one ``Linear`` when ``hidden_dim`` is 0."""
+    if hidden_dim == 0:
+        return nn.Sequential(nn.Linear(in_dim, out_dim))
+    return nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, out_dim))
+
+
 class GraphTokenProjector(nn.Module):
-    """Two-layer MLP from the pooled graph vector to ``tokens`` vectors of the LLM's hidden size."""
+    """Two-layer MLP (one linear layer with ``hidden_dim`` 0) from the pooled graph vector to ``tokens`` vectors of the LLM's hidden size."""
 
     def __init__(self, in_dim: int, hidden_dim: int, llm_hidden_size: int, tokens: int, normalize: bool = True) -> None:
         super().__init__()
         self.tokens = tokens
         self.llm_hidden_size = llm_hidden_size
-        self.mlp = nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, llm_hidden_size * tokens))
+        self.mlp = projector_mlp(in_dim, hidden_dim, llm_hidden_size * tokens)
         self.norm = nn.LayerNorm(llm_hidden_size, elementwise_affine=False) if normalize else None
         self.scale = nn.Parameter(torch.ones(())) if normalize else None
 

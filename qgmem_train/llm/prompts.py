@@ -284,3 +284,11 @@ Model answer: {answer}
 Return only a JSON object with two fields: {"score": 0, 0.5 or 1, "reason": "brief explanation"}""",
 )
 
+
+# Not one of the paper's prompts: the project's own question of the alignment stage (docs/alignment.md), asked in
+# FINAL_ANSWER with an empty memory context, so the graph tokens are the only source of the target (the local graph's
+# facts, one `[F#] subject | predicate | object` line each). Kept apart from ALL_PROMPTS.
+ALIGNMENT_INSTRUCTION = (
+    "The graph tokens hold a local memory graph. List every fact of that graph as the answer, one line each, "
+    "in the form [F#] subject | predicate | object."
+)

@@ -49,6 +49,7 @@ from qgmem_train.model.fusion import (
     per_example_loss,
     sequence_labels,
 )
+from qgmem_train.model.init_from import GRAPH_PATH, read_init_checkpoint
 from qgmem_train.model.prefix_attention import use_bottom_right
 from qgmem_train.model.prefix_cache import (
     PrefixKV,
@@ -104,6 +105,7 @@ class GraphAugmentedLM(L.LightningModule):
         trust_remote_code: bool = False,
         gradient_checkpointing: bool = False,
         prefix_cache: bool = True,
+        init_from: str | None = None,
         encoder: EncoderArgs = EncoderArgs(),
         readout: ReadoutArgs = ReadoutArgs(),
         projector: ProjectorArgs = ProjectorArgs(),
@@ -126,6 +128,9 @@ class GraphAugmentedLM(L.LightningModule):
             gradient_checkpointing: recompute LLM decoder-layer activations in backward to save memory.
             prefix_cache: compute the frozen prompt prefix (every token before the graph slot) once and reuse its
                 keys and values in every step and generation; applies without LoRA (see ``prefix_cache_status``).
+            init_from: a fit checkpoint (``.ckpt``), export folder or graph adapter file whose encoder, readout and projector
+                weights a Trainer run starts from (an aligned checkpoint, docs/alignment.md); refused in one line when its base
+                model or graph-path settings differ; recorded in this run's checkpoints and export. A resumed run ignores it.
             encoder: graph encoder: relation-aware message passing over each question's local graph.
             readout: graph readout: how node states become graph tokens, and how many.
             projector: projector: readout vectors to the LLM's input embeddings, optionally centred on reference graphs.
@@ -155,6 +160,8 @@ class GraphAugmentedLM(L.LightningModule):
             "optim.contrast": self.optim_args.contrast,
             "optim.contrast_margin": self.optim_args.contrast_margin,
             "diagnostics.shuffle_floor": self.diagnostics_args.shuffle_floor,
+            "encoder.layers": self.encoder_args.layers,
+            "projector.hidden_dim": self.projector_args.hidden_dim,
         }
         for name, value in nonnegative.items():
             if value < 0:
@@ -169,7 +176,7 @@ class GraphAugmentedLM(L.LightningModule):
         backbone_settings = dict(llm=llm, llm_revision=llm_revision, dtype=dtype, quantization=quantization, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
         self.save_hyperparameters(
             {
-                "feature_dim": feature_dim, **backbone_settings, "gradient_checkpointing": gradient_checkpointing, "prefix_cache": prefix_cache,
+                "feature_dim": feature_dim, **backbone_settings, "gradient_checkpointing": gradient_checkpointing, "prefix_cache": prefix_cache, "init_from": init_from,
                 **{name: dataclasses.asdict(getattr(self, f"{name}_args")) for name in GROUPS},
             }
         )  # fmt: skip  # plain mappings: a checkpoint loads with torch.load(weights_only=True)
@@ -186,6 +193,8 @@ class GraphAugmentedLM(L.LightningModule):
         self._eval_gaps: list[float] = []
         self._donors: dict[tuple[str, str], TrajectoryExample] = {}
         self._gap_skipped: str | None = None
+        self.init_record: dict[str, Any] | None = None
+        """Where the graph path started (``init_from``: path, SHA-256, the source's graph reading), or None; saved in checkpoints."""
         self.graph_reading: dict[str, Any] | None = None
         """The last validation's shuffle gap and token cosine (:func:`~qgmem_train.graph.shuffle_gap.graph_reading_line` says
         what they mean), or why it was not measured; saved in checkpoints' metadata."""
@@ -195,7 +204,7 @@ class GraphAugmentedLM(L.LightningModule):
         self._reference_graph: Batch | None = None
         if tokens > 0:
             self.encoder = RelationalGraphEncoder(feature_dim, enc.hidden_dim, enc.layers, enc.heads, enc.dropout, reverse_edges=enc.reverse_edges)
-            self.readout = build_readout(kind, enc.hidden_dim, feature_dim, tokens)
+            self.readout = build_readout(kind, self.encoder.out_dim, feature_dim, tokens)
             per_vector = self.readout.tokens_per_vector
             if proj.center == "reference":
                 self.projector = ReferenceCenteredProjector(self.readout.out_dim, proj.hidden_dim, backbone.hidden_size, per_vector, proj.center_share)
@@ -205,9 +214,11 @@ class GraphAugmentedLM(L.LightningModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, *args: Any, **kwargs: Any) -> GraphAugmentedLM:  # type: ignore[override]
         """Lightning's loader, reading the flat hyperparameters of a checkpoint written before the grouping as groups
-        (Lightning would drop them as unknown arguments, or hand them to LightningCLI's parser, which refuses them)."""
+        (Lightning would drop them as unknown arguments, or hand them to LightningCLI's parser, which refuses them).
+
+        ``init_from`` is dropped: the checkpoint's own weights are the model's, and its metadata keeps where they started."""
         saved = torch.load(checkpoint_path, map_location="cpu", weights_only=True).get("hyper_parameters", {})
-        grouped = {**grouped_hparams(saved), "_instantiator": None}  # None: built here from these arguments
+        grouped = {**grouped_hparams(saved), "init_from": None, "_instantiator": None}  # None: built here from these arguments
         return super().load_from_checkpoint(checkpoint_path, *args, **{**grouped, **kwargs})
 
     def configure_model(self) -> None:
@@ -215,7 +226,19 @@ class GraphAugmentedLM(L.LightningModule):
         trainer = self._trainer
         if trainer is not None:
             _refuse_sharding(trainer.strategy)
+        start = self._init_state() if trainer is None or trainer.ckpt_path is None else None
         self.load_backbone(trainer.strategy.root_device if trainer is not None else None)
+        if start is not None:
+            self.load_state_dict(start, strict=False)  # after load_backbone, which sets the projector's scale
+
+    def _init_state(self) -> dict[str, torch.Tensor] | None:
+        """The ``init_from`` checkpoint's graph-path tensors, checked before the LLM loads (None without ``init_from``)."""
+        if not self.hparams.get("init_from"):
+            return None
+        graph_keys = {name for name in trainable_state_dict(self) if name.startswith(GRAPH_PATH)}
+        state, self.init_record = read_init_checkpoint(self.hparams.init_from, self.checkpoint_metadata(), graph_keys)
+        log.info("graph path starts from %s (sha256 %s)", self.init_record["path"], self.init_record["sha256"][:16])
+        return state
 
     def load_backbone(self, device: str | torch.device | None = None, *, quantized: bool = True) -> None:
         """Load the frozen LLM on ``device`` (default: this process's GPU, ``cuda:<local rank>``, else CPU); once.
@@ -604,11 +627,11 @@ class GraphAugmentedLM(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only trainable parameters and record what they belong to, and whether the last validation found them read."""
         checkpoint["state_dict"] = trainable_state_dict(self)
-        checkpoint[METADATA_KEY] = {**self.checkpoint_metadata(), "graph_reading": self.graph_reading}
+        checkpoint[METADATA_KEY] = {**self.checkpoint_metadata(), "graph_reading": self.graph_reading, "init_from": self.init_record}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another base model, revision, backbone files, configuration or parameter set; take its
-        graph reading (a resumed fit that ends before its next validation still says it)."""
+        graph reading (a resumed fit that ends before its next validation still says it) and where its graph path started."""
         check_compatible(
             checkpoint.get(METADATA_KEY),
             self.checkpoint_metadata(),
@@ -617,6 +640,7 @@ class GraphAugmentedLM(L.LightningModule):
             "checkpoint",
         )
         self.graph_reading = checkpoint[METADATA_KEY].get("graph_reading")
+        self.init_record = checkpoint[METADATA_KEY].get("init_from")
 
 
 def flat_parameters() -> list[tuple[str, Any, Any]]:

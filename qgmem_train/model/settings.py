@@ -23,7 +23,7 @@ class EncoderArgs:
 
     Args:
         hidden_dim: hidden width of the graph encoder.
-        layers: message-passing layers.
+        layers: message-passing layers; 0 pools the embedder's frozen node features as they are (no message passing).
         heads: attention heads per TransformerConv layer.
         dropout: attention dropout of the graph encoder.
         reverse_edges: also pass messages object → subject, with an inverse-relation feature.
@@ -56,7 +56,7 @@ class ProjectorArgs:
     """Projector: the MLP from readout vectors to the LLM's input embeddings, optionally centred on reference graphs.
 
     Args:
-        hidden_dim: hidden width of the projector MLP.
+        hidden_dim: hidden width of the projector MLP; 0 makes the projector one linear layer.
         norm: layer-normalise graph tokens to the mean norm of the LLM's input embeddings (learned scale).
         center: ``none`` (the paper's projector) or ``reference``: each graph token is a learned prompt plus the graph's
             deviation from the mean of ``reference_graphs`` training graphs re-encoded at every step, scaled to
