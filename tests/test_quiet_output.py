@@ -67,14 +67,16 @@ def output_lines(text: str) -> list[str]:
 
 
 def fit_config(root: Path) -> Path:
-    """The demo fit config, writing under ``root``: two steps of a LoRA run on the committed trajectories."""
+    """The demo fit config, writing under ``root``: two steps of a LoRA run on the committed trajectories, one example
+    a step and a short context (the lines a fit prints do not depend on how much it computes)."""
     raw = yaml.safe_load(FIT_CONFIG.read_text())
     raw["trainer"].update(max_steps=2, val_check_interval=2, limit_val_batches=1, default_root_dir=str(root))
     for logger in raw["trainer"]["logger"]:
         logger["init_args"]["save_dir"] = str(root)
     raw["checkpoint"]["dirpath"] = str(root / "ckpt")
-    raw["model"] = merge_settings(raw["model"], {"lora": {"r": 2}, "generation": {"val_generate": False, "max_new_tokens": 48}})
-    raw["data"]["path"] = str(TRAJECTORIES)
+    raw["model"] = merge_settings(raw["model"], {"lora": {"r": 2}, "generation": {"val_generate": False, "max_new_tokens": 32},
+                                               "prompt": {"max_context_tokens": 32}})
+    raw["data"].update(path=str(TRAJECTORIES), batch_size=1, eval_batch_size=1)
     path = root / "fit.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
