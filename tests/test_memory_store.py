@@ -5,6 +5,7 @@ Tests taking ``new_store`` run on both backends: SQLite folders and PostgreSQL d
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -28,6 +29,17 @@ from tests.fakes import ScriptedLLM
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "locomo_sample.json"
+TURNS_A_SESSION = 11  # 3 windows a session, 12 in all: more than one 8-window embedding chunk, at 44 of the sample's 76 turns
+
+
+@pytest.fixture(scope="module")
+def short_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The LoCoMo sample with each of its four sessions cut to its first turns: every build below embeds about half as much."""
+    (sample,) = json.loads(SAMPLE.read_text())
+    conversation = {key: value[:TURNS_A_SESSION] if isinstance(value, list) else value for key, value in sample["conversation"].items()}
+    path = tmp_path_factory.mktemp("sample") / "locomo_short.json"
+    path.write_text(json.dumps([{**sample, "conversation": conversation}]))
+    return path
 
 
 def _turns_cfg() -> PipelineConfig:
@@ -52,8 +64,8 @@ def _assert_same_memory(a: NamespaceMemory, b: NamespaceMemory, *, trajectories:
     np.testing.assert_allclose(a.sentence_embeddings, b.sentence_embeddings, atol=1e-5)
 
 
-def test_turns_build_fills_the_retrieval_contract(new_store, minilm) -> None:
-    (conv,) = load_conversations("locomo", SAMPLE)
+def test_turns_build_fills_the_retrieval_contract(short_sample, new_store, minilm) -> None:
+    (conv,) = load_conversations("locomo", short_sample)
     location = new_store()
     with MemoryStore.open(location, create=True) as store:
         report = build_conversation(store, conv, _turns_cfg(), minilm)
@@ -81,8 +93,8 @@ def test_turns_build_fills_the_retrieval_contract(new_store, minilm) -> None:
         again.load_namespace("nope")
 
 
-def test_turns_build_stores_sentence_vectors_and_turn_order(new_store, minilm) -> None:
-    (conv,) = load_conversations("locomo", SAMPLE)
+def test_turns_build_stores_sentence_vectors_and_turn_order(short_sample, new_store, minilm) -> None:
+    (conv,) = load_conversations("locomo", short_sample)
     with MemoryStore.open(new_store(), create=True) as store:
         build_conversation(store, conv, _turns_cfg(), minilm)
         memory = store.load_namespace(conv.id)
@@ -111,8 +123,8 @@ def test_opening_a_missing_store_or_another_file_is_an_input_error(tmp_path: Pat
         MemoryStore.open(tmp_path / "bad")
 
 
-def test_adding_sessions_extracts_only_new_windows_and_equals_a_full_rebuild(new_store, minilm) -> None:
-    (conv,) = load_conversations("locomo", SAMPLE)
+def test_adding_sessions_extracts_only_new_windows_and_equals_a_full_rebuild(short_sample, new_store, minilm) -> None:
+    (conv,) = load_conversations("locomo", short_sample)
     cfg = _turns_cfg()
     calls: list[str] = []
 
@@ -154,11 +166,11 @@ class _CountingEmbedder:
         return self.embedder.encode(texts, batch_size)
 
 
-def test_turns_build_embeds_a_chunk_of_windows_in_one_call_and_commits_as_before(new_store, minilm) -> None:
+def test_turns_build_embeds_a_chunk_of_windows_in_one_call_and_commits_as_before(short_sample, new_store, minilm) -> None:
     """Turns mode encodes the units of ``construction.embed_windows`` windows in one length-sorted call (each distinct text
     once: a few small calls pad every text to the longest of its own small batch), and still commits
     ``window_batch_size`` windows a transaction; the memory is the one a window-batch-at-a-time build writes."""
-    (conv,) = load_conversations("locomo", SAMPLE)
+    (conv,) = load_conversations("locomo", short_sample)
     per_batch, chunked = _turns_cfg(), _turns_cfg()
     per_batch.construction.embed_windows = per_batch.construction.window_batch_size
     chunked.construction.embed_windows = 8
@@ -210,12 +222,12 @@ _KILLED_BUILD = textwrap.dedent(
 )
 
 
-def test_build_killed_part_way_resumes_to_the_uninterrupted_result(new_store, minilm) -> None:
-    (conv,) = load_conversations("locomo", SAMPLE)
+def test_build_killed_part_way_resumes_to_the_uninterrupted_result(short_sample, new_store, minilm) -> None:
+    (conv,) = load_conversations("locomo", short_sample)
     cfg = _turns_cfg()
     killed = new_store()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", _KILLED_BUILD, str(SAMPLE), str(killed), "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", _KILLED_BUILD, str(short_sample), str(killed), "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
     total = len(conversation_windows(conv, cfg))
