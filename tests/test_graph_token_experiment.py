@@ -242,7 +242,7 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path, tiny_study_dat
         *STUDY, "--data", str(cases), "--out", str(out), *TINY_DATA_ARGS,
         "--variants", "edges", "edges-shuffled", "none", "--edge-tokens", "3", "--max-context-tokens", "128",
         "--seeds", "1", "--steps", "2", "--val-checks", "1", "--max-f1-questions", "2",
-        "--max-new-tokens", "48", "--eval-batch-size", "4", "--gnn-hidden", "32", "--bootstrap-resamples", "200",
+        "--max-new-tokens", "32", "--eval-batch-size", "4", "--gnn-hidden", "32", "--bootstrap-resamples", "200",
     ]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)  # three arms: ~10 min on a busy 2-core box
     assert result.returncode == 0, result.stderr[-4000:]
