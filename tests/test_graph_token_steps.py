@@ -187,3 +187,13 @@ def test_a_step_without_data_is_one_line_and_exit_2(tmp_path: Path, capsys: pyte
         assert information.main(["--data", str(tmp_path), "--out", str(tmp_path / "prompts"), "--prompts", "question", "context"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--prompts" in err and "triples" in err and not (tmp_path / "prompts" / "data").exists(), err
+
+
+def test_a_part_saved_with_other_settings_is_refused_not_reused(tmp_path: Path) -> None:
+    from experiments.graph_token.steps import saved_or_computed
+
+    part = tmp_path / "answer-T1.json"
+    first = saved_or_computed(part, "answer T=1", lambda: {"losses": {"q1": 1.0}}, {"questions": 12, "steps": 30})
+    assert saved_or_computed(part, "answer T=1", lambda: {"losses": {}}, {"questions": 12, "steps": 30}) == first
+    with pytest.raises(InputError, match=r"answer-T1\.json.*questions=12.*questions=24"):
+        saved_or_computed(part, "answer T=1", lambda: {"losses": {}}, {"questions": 24, "steps": 30})

@@ -165,7 +165,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             label = f"{target.key} T={tokens}"
             log.info("[%s] %s: %d steps of free vectors per question and of one shared prompt", label, target.name, args.capacity_steps)
             torch.manual_seed(0)
-            record = saved_or_computed(folder / f"{target.key}-T{tokens}.json", label, lambda: measure(args, target, tokens, data_path))
+            part = {"questions": args.capacity_questions, "steps": args.capacity_steps, "lr": args.capacity_lr, "llm": args.llm}
+            record = saved_or_computed(folder / f"{target.key}-T{tokens}.json", label, lambda: measure(args, target, tokens, data_path), part)
             rows.append(summarize(record, args))
     passed, text = verdict(rows)
     return {

@@ -38,17 +38,29 @@ def question_sample(examples: list[Any], count: int | None, seed: int) -> list[A
     return [examples[i] for i in sorted(order[:count])]
 
 
-def saved_or_computed(path: Path, label: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def saved_or_computed(path: Path, label: str, compute: Callable[[], dict[str, Any]], settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record saved at ``path`` by an earlier run, or ``compute()`` with its wall time, saved there as it ends (so a
-    killed step resumes at the part it was in)."""
+    killed step resumes at the part it was in). ``settings`` are kept in the record; a part saved with other settings is
+    refused, never mixed into this run's report (records saved before settings were kept are reused as they are)."""
+    settings = settings or {}
     if path.exists():
+        record = json.loads(path.read_text())
+        saved = record.get("settings", settings)
+        if saved != settings:
+            raise InputError(str(path), f"measured with {settings_text(saved)}; this run asks {settings_text(settings)}: remove it or use another --out")
         log.info("[%s] reusing %s", label, path)
-        return json.loads(path.read_text())
+        return record
     began = time.perf_counter()
     record = compute()
     record["wall_s"] = round(time.perf_counter() - began, 1)
+    record["settings"] = settings
     write_json_atomic(path, record)
     return record
+
+
+def settings_text(settings: dict[str, Any]) -> str:
+    """``name=value`` pairs in name order, for a refusal."""
+    return ", ".join(f"{name}={settings[name]}" for name in sorted(settings))
 
 
 def run_step(
