@@ -73,7 +73,7 @@ def test_srun_ranks_each_load_their_own_gpu(llm_dir, data, monkeypatch) -> None:
 def test_under_a_trainer_the_backbone_goes_to_the_strategys_device(llm_dir, data, monkeypatch) -> None:
     model = _module(llm_dir, data)
     _record_device(monkeypatch, visible_gpus=8)
-    model._trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 5)))
+    model._trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 5)), ckpt_path=None)
     with pytest.raises(_LoadedOn, match="^cuda:5$"):
         model.configure_model()
 
