@@ -54,9 +54,9 @@ CALLER_MODULE = ("trust_remote_code",)
 MACHINE_MODELS = ("device", "cache_dir", "template_budget_s")
 """``pipeline.models`` settings of the loading machine: the caller's arguments; an export's values are ignored."""
 MACHINE_MODULE = ("cache_dir", "init_from")
+"""Module hyperparameters of the loading machine: the caller's argument; an export's value is ignored."""
 MODEL_REFERENCES = ("llm", "embedder", "reranker_model")
 """``pipeline.models`` settings that name a model to load; with ``module.llm``, each is checked by :func:`check_model_reference`."""
-"""Module hyperparameters of the loading machine: the caller's argument; an export's value is ignored."""
 MODULE_AT_LEAST = {"feature_dim": 1, "graph_tokens": 0, "gnn_hidden": 1, "gnn_layers": 0, "gnn_heads": 1, "projector_hidden": 0, "lora_r": 0}
 """Smallest value of the module's count hyperparameters."""
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelsConfig)}
