@@ -121,6 +121,23 @@ def test_the_verdict_names_what_failed_from_the_evidence_and_answer_controls() -
     assert verdict == "fails: no information in the graph the frozen LLM can use" and note is None, "the old reading, no controls run"
 
 
+def test_the_evidence_graph_is_built_from_the_units_whose_turns_are_the_evidence_and_only_them() -> None:
+    from experiments.graph_token.dated import citing_units
+    from qgmem_train.graph.local_graph import local_graph_from_units
+    from qgmem_train.memory.types import MemoryUnit
+
+    def unit(n: int, obj: str, text: str) -> MemoryUnit:
+        return MemoryUnit(id=f"D1:{n}", session_id="s1", fact_text=text, subject="Alex", predicate="says", object=obj,
+                          source_turn_ids=[f"D1:{n}"], source_text=f"Alex: {text}", utterance_time=None, serial=n)  # fmt: skip
+
+    units = [unit(1, "I walk Biscuit", "I walk Biscuit on the beach."), unit(2, "Hi", "Hi there."), unit(3, "Every day", "Every  day.")]
+    picked = citing_units(units, ["i walk biscuit on the beach.", "every day."])
+    assert [u.id for u in picked] == ["D1:1", "D1:3"], "the units citing an evidence turn (case and spaces ignored), in store order"
+    assert citing_units(units, []) == [], "no evidence, no units: an empty graph"
+    graph = local_graph_from_units(picked)
+    assert graph.triples() == [("Alex", "says", "I walk Biscuit"), ("Alex", "says", "Every day")]
+
+
 def test_capacity_targets_rewrite_the_answer_and_drop_the_context() -> None:
     examples = [example("q1", "the beach", "context text", BEACH), example("q2", "x", "context text", LocalGraph())]
     triples, answer, in_prompt = (target_examples(examples, t) for t in TARGETS)
@@ -207,7 +224,10 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
     result = subprocess.run([sys.executable, "-m", "experiments.graph_token.information", *step0], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "information" / "results.json").read_text())
-    assert set(report["answer_loss"]) == {"question", "triples", "context", "context+triples", "evidence", "answer"}
+    assert set(report["answer_loss"]) == {"question", "triples", "context", "context+triples", "evidence", "answer", "evidence-graph"}
+    around = read_trajectory_dataset(out / "information" / "evidence-graph-trajectories")["test"]
+    assert {ex.question_id for ex in around} == {ex.question_id for ex in read_trajectory_dataset(prepared / "data" / "trajectories")["test"]}
+    assert report["coverage_evidence_graph"]["all"]["answers"] == 3 and "built from the evidence turns' units" in (out / "information" / "results.md").read_text()
     assert (report["test_questions"], report["test_questions_total"]) == (2, 3), "a seeded sample of the test questions"
     assert all(c["questions"] == 2 for c in report["comparisons"])
     assert report["comparisons"][0]["control"] == "question" and report["comparisons"][0]["treatment"] == "triples"
@@ -226,7 +246,7 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
         assert information.main(dated) == 0
     rebuilt = json.loads((out / "information-dated-time-edges" / "results.json").read_text())
     assert rebuilt["reused"] == ["question", "context"], "the prompts without the graph are the plain run's"
-    assert set(rebuilt["answer_loss"]) == {"question", "triples", "context"} and rebuilt["not_run"] == ["context+triples", "evidence", "answer"]
+    assert set(rebuilt["answer_loss"]) == {"question", "triples", "context"} and rebuilt["not_run"] == ["context+triples", "evidence", "answer", "evidence-graph"]
     assert [(c["control"], c["treatment"]) for c in rebuilt["comparisons"]] == [("question", "triples"), ("question", "context"), ("triples as prepared", "triples")]
     before, after = report["answer_loss"]["triples"], rebuilt["answer_loss"]["triples"]
     assert rebuilt["comparisons"][-1]["mean_difference"] == pytest.approx(before - after), "the prepared graphs' triples against the rebuilt ones'"

@@ -4,14 +4,16 @@
 
 On the study's test questions (its data stage, :func:`experiments.graph_token.data.prepare_data`, run here when
 missing): the share of gold answers whose words appear in the local graph's node and edge labels (and, for
-reference, in the memory context), and the frozen LLM's answer-span loss under six prompts, no graph tokens:
+reference, in the memory context), and the frozen LLM's answer-span loss under seven prompts, no graph tokens:
 (i) the question only, (ii) the question and the graph's triples as text, (iii) the question and the memory context,
-(iv) the context and the triples, and two controls in the context's place: (v) the benchmark's gold evidence turns (the
+(iv) the context and the triples; two controls in the context's place, (v) the benchmark's gold evidence turns (the
 oracle: does this LLM use text that holds the evidence?) and (vi) one line stating the gold answer (the harness's
-positive control). The step passes when (ii) is below (i) with a paired-bootstrap 95% interval excluding 0: if the
-graph's own words do not make the answer likelier to the LLM, no token made from the graph can. When neither (ii) nor
-(iii) helps, (v) tells a graph without usable information (the evidence helps) from an LLM too small to use any memory
-text (it does not); (ii) and (iii) are also split by whether the graph (the context) holds half the answer's words.
+positive control); and (vii) the triples of a graph built from the units citing the evidence turns (does a graph of the
+units that hold the evidence keep what answers need?). The step passes when (ii) is below (i) with a paired-bootstrap
+95% interval excluding 0: if the graph's own words do not make the answer likelier to the LLM, no token made from the
+graph can. When neither (ii) nor (iii) helps, (v) tells a graph without usable information (the evidence helps) from an
+LLM too small to use any memory text (it does not); (ii) and (iii) are also split by whether the graph (the context)
+holds half the answer's words.
 Results go to ``<out>/information/`` (``losses-<prompt>.json`` per prompt, kept, so a killed run resumes at the next
 prompt; ``results.json`` and ``results.md``). Beside coverage, the report says why an answer's words are missing: their
 kind (dates and times, numbers, names, other words), whether the context holds them, and how often the working memory
@@ -58,6 +60,9 @@ class Prompt:
     """``nothing``, ``memory`` (the retrieved memory context), ``evidence`` (the benchmark's gold evidence turns of the
     question: the oracle) or ``answer`` (one line stating the gold answer: the harness's positive control)."""
     triples: bool
+    around_evidence: bool = False
+    """Whether the triples are those of a graph built from the units citing the gold evidence turns instead of the
+    working memory's (:func:`rebuilt_data`)."""
 PROMPTS = (
     Prompt("question", "(i) question only", slot="nothing", triples=False),
     Prompt("triples", "(ii) question + the graph's triples as text", slot="nothing", triples=True),
@@ -65,6 +70,8 @@ PROMPTS = (
     Prompt("context+triples", "(iv) memory context + triples", slot="memory", triples=True),
     Prompt("evidence", "(v) question + the gold evidence turns (oracle)", slot="evidence", triples=False),
     Prompt("answer", "(vi) question + a line stating the gold answer (positive control)", slot="answer", triples=False),
+    Prompt("evidence-graph", "(vii) question + the triples of a graph built from the evidence turns' units", slot="nothing", triples=True,
+           around_evidence=True),
 )
 REQUIRED_PROMPTS = ("question", "triples", "context")
 REQUIRED_COMPARISONS = (("question", "triples"), ("question", "context"))
@@ -75,6 +82,8 @@ COMPARISONS = (
     ("question", "context", "the context alone"),
     ("question", "evidence", "the gold evidence turns (the oracle: does this LLM use text holding the evidence?)"),
     ("question", "answer", "a line stating the gold answer (the harness's positive control)"),
+    ("question", "evidence-graph", "the triples of a graph built from the evidence turns' units (does such a graph hold what answers need?)"),
+    ("evidence-graph", "evidence", "the evidence turns against their graph's triples (what building the graph drops)"),
 )
 """(control, treatment, what the difference measures): loss of the control minus loss of the treatment, so above 0 means
 the treatment makes the answer likelier."""
@@ -253,20 +262,23 @@ def step_name(args: argparse.Namespace) -> str:
     return "information" + ("-dated" if args.session_dates else "") + ("-time-edges" if args.time_edges else "")
 
 
-def rebuilt_data(args: argparse.Namespace, folder: Path, data_path: Path) -> Path:
+def rebuilt_data(args: argparse.Namespace, folder: Path, data_path: Path, around_evidence: bool = False) -> Path:
     """The prepared trajectories with the test questions' graphs rebuilt (:mod:`experiments.graph_token.dated`) in
-    ``<folder>/trajectories`` (written once, read again on a rerun); the prepared ones when nothing is rebuilt."""
-    if step_name(args) == "information":
+    ``<folder>/trajectories``, or with ``around_evidence`` built from the units citing each question's gold evidence
+    turns in ``<folder>/evidence-graph-trajectories`` (written once, read again on a rerun); the prepared ones when
+    nothing is rebuilt."""
+    if step_name(args) == "information" and not around_evidence:
         return data_path
-    path = folder / "trajectories"
+    path = folder / ("evidence-graph-trajectories" if around_evidence else "trajectories")
     if not path.exists():
         from experiments.graph_token.dated import dated_graphs, prep_store, session_dates
         from qgmem_train.trajectory import read_trajectory_dataset, write_trajectory_dataset
 
         splits = {name: list(part) for name, part in read_trajectory_dataset(data_path).items()}
         dates = session_dates(args.session_dates) if args.session_dates else None
+        evidence = evidence_texts(args.out.resolve(), {ex.question_id for ex in splits["test"]}) if around_evidence else None
         splits["test"] = dated_graphs(splits["test"], prep_store(args.out.resolve()), dates, max_edges=RETRIEVAL_K,
-                                      attribute_edges=args.attribute_edges, time_edges=args.time_edges)  # fmt: skip
+                                      attribute_edges=args.attribute_edges, time_edges=args.time_edges, evidence=evidence)  # fmt: skip
         write_trajectory_dataset(splits, path)
     return path
 
@@ -350,10 +362,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for prompt in (p for p in PROMPTS if p.key in args.prompts):
         log.info("[%s] %s: the frozen LLM over %d test questions", prompt.key, prompt.name, len(test))
         reused_losses(args, prompt, folder, test)
-        record = saved_or_computed(folder / f"losses-{prompt.key}.json", prompt.key, lambda: {"losses": prompt_losses(args, prompt, data_path)})
+        path = rebuilt_data(args, folder, prepared_path, around_evidence=True) if prompt.around_evidence else data_path
+        record = saved_or_computed(folder / f"losses-{prompt.key}.json", prompt.key, lambda: {"losses": prompt_losses(args, prompt, path)})
         losses[prompt.key], timings[prompt.key] = record["losses"], record["wall_s"]
         reused += [prompt.key] if "reused_from" in record else []
     answer_loss = {key: {q: v["answer_loss"] for q, v in per_q.items()} for key, per_q in losses.items()}
+    around = any(p.around_evidence and p.key in args.prompts for p in PROMPTS)
+    evidence_graphs = list(read_trajectory_dataset(rebuilt_data(args, folder, prepared_path, around_evidence=True))["test"]) if around else []
+    sampled = question_sample(evidence_graphs, args.step_questions, args.split_seed)
     mean = {key: sum(v.values()) / len(v) for key, v in answer_loss.items()}
     comparisons = [
         {"control": control, "treatment": treatment, "measures": what,
@@ -383,6 +399,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "coverage_all": coverage(every),
         "coverage_prepared_graph": None if data_path == prepared_path else {
             "sample": coverage(question_sample(prepared, args.step_questions, args.split_seed))["graph"], "all": coverage(prepared)["graph"]},
+        "coverage_evidence_graph": {"sample": coverage(sampled)["graph"], "all": coverage(evidence_graphs)["graph"],
+                                    "sample_without_edges": sum(not ex.graph.num_edges for ex in sampled)} if around else None,
         "missing_words": missing_words(every),
         "missing_words_prepared_graph": None if data_path == prepared_path else missing_words(prepared),
         "evidence_recall": evidence_recall(args.out.resolve(), {ex.question_id for ex in every}),
@@ -406,6 +424,8 @@ def coverage_lines(result: dict[str, Any]) -> list[str]:
     rows = [("graph", result["coverage"]["graph"], result["coverage_all"]["graph"])]
     if result.get("coverage_prepared_graph"):
         rows = [("graph, rebuilt", *rows[0][1:]), ("graph as prepared", result["coverage_prepared_graph"]["sample"], result["coverage_prepared_graph"]["all"])]
+    if around := result.get("coverage_evidence_graph"):
+        rows.append(("graph built from the evidence turns' units", around["sample"], around["all"]))
     rows.append(("context", result["coverage"]["context"], result["coverage_all"]["context"]))
     missing, recall, before = result["missing_words"], result["evidence_recall"], result.get("missing_words_prepared_graph")
     return [
@@ -413,6 +433,8 @@ def coverage_lines(result: dict[str, Any]) -> list[str]:
         f"| where | all of an answer's words appear ({n} q) | mean share of its words ({n} q) | all words ({total} q) | mean share ({total} q) |",
         "|---|---|---|---|---|",
         *(f"| {where} | {a['all_words']:.3f} | {a['mean_word_share']:.3f} | {b['all_words']:.3f} | {b['mean_word_share']:.3f} |" for where, a, b in rows), "",
+        *([f"No unit cites the evidence of {around['sample_without_edges']} of the {n} questions: their graph built from it has no edge.", ""]
+          if around else []),
         f"Why answer words are missing from the graph, on all {total} test questions (a word counted once an answer):", "",
         "| kind of word | in answers | missing from the graph | of those, in the context |"
         + (" missing from the graph as prepared | of those, in the context |" if before else ""), "|---|---|---|---|" + ("---|---|" if before else ""),
