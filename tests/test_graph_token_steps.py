@@ -20,7 +20,17 @@ import pytest
 
 from experiments.graph_token import information
 from experiments.graph_token.capacity import CAPACITY_NATS, TARGETS, target_examples, verdict
-from experiments.graph_token.information import coverage, label_words, missing_words, word_kind
+from experiments.graph_token.information import (
+    PROMPTS,
+    by_coverage,
+    coverage,
+    evidence_texts,
+    label_words,
+    missing_words,
+    slot_examples,
+    step_verdict,
+    word_kind,
+)
 from qgmem_train.errors import InputError
 from qgmem_train.graph.local_graph import LocalGraph
 from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset
@@ -48,6 +58,84 @@ def test_coverage_counts_answers_whose_words_the_graph_labels_hold() -> None:
     result = coverage(examples)
     assert result["graph"] == {"answers": 2, "all_words": 0.5, "mean_word_share": (1 + 1 / 3) / 2}
     assert result["context"]["all_words"] == 0.5 and abs(result["context"]["mean_word_share"] - (1 + 2 / 3) / 2) < 1e-9
+
+
+def test_the_evidence_prompt_puts_the_evidence_turns_and_only_them_in_the_context_slot(tmp_path: Path) -> None:
+    case = tmp_path / "data" / "prep" / "shards" / "0" / "cases" / "case-1.json"
+    case.parent.mkdir(parents=True)
+    case.write_text(json.dumps({"questions": [{"question_id": "q1", "evidence_texts": ["Alex: I walk Biscuit on the beach.", "Alex: Every day."]},
+                                              {"question_id": "q9", "evidence_texts": ["not asked"]}]}))  # fmt: skip
+    evidence = evidence_texts(tmp_path, {"q1"})
+    assert evidence == {"q1": ["Alex: I walk Biscuit on the beach.", "Alex: Every day."]}
+    prompts = {p.key: p for p in PROMPTS}
+    examples = [example("q1", "the beach", "retrieved memory context", BEACH)]
+    (oracle,) = slot_examples(prompts["evidence"], examples, evidence)
+    assert oracle.context == "Alex: I walk Biscuit on the beach.\nAlex: Every day.", "the evidence turns, one a line, and nothing else"
+    assert (oracle.question, oracle.answer, oracle.graph) == (examples[0].question, "the beach", BEACH)
+    assert [e.context for e in slot_examples(prompts["context"], examples, {})] == ["retrieved memory context"]
+    assert [e.context for e in slot_examples(prompts["question"], examples, {})] == [""]
+    with pytest.raises(InputError, match="q2"):
+        evidence_texts(tmp_path, {"q1", "q2"})
+
+
+def test_the_answer_control_puts_one_line_stating_the_gold_answer_in_the_context_slot() -> None:
+    answer = next(p for p in PROMPTS if p.key == "answer")
+    (control,) = slot_examples(answer, [example("q1", "Kickboxing, Taekwondo", "retrieved memory context", BEACH)], {})
+    assert "Kickboxing, Taekwondo" in control.context and "retrieved" not in control.context and "\n" not in control.context
+    assert not answer.triples and not next(p for p in PROMPTS if p.key == "evidence").triples, "no graph text in either control"
+
+
+def test_the_coverage_breakdown_splits_the_differences_at_half_the_answers_words() -> None:
+    examples = [
+        example("q1", "Alex beach", "nothing here", BEACH),  # the graph holds both words, the context none
+        example("q2", "beach in Maine", "Maine", BEACH),  # the graph 1 of 3: under half; the context 1 of 3
+        example("q3", "walks", "Alex walks", BEACH),  # both hold it
+        example("q4", "Maine", "nothing", BEACH),  # neither
+    ]
+    losses = {"question": {"q1": 5.0, "q2": 5.0, "q3": 5.0, "q4": 5.0},
+              "triples": {"q1": 4.0, "q2": 6.0, "q3": 3.0, "q4": 6.0},
+              "context": {"q1": 5.0, "q2": 5.5, "q3": 4.5, "q4": 5.5}}  # fmt: skip
+    rows = {(r["where"], r["holds_half"]): r for r in by_coverage(examples, losses, 200, 0)}
+    assert set(rows) == {("graph", True), ("graph", False), ("context", True), ("context", False)}
+    assert (rows["graph", True]["treatment"], rows["graph", True]["questions"], rows["graph", True]["mean_difference"]) == ("triples", 2, 1.5)
+    assert (rows["graph", False]["questions"], rows["graph", False]["mean_difference"]) == (2, -1.0)
+    assert (rows["context", True]["treatment"], rows["context", True]["questions"], rows["context", True]["mean_difference"]) == ("context", 1, 0.5)
+    assert rows["context", False]["questions"] == 3 and rows["context", False]["mean_difference"] == pytest.approx(-1 / 3)
+
+
+def comparison(treatment: str, difference: float, low: float) -> dict[str, object]:
+    return {"control": "question", "treatment": treatment, "mean_difference": difference, "ci95": [low, difference + 0.2]}
+
+
+def test_the_verdict_names_what_failed_from_the_evidence_and_answer_controls() -> None:
+    harness = comparison("answer", 3.0, 2.5)
+    evidence_helps = [comparison("triples", -0.5, -0.7), comparison("context", -0.5, -0.7), comparison("evidence", 0.4, 0.2), harness]
+    verdict, note = step_verdict(evidence_helps)
+    assert verdict.startswith("fails: no information in the graph (or the working memory)") and "able to use" in note
+    verdict, note = step_verdict([comparison("triples", -0.5, -0.7), comparison("context", -0.5, -0.7), comparison("evidence", 0.1, -0.1), harness])
+    assert verdict.startswith("undecided") and "too small" in verdict and "--llm" in note
+    assert step_verdict([comparison("triples", 0.3, 0.1), comparison("context", -0.5, -0.7), comparison("evidence", 0.1, -0.1), harness])[0].startswith("passes")
+    verdict, note = step_verdict([comparison("triples", 0.3, 0.1), comparison("context", -0.5, -0.7), comparison("answer", 0.5, 0.2)])
+    assert verdict.startswith("undecided") and "harness" in verdict, "an answer in the prompt that barely helps: the harness is broken"
+    verdict, note = step_verdict([comparison("triples", -0.5, -0.7), comparison("context", 0.3, 0.1)])
+    assert verdict == "fails: no information in the graph the frozen LLM can use" and note is None, "the old reading, no controls run"
+
+
+def test_the_evidence_graph_is_built_from_the_units_whose_turns_are_the_evidence_and_only_them() -> None:
+    from experiments.graph_token.dated import citing_units
+    from qgmem_train.graph.local_graph import local_graph_from_units
+    from qgmem_train.memory.types import MemoryUnit
+
+    def unit(n: int, obj: str, text: str) -> MemoryUnit:
+        return MemoryUnit(id=f"D1:{n}", session_id="s1", fact_text=text, subject="Alex", predicate="says", object=obj,
+                          source_turn_ids=[f"D1:{n}"], source_text=f"Alex: {text}", utterance_time=None, serial=n)  # fmt: skip
+
+    units = [unit(1, "I walk Biscuit", "I walk Biscuit on the beach."), unit(2, "Hi", "Hi there."), unit(3, "Every day", "Every  day.")]
+    picked = citing_units(units, ["i walk biscuit on the beach.", "every day."])
+    assert [u.id for u in picked] == ["D1:1", "D1:3"], "the units citing an evidence turn (case and spaces ignored), in store order"
+    assert citing_units(units, []) == [], "no evidence, no units: an empty graph"
+    graph = local_graph_from_units(picked)
+    assert graph.triples() == [("Alex", "says", "I walk Biscuit"), ("Alex", "says", "Every day")]
 
 
 def test_capacity_targets_rewrite_the_answer_and_drop_the_context() -> None:
@@ -136,11 +224,16 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
     result = subprocess.run([sys.executable, "-m", "experiments.graph_token.information", *step0], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "information" / "results.json").read_text())
-    assert set(report["answer_loss"]) == {"question", "triples", "context", "context+triples"}
+    assert set(report["answer_loss"]) == {"question", "triples", "context", "context+triples", "evidence", "answer", "evidence-graph"}
+    around = read_trajectory_dataset(out / "information" / "evidence-graph-trajectories")["test"]
+    assert {ex.question_id for ex in around} == {ex.question_id for ex in read_trajectory_dataset(prepared / "data" / "trajectories")["test"]}
+    assert report["coverage_evidence_graph"]["all"]["answers"] == 3 and "built from the evidence turns' units" in (out / "information" / "results.md").read_text()
     assert (report["test_questions"], report["test_questions_total"]) == (2, 3), "a seeded sample of the test questions"
     assert all(c["questions"] == 2 for c in report["comparisons"])
     assert report["comparisons"][0]["control"] == "question" and report["comparisons"][0]["treatment"] == "triples"
-    assert report["passed"] == (report["comparisons"][0]["ci95"][0] > 0)
+    assert report["passed"] == report["verdict"].startswith("passes") and isinstance(report["harness_ok"], bool)
+    assert [(r["where"], r["holds_half"]) for r in report["by_coverage"]] == [("graph", True), ("graph", False), ("context", True), ("context", False)]
+    assert sum(r["questions"] for r in report["by_coverage"] if r["where"] == "graph") == 2
     assert result.stdout.strip() == report["verdict"] and "step 0" in (out / "information" / "results.md").read_text()
     assert set(report["missing_words"]) == {"date or time", "number", "name", "other"} and report["evidence_recall"]["questions"] == 3
 
@@ -153,7 +246,7 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
         assert information.main(dated) == 0
     rebuilt = json.loads((out / "information-dated-time-edges" / "results.json").read_text())
     assert rebuilt["reused"] == ["question", "context"], "the prompts without the graph are the plain run's"
-    assert set(rebuilt["answer_loss"]) == {"question", "triples", "context"} and rebuilt["not_run"] == ["context+triples"]
+    assert set(rebuilt["answer_loss"]) == {"question", "triples", "context"} and rebuilt["not_run"] == ["context+triples", "evidence", "answer", "evidence-graph"]
     assert [(c["control"], c["treatment"]) for c in rebuilt["comparisons"]] == [("question", "triples"), ("question", "context"), ("triples as prepared", "triples")]
     before, after = report["answer_loss"]["triples"], rebuilt["answer_loss"]["triples"]
     assert rebuilt["comparisons"][-1]["mean_difference"] == pytest.approx(before - after), "the prepared graphs' triples against the rebuilt ones'"

@@ -1,11 +1,14 @@
-"""Step 0's dated graphs: the local graphs of the study's test questions rebuilt with the session dates ConvoMem drops.
+"""Step 0's rebuilt graphs: the local graphs of the study's test questions rebuilt with the session dates ConvoMem drops,
+or built around the question's gold evidence turns instead of its working memory.
 
 ConvoMem re-packs LoCoMo's conversations without their session dates (``locomo_<i>_session_<n>`` has no time), so a
 dated answer ("7 May 2023") cannot be in any graph built from it. With LoCoMo's own file, each session gets its
 ``session_<n>_date_time`` back; each test question's units are read from the data prep's store (the same units in the
 same order as its trajectory), dated as the turns mode dates them (utterance time: the session's; fact times: the
 turn's time expressions resolved against it), and their local graph is built again with ``graph.time_edges`` as asked.
-The memory context is left as prepared, so only the prompts that read the graph change.
+The memory context is left as prepared, so only the prompts that read the graph change. A graph built around the
+evidence is made of the store's units that cite one of the question's evidence turns (:func:`citing_units`): does a
+graph of the units that hold the answer's evidence keep what the answer needs?
 """
 
 from __future__ import annotations
@@ -30,11 +33,21 @@ def dated_unit(unit: MemoryUnit, time: str | None, turn_text: str) -> MemoryUnit
     return replace(unit, utterance_time=time, fact_time=resolve_time_expressions(turn_text, time).spans)
 
 
+def citing_units(units: list[MemoryUnit], evidence_texts: list[str]) -> list[MemoryUnit]:
+    """The units whose source dialogue holds one of ``evidence_texts`` (as the data prep's gold targets cite them), in
+    store order."""
+    from data_prep.targets import cites
+
+    return [unit for unit in units if cites(unit.source_text, evidence_texts)]
+
+
 def dated_graphs(
-    examples: list[Any], store_path: Path, dates: dict[str, str | None] | None, *, max_edges: int, attribute_edges: bool, time_edges: bool
+    examples: list[Any], store_path: Path, dates: dict[str, str | None] | None, *, max_edges: int, attribute_edges: bool, time_edges: bool,
+    evidence: dict[str, list[str]] | None = None,
 ) -> list[Any]:
     """``examples`` with their local graphs rebuilt from the store at ``store_path``, each unit dated from ``dates`` (as
-    stored when None).
+    stored when None); with ``evidence`` (question id → its gold evidence turns), each graph is built from the units that
+    cite them (:func:`citing_units`) instead of the question's working memory.
 
     A unit of a session ``dates`` does not know is an :class:`InputError` (the dates are not this data's).
     """
@@ -48,7 +61,7 @@ def dated_graphs(
                 memory = store.load_namespace(ex.namespace, sentences=False)
                 memories[ex.namespace] = memory, {u.id: u for u in memory.units}
             memory, by_id = memories[ex.namespace]
-            units = [by_id[unit_id] for unit_id in ex.unit_ids]
+            units = citing_units(memory.units, evidence[ex.question_id]) if evidence is not None else [by_id[unit_id] for unit_id in ex.unit_ids]
             if dates is not None:
                 units = [redated(unit, dates, memory) for unit in units]
             graph = local_graph_from_units(units, max_edges=max_edges, attribute_edges=attribute_edges, time_edges=time_edges)

@@ -4,10 +4,16 @@
 
 On the study's test questions (its data stage, :func:`experiments.graph_token.data.prepare_data`, run here when
 missing): the share of gold answers whose words appear in the local graph's node and edge labels (and, for
-reference, in the memory context), and the frozen LLM's answer-span loss under four prompts, no graph tokens:
+reference, in the memory context), and the frozen LLM's answer-span loss under seven prompts, no graph tokens:
 (i) the question only, (ii) the question and the graph's triples as text, (iii) the question and the memory context,
-(iv) the context and the triples. The step passes when (ii) is below (i) with a paired-bootstrap 95% interval
-excluding 0: if the graph's own words do not make the answer likelier to the LLM, no token made from the graph can.
+(iv) the context and the triples; two controls in the context's place, (v) the benchmark's gold evidence turns (the
+oracle: does this LLM use text that holds the evidence?) and (vi) one line stating the gold answer (the harness's
+positive control); and (vii) the triples of a graph built from the units citing the evidence turns (does a graph of the
+units that hold the evidence keep what answers need?). The step passes when (ii) is below (i) with a paired-bootstrap
+95% interval excluding 0: if the graph's own words do not make the answer likelier to the LLM, no token made from the
+graph can. When neither (ii) nor (iii) helps, (v) tells a graph without usable information (the evidence helps) from an
+LLM too small to use any memory text (it does not); (ii) and (iii) are also split by whether the graph (the context)
+holds half the answer's words.
 Results go to ``<out>/information/`` (``losses-<prompt>.json`` per prompt, kept, so a killed run resumes at the next
 prompt; ``results.json`` and ``results.md``). Beside coverage, the report says why an answer's words are missing: their
 kind (dates and times, numbers, names, other words), whether the context holds them, and how often the working memory
@@ -46,19 +52,26 @@ log = logging.getLogger("experiments.graph_token.information")
 
 @dataclass(frozen=True)
 class Prompt:
-    """One of step 0's prompts: whether the memory context stays and whether the graph's triples follow as text."""
+    """One of step 0's prompts: what its memory-context slot holds and whether the graph's triples follow as text."""
 
     key: str
     name: str
-    context: bool
+    slot: str
+    """``nothing``, ``memory`` (the retrieved memory context), ``evidence`` (the benchmark's gold evidence turns of the
+    question: the oracle) or ``answer`` (one line stating the gold answer: the harness's positive control)."""
     triples: bool
-
-
+    around_evidence: bool = False
+    """Whether the triples are those of a graph built from the units citing the gold evidence turns instead of the
+    working memory's (:func:`rebuilt_data`)."""
 PROMPTS = (
-    Prompt("question", "(i) question only", context=False, triples=False),
-    Prompt("triples", "(ii) question + the graph's triples as text", context=False, triples=True),
-    Prompt("context", "(iii) question + memory context", context=True, triples=False),
-    Prompt("context+triples", "(iv) memory context + triples", context=True, triples=True),
+    Prompt("question", "(i) question only", slot="nothing", triples=False),
+    Prompt("triples", "(ii) question + the graph's triples as text", slot="nothing", triples=True),
+    Prompt("context", "(iii) question + memory context", slot="memory", triples=False),
+    Prompt("context+triples", "(iv) memory context + triples", slot="memory", triples=True),
+    Prompt("evidence", "(v) question + the gold evidence turns (oracle)", slot="evidence", triples=False),
+    Prompt("answer", "(vi) question + a line stating the gold answer (positive control)", slot="answer", triples=False),
+    Prompt("evidence-graph", "(vii) question + the triples of a graph built from the evidence turns' units", slot="nothing", triples=True,
+           around_evidence=True),
 )
 REQUIRED_PROMPTS = ("question", "triples", "context")
 REQUIRED_COMPARISONS = (("question", "triples"), ("question", "context"))
@@ -67,6 +80,10 @@ COMPARISONS = (
     ("question", "triples", "the graph's triples alone (the step's test)"),
     ("context", "context+triples", "the triples on top of the context"),
     ("question", "context", "the context alone"),
+    ("question", "evidence", "the gold evidence turns (the oracle: does this LLM use text holding the evidence?)"),
+    ("question", "answer", "a line stating the gold answer (the harness's positive control)"),
+    ("question", "evidence-graph", "the triples of a graph built from the evidence turns' units (does such a graph hold what answers need?)"),
+    ("evidence-graph", "evidence", "the evidence turns against their graph's triples (what building the graph drops)"),
 )
 """(control, treatment, what the difference measures): loss of the control minus loss of the treatment, so above 0 means
 the treatment makes the answer likelier."""
@@ -116,32 +133,128 @@ def missing_words(examples: list[Any]) -> dict[str, dict[str, int]]:
     return rows
 
 
+def case_questions(out: Path, question_ids: set[str]) -> list[dict[str, Any]]:
+    """The data prep's records (``<out>/data/prep/shards/*/cases/*.json``) of the questions ``question_ids``: each with its
+    benchmark evidence turns (``evidence_texts``) and its working memory's units."""
+    return [q for case in sorted((out / "data" / "prep" / "shards").glob("*/cases/*.json"))
+            for q in json.loads(case.read_text())["questions"] if q["question_id"] in question_ids]  # fmt: skip
+
+
 def evidence_recall(out: Path, question_ids: set[str]) -> dict[str, Any]:
-    """Of the questions ``question_ids``, the share whose working memory holds a unit citing an evidence turn, from the
-    data prep's case records (``<out>/data/prep/shards/*/cases/*.json``)."""
+    """Of the questions ``question_ids``, the share whose working memory holds a unit citing an evidence turn."""
     from data_prep.targets import cites
 
-    found = [any(cites(u["source_text"], q["evidence_texts"]) for u in q["units"])
-             for case in sorted((out / "data" / "prep" / "shards").glob("*/cases/*.json"))
-             for q in json.loads(case.read_text())["questions"] if q["question_id"] in question_ids]  # fmt: skip
+    found = [any(cites(u["source_text"], q["evidence_texts"]) for u in q["units"]) for q in case_questions(out, question_ids)]
     return {"questions": len(found), "share": sum(found) / max(1, len(found))}
+
+
+def evidence_texts(out: Path, question_ids: set[str]) -> dict[str, list[str]]:
+    """The gold evidence turns' text of each question of ``question_ids``, from the data prep's case records; a question
+    without a record is one clear error (the evidence prompt would silently be the question alone)."""
+    found = {q["question_id"]: list(q["evidence_texts"]) for q in case_questions(out, question_ids)}
+    if missing := sorted(question_ids - set(found)):
+        raise InputError(str(out / "data" / "prep" / "shards"), f"no case record holds question {missing[0]} ({len(missing)} missing)")
+    return found
+
+
+ANSWER_LINE = "The answer is: {answer}"
+"""The answer control's context slot: one line stating the gold answer."""
+
+
+def slot_examples(prompt: Prompt, examples: list[Any], evidence: dict[str, list[str]]) -> list[Any]:
+    """``examples`` with their memory-context slot holding what ``prompt`` puts there (:attr:`Prompt.slot`); ``evidence`` maps a
+    question id to its gold evidence turns (:func:`evidence_texts`), one a line in the slot."""
+    slot = {
+        "nothing": lambda ex: "",
+        "memory": lambda ex: ex.context,
+        "evidence": lambda ex: "\n".join(evidence[ex.question_id]),
+        "answer": lambda ex: ANSWER_LINE.format(answer=" ".join(ex.answer.split())),
+    }[prompt.slot]
+    return [replace(ex, context=slot(ex)) for ex in examples]
+
+
+def word_shares(example: Any) -> dict[str, float] | None:
+    """The share of the gold answer's words that the graph's labels (``graph``) and the memory context (``context``)
+    hold; None for an answer without words."""
+    answer = words(example.answer)
+    if not answer:
+        return None
+    return {where: len(answer & vocabulary) / len(answer) for where, vocabulary in
+            (("graph", label_words(example.graph)), ("context", words(example.context)))}  # fmt: skip
 
 
 def coverage(examples: list[Any]) -> dict[str, Any]:
     """How much of each gold answer the graph's labels and the memory context hold: the share of answers all of whose
     words appear there, and the mean share of an answer's words that do."""
-    rows = {"graph": [], "context": []}
-    for example in examples:
-        answer = words(example.answer)
-        if not answer:
-            continue
-        for where, vocabulary in (("graph", label_words(example.graph)), ("context", words(example.context))):
-            rows[where].append(len(answer & vocabulary) / len(answer))
+    found = [shares for shares in map(word_shares, examples) if shares is not None]
     return {
-        where: {"answers": len(shares), "all_words": sum(s == 1.0 for s in shares) / max(1, len(shares)),
-                "mean_word_share": sum(shares) / max(1, len(shares))}
-        for where, shares in rows.items()
+        where: {"answers": len(found), "all_words": sum(s[where] == 1.0 for s in found) / max(1, len(found)),
+                "mean_word_share": sum(s[where] for s in found) / max(1, len(found))}
+        for where in ("graph", "context")
     }  # fmt: skip
+
+
+COVERED_SHARE = 0.5
+"""A question's graph (or context) covers its answer when it holds at least this share of the answer's words."""
+BY_COVERAGE = (("graph", "question", "triples"), ("context", "question", "context"))
+"""(where, control, treatment): each comparison split by whether ``where`` covers the answer (:data:`COVERED_SHARE`)."""
+
+
+def by_coverage(examples: list[Any], answer_loss: dict[str, dict[str, float]], resamples: int, seed: int) -> list[dict[str, Any]]:
+    """The step's test (question − triples) within the questions whose graph covers the answer and within the rest, and
+    question − context split by the context's coverage alike: do the triples help where they hold the answer? From the
+    losses already measured; answers without words are left out, as :func:`coverage` leaves them out."""
+    shares = {ex.question_id: found for ex in examples if (found := word_shares(ex)) is not None}
+    rows = []
+    for where, control, treatment in BY_COVERAGE:
+        if control not in answer_loss or treatment not in answer_loss:
+            continue
+        for holds in (True, False):
+            ids = [q for q in answer_loss[treatment] if q in shares and (shares[q][where] >= COVERED_SHARE) == holds]
+            boot = paired_bootstrap({q: answer_loss[control][q] for q in ids}, {q: answer_loss[treatment][q] for q in ids}, resamples, seed) if ids else {}
+            rows.append({"where": where, "holds_half": holds, "control": control, "treatment": treatment, "questions": len(ids),
+                         **{key: boot[key] for key in ("mean_difference", "ci95") if key in boot}})  # fmt: skip
+    return rows
+
+
+HARNESS_NATS = 1.0
+"""The answer control passes when a line stating the gold answer lowers its loss by more than this (nats a token), with
+the interval's low end above it: a wide margin, since the LLM need only copy."""
+
+
+def helps(comparison: dict[str, Any] | None) -> bool:
+    """Whether a comparison's treatment makes the answer likelier: its difference and its interval's low end above 0."""
+    return comparison is not None and comparison["mean_difference"] > 0 and comparison["ci95"][0] > 0
+
+
+def step_verdict(comparisons: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """The step's verdict and a note on what it rests on, from the question-only comparisons: the harness's answer control
+    (when run) first, then the triples (the step's test), the memory context, and the gold evidence turns (when run),
+    which tell a graph without usable information from an LLM too small to use any memory text."""
+    against = {c["treatment"]: c for c in comparisons if c["control"] == "question"}
+    answer, evidence = against.get("answer"), against.get("evidence")
+    if answer is not None and answer["ci95"][0] <= HARNESS_NATS:
+        return (f"undecided: the harness is broken (a line stating the gold answer does not lower its loss by {HARNESS_NATS:g} nats a token)",
+                "With the answer itself in the context slot the loss should fall far below the question-only loss; until it "
+                "does, no difference in this report can be read.")  # fmt: skip
+    if helps(against["triples"]):
+        return "passes: the graph's triples as text make the answer likelier than the question alone", None
+    if helps(against["context"]):
+        return "fails: no information in the graph the frozen LLM can use", None
+    if evidence is None:
+        return ("fails: neither the graph's triples nor the memory context make the answer likelier to this LLM",
+                "The memory context does not make the answer likelier either (question − context above): this frozen LLM reads "
+                "no useful information from any text here, so the step cannot tell a graph without the answer from an LLM too "
+                "small to use it; run the evidence prompt (`--prompts ... evidence`) or repeat it with a larger LLM (`--llm`).")  # fmt: skip
+    if helps(evidence):
+        return ("fails: no information in the graph (or the working memory) the LLM can use",
+                "The gold evidence turns make the answer likelier (question − evidence above): this LLM is able to use text "
+                "that holds the answer's evidence, so the triples and the memory context fail for what they hold, not for the "
+                "LLM's size.")  # fmt: skip
+    return ("undecided: this LLM is too small to use any memory text (not even the gold evidence turns make the answer likelier)",
+            "Neither the triples, the memory context nor the gold evidence turns make the answer likelier (question − evidence "
+            f"above){', while the answer itself does' if answer is not None else ''}: the step cannot tell a graph without the answer "
+            "from an LLM too small to use text; repeat it with a larger LLM (`--llm`).")  # fmt: skip
 
 
 def step_name(args: argparse.Namespace) -> str:
@@ -149,20 +262,23 @@ def step_name(args: argparse.Namespace) -> str:
     return "information" + ("-dated" if args.session_dates else "") + ("-time-edges" if args.time_edges else "")
 
 
-def rebuilt_data(args: argparse.Namespace, folder: Path, data_path: Path) -> Path:
+def rebuilt_data(args: argparse.Namespace, folder: Path, data_path: Path, around_evidence: bool = False) -> Path:
     """The prepared trajectories with the test questions' graphs rebuilt (:mod:`experiments.graph_token.dated`) in
-    ``<folder>/trajectories`` (written once, read again on a rerun); the prepared ones when nothing is rebuilt."""
-    if step_name(args) == "information":
+    ``<folder>/trajectories``, or with ``around_evidence`` built from the units citing each question's gold evidence
+    turns in ``<folder>/evidence-graph-trajectories`` (written once, read again on a rerun); the prepared ones when
+    nothing is rebuilt."""
+    if step_name(args) == "information" and not around_evidence:
         return data_path
-    path = folder / "trajectories"
+    path = folder / ("evidence-graph-trajectories" if around_evidence else "trajectories")
     if not path.exists():
         from experiments.graph_token.dated import dated_graphs, prep_store, session_dates
         from qgmem_train.trajectory import read_trajectory_dataset, write_trajectory_dataset
 
         splits = {name: list(part) for name, part in read_trajectory_dataset(data_path).items()}
         dates = session_dates(args.session_dates) if args.session_dates else None
+        evidence = evidence_texts(args.out.resolve(), {ex.question_id for ex in splits["test"]}) if around_evidence else None
         splits["test"] = dated_graphs(splits["test"], prep_store(args.out.resolve()), dates, max_edges=RETRIEVAL_K,
-                                      attribute_edges=args.attribute_edges, time_edges=args.time_edges)  # fmt: skip
+                                      attribute_edges=args.attribute_edges, time_edges=args.time_edges, evidence=evidence)  # fmt: skip
         write_trajectory_dataset(splits, path)
     return path
 
@@ -221,7 +337,8 @@ def prompt_losses(args: argparse.Namespace, prompt: Prompt, data_path: Path) -> 
     variant = variants()["text" if prompt.triples else "none"]
     data, model = arm_data_and_module(args, variant, 0, data_path)
     test = question_sample(data.splits["test"], args.step_questions, args.split_seed)
-    data.splits["test"] = test if prompt.context else [replace(ex, context="") for ex in test]
+    evidence = evidence_texts(args.out.resolve(), {ex.question_id for ex in test}) if prompt.slot == "evidence" else {}
+    data.splits["test"] = slot_examples(prompt, test, evidence)
     model.load_backbone("cpu")
     losses, _ = per_question_losses(model, data)
     return losses
@@ -245,10 +362,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for prompt in (p for p in PROMPTS if p.key in args.prompts):
         log.info("[%s] %s: the frozen LLM over %d test questions", prompt.key, prompt.name, len(test))
         reused_losses(args, prompt, folder, test)
-        record = saved_or_computed(folder / f"losses-{prompt.key}.json", prompt.key, lambda: {"losses": prompt_losses(args, prompt, data_path)})
+        path = rebuilt_data(args, folder, prepared_path, around_evidence=True) if prompt.around_evidence else data_path
+        record = saved_or_computed(folder / f"losses-{prompt.key}.json", prompt.key, lambda: {"losses": prompt_losses(args, prompt, path)})
         losses[prompt.key], timings[prompt.key] = record["losses"], record["wall_s"]
         reused += [prompt.key] if "reused_from" in record else []
     answer_loss = {key: {q: v["answer_loss"] for q, v in per_q.items()} for key, per_q in losses.items()}
+    around = any(p.around_evidence and p.key in args.prompts for p in PROMPTS)
+    evidence_graphs = list(read_trajectory_dataset(rebuilt_data(args, folder, prepared_path, around_evidence=True))["test"]) if around else []
+    sampled = question_sample(evidence_graphs, args.step_questions, args.split_seed)
     mean = {key: sum(v.values()) / len(v) for key, v in answer_loss.items()}
     comparisons = [
         {"control": control, "treatment": treatment, "measures": what,
@@ -259,21 +380,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     categories = {q: v["category"] for q, v in summary["questions"].items()}
     for comparison in comparisons:
         comparison["per_category"] = per_category(comparison, answer_loss, losses_of_prepared(args), categories, args)
-    test_step, context_step = (next(c for c in comparisons if (c["control"], c["treatment"]) == pair) for pair in REQUIRED_COMPARISONS)
-    passed = test_step["mean_difference"] > 0 and test_step["ci95"][0] > 0
-    context_helps = context_step["mean_difference"] > 0 and context_step["ci95"][0] > 0
+    verdict, note = step_verdict(comparisons)
+    found = {(c["control"], c["treatment"]): c for c in comparisons}
     return {
         "step": 0,
         "question": "does the local graph hold the answer?",
-        "passed": passed,
-        "verdict": ("passes: the graph's triples as text make the answer likelier than the question alone" if passed
-                    else "fails: no information in the graph the frozen LLM can use" if context_helps
-                    else "fails: neither the graph's triples nor the memory context make the answer likelier to this LLM"),
-        "context_helps": context_helps,
-        "context_note": None if context_helps else (
-            "The memory context does not make the answer likelier either (question − context above): this frozen LLM reads no "
-            "useful information from any text here, so the step cannot tell a graph without the answer from an LLM too small "
-            "to use it; repeat it with a larger LLM (`--llm`) before building on either reading."),
+        "passed": verdict.startswith("passes"),
+        "verdict": verdict,
+        "verdict_note": note,
+        "context_helps": helps(found[REQUIRED_COMPARISONS[1]]),
+        "evidence_helps": helps(found[("question", "evidence")]) if ("question", "evidence") in found else None,
+        "harness_ok": found[("question", "answer")]["ci95"][0] > HARNESS_NATS if ("question", "answer") in found else None,
+        "by_coverage": by_coverage(test, answer_loss, args.bootstrap_resamples, args.bootstrap_seed),
         "test_questions": len(test),
         "test_questions_total": len(every),
         "split": summary["split"],
@@ -281,6 +399,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "coverage_all": coverage(every),
         "coverage_prepared_graph": None if data_path == prepared_path else {
             "sample": coverage(question_sample(prepared, args.step_questions, args.split_seed))["graph"], "all": coverage(prepared)["graph"]},
+        "coverage_evidence_graph": {"sample": coverage(sampled)["graph"], "all": coverage(evidence_graphs)["graph"],
+                                    "sample_without_edges": sum(not ex.graph.num_edges for ex in sampled)} if around else None,
         "missing_words": missing_words(every),
         "missing_words_prepared_graph": None if data_path == prepared_path else missing_words(prepared),
         "evidence_recall": evidence_recall(args.out.resolve(), {ex.question_id for ex in every}),
@@ -304,6 +424,8 @@ def coverage_lines(result: dict[str, Any]) -> list[str]:
     rows = [("graph", result["coverage"]["graph"], result["coverage_all"]["graph"])]
     if result.get("coverage_prepared_graph"):
         rows = [("graph, rebuilt", *rows[0][1:]), ("graph as prepared", result["coverage_prepared_graph"]["sample"], result["coverage_prepared_graph"]["all"])]
+    if around := result.get("coverage_evidence_graph"):
+        rows.append(("graph built from the evidence turns' units", around["sample"], around["all"]))
     rows.append(("context", result["coverage"]["context"], result["coverage_all"]["context"]))
     missing, recall, before = result["missing_words"], result["evidence_recall"], result.get("missing_words_prepared_graph")
     return [
@@ -311,6 +433,8 @@ def coverage_lines(result: dict[str, Any]) -> list[str]:
         f"| where | all of an answer's words appear ({n} q) | mean share of its words ({n} q) | all words ({total} q) | mean share ({total} q) |",
         "|---|---|---|---|---|",
         *(f"| {where} | {a['all_words']:.3f} | {a['mean_word_share']:.3f} | {b['all_words']:.3f} | {b['mean_word_share']:.3f} |" for where, a, b in rows), "",
+        *([f"No unit cites the evidence of {around['sample_without_edges']} of the {n} questions: their graph built from it has no edge.", ""]
+          if around else []),
         f"Why answer words are missing from the graph, on all {total} test questions (a word counted once an answer):", "",
         "| kind of word | in answers | missing from the graph | of those, in the context |"
         + (" missing from the graph as prepared | of those, in the context |" if before else ""), "|---|---|---|---|" + ("---|---|" if before else ""),
@@ -335,6 +459,20 @@ def category_lines(result: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+def by_coverage_lines(result: dict[str, Any]) -> list[str]:
+    """The step's test and the context's reading split by whether the graph (the context) covers the answer."""
+    rows = result.get("by_coverage") or []
+    cell = lambda r: f"{r['mean_difference']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]" if r["questions"] else "—"  # noqa: E731
+    return [
+        f"The same differences split by coverage: questions whose local graph (for question − triples) or memory context (for "
+        f"question − context) holds at least {COVERED_SHARE:.0%} of the answer's words, and the rest:", "",
+        "| control − treatment | split by | covered: questions | covered: difference [95%] | rest: questions | rest: difference [95%] |",
+        "|---|---|---|---|---|---|",
+        *(f"| {a['control']} − {a['treatment']} | {a['where']} | {a['questions']} | {cell(a)} | {b['questions']} | {cell(b)} |"
+          for a, b in zip(rows[::2], rows[1::2])), "",
+    ] if rows else []  # fmt: skip
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The step's report: the verdict, coverage, mean losses and the paired differences with their intervals."""
     lines = [
@@ -351,7 +489,8 @@ def markdown(result: dict[str, Any]) -> str:
         *(f"| {c['control']} | {c['treatment']} | {c['measures']} | {c['mean_difference']:+.3f} | [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}] |"
           for c in result["comparisons"]), "",
         *category_lines(result),
-        *([result["context_note"], ""] if result.get("context_note") else []),
+        *by_coverage_lines(result),
+        *([result["verdict_note"], ""] if result.get("verdict_note") else []),
         *([f"Not run (`--prompts`): {', '.join(result['prompts'][k] for k in result['not_run'])}.", ""] if result.get("not_run") else []),
         f"Commit: {commit_text(result['git'])}. Machine: {machine_text(result['machine'])}.", "",
     ]  # fmt: skip
