@@ -78,6 +78,16 @@ def test_the_evidence_prompt_puts_the_evidence_turns_and_only_them_in_the_contex
         evidence_texts(tmp_path, {"q1", "q2"})
 
 
+def test_the_report_names_questions_without_an_evidence_graph_only_when_there_are_some() -> None:
+    share = {"answers": 2, "all_words": 0.5, "mean_word_share": 0.5}
+    result = {"test_questions": 2, "test_questions_total": 2, "coverage": {"graph": share, "context": share},
+              "coverage_all": {"graph": share, "context": share}, "missing_words": {}, "evidence_recall": {"share": 0.5, "questions": 2},
+              "coverage_evidence_graph": {"sample": share, "all": share, "sample_without_edges": 0}}  # fmt: skip
+    assert not any("No unit cites" in line for line in information.coverage_lines(result))
+    result["coverage_evidence_graph"]["sample_without_edges"] = 1
+    assert "No unit cites the evidence of 1 of the 2 questions: their graph built from it has no edge." in information.coverage_lines(result)
+
+
 def test_the_answer_control_puts_one_line_stating_the_gold_answer_in_the_context_slot() -> None:
     answer = next(p for p in PROMPTS if p.key == "answer")
     (control,) = slot_examples(answer, [example("q1", "Kickboxing, Taekwondo", "retrieved memory context", BEACH)], {})

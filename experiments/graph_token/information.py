@@ -63,6 +63,8 @@ class Prompt:
     around_evidence: bool = False
     """Whether the triples are those of a graph built from the units citing the gold evidence turns instead of the
     working memory's (:func:`rebuilt_data`)."""
+
+
 PROMPTS = (
     Prompt("question", "(i) question only", slot="nothing", triples=False),
     Prompt("triples", "(ii) question + the graph's triples as text", slot="nothing", triples=True),
@@ -434,7 +436,7 @@ def coverage_lines(result: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|",
         *(f"| {where} | {a['all_words']:.3f} | {a['mean_word_share']:.3f} | {b['all_words']:.3f} | {b['mean_word_share']:.3f} |" for where, a, b in rows), "",
         *([f"No unit cites the evidence of {around['sample_without_edges']} of the {n} questions: their graph built from it has no edge.", ""]
-          if around else []),
+          if around and around["sample_without_edges"] else []),
         f"Why answer words are missing from the graph, on all {total} test questions (a word counted once an answer):", "",
         "| kind of word | in answers | missing from the graph | of those, in the context |"
         + (" missing from the graph as prepared | of those, in the context |" if before else ""), "|---|---|---|---|" + ("---|---|" if before else ""),
