@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from data_prep.__main__ import main
 from qgmem_train.trajectory import read_trajectory_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,23 +104,21 @@ def test_kill_and_resume_equals_one_run(reference: tuple[Path, Path]) -> None:
     process.wait()
     assert len(list(cases.glob("*.json"))) == 1, "the kill should land after the first of two cases"
     assert not (tmp / "killed" / "manifest.json").exists()
-    result = data_prep("--config", str(config))
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert main(["--config", str(config)]) == 0  # the resume runs in this process: the reference came from a process of its own
     assert rows(tmp / "killed") == rows(one)
 
 
-def test_two_shards_merged_equal_one_run(reference: tuple[Path, Path]) -> None:
+def test_two_shards_merged_equal_one_run(reference: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """Shards and merges run in this process (the CLI's ``main``), so no run here imports the libraries again; the
+    reference they must equal came from a process of its own."""
     tmp, one = reference
-    config = make_config(tmp, "sharded")
-    first = data_prep("--config", str(config), "--shard", "1/2")
-    assert first.returncode == 0, first.stderr[-3000:]
-    early = data_prep("merge", "--config", str(config))
-    assert early.returncode == 2
-    assert "shard 0/2 is missing" in early.stderr
-    second = data_prep("--config", str(config), "--shard", "0/2")
-    assert second.returncode == 0, second.stderr[-3000:]
-    merged = data_prep("merge", "--config", str(config))
-    assert merged.returncode == 0, merged.stderr[-3000:]
+    config = str(make_config(tmp, "sharded"))
+    assert main(["--config", config, "--shard", "1/2"]) == 0
+    capsys.readouterr()
+    assert main(["merge", "--config", config]) == 2
+    assert "shard 0/2 is missing" in capsys.readouterr().err
+    assert main(["--config", config, "--shard", "0/2"]) == 0
+    assert main(["merge", "--config", config]) == 0
     assert rows(tmp / "sharded") == rows(one)
 
 
@@ -197,8 +196,6 @@ def test_judge_run_answers_judges_and_merge_keeps_only_judge_correct(tmp_path: P
 
 
 def test_an_empty_or_partial_case_record_is_computed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from data_prep.__main__ import main
-
     _, out, _ = _in_process_run(tmp_path, "partial", "gold", monkeypatch)
     before = rows(out)
     empty, cut = sorted((out / "shards" / "0-of-1" / "cases").glob("*.json"))

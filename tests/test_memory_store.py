@@ -42,6 +42,28 @@ def short_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def clean_builds() -> dict[str, NamespaceMemory]:
+    """Each backend's memory of the short sample built uninterrupted in turns mode, kept by the first test that needs it."""
+    return {}
+
+
+def _backend(request: pytest.FixtureRequest) -> str:
+    """The backend (``new_store``'s parameter) this test runs on."""
+    return request.node.callspec.params["new_store"]
+
+
+def _clean_memory(clean_builds: dict[str, NamespaceMemory], request: pytest.FixtureRequest, new_store, short_sample: Path, minilm) -> NamespaceMemory:
+    """The uninterrupted build's memory on this test's backend: built in a new store once, then shared."""
+    backend = _backend(request)
+    if backend not in clean_builds:
+        (conv,) = load_conversations("locomo", short_sample)
+        with MemoryStore.open(new_store(), create=True) as store:
+            build_conversation(store, conv, _turns_cfg(), minilm)
+            clean_builds[backend] = store.load_namespace(conv.id)
+    return clean_builds[backend]
+
+
 def _turns_cfg() -> PipelineConfig:
     cfg = PipelineConfig()
     cfg.construction.units = "turns"
@@ -64,13 +86,14 @@ def _assert_same_memory(a: NamespaceMemory, b: NamespaceMemory, *, trajectories:
     np.testing.assert_allclose(a.sentence_embeddings, b.sentence_embeddings, atol=1e-5)
 
 
-def test_turns_build_fills_the_retrieval_contract(short_sample, new_store, minilm) -> None:
+def test_turns_build_fills_the_retrieval_contract(short_sample, new_store, minilm, clean_builds, request) -> None:
     (conv,) = load_conversations("locomo", short_sample)
     location = new_store()
     with MemoryStore.open(location, create=True) as store:
         report = build_conversation(store, conv, _turns_cfg(), minilm)
         memory = store.load_namespace(conv.id)
         assert store.namespaces() == [conv.id] and store.embedder_id == minilm.model_id and store.dim == minilm.dim
+    clean_builds.setdefault(_backend(request), memory)
     n_turns = sum(len(s.turns) for s in conv.sessions)
     assert report.units == len(memory.units) == n_turns and report.windows_built == report.windows_total
     assert [u.serial for u in memory.units] == sorted(u.serial for u in memory.units)
@@ -93,11 +116,9 @@ def test_turns_build_fills_the_retrieval_contract(short_sample, new_store, minil
         again.load_namespace("nope")
 
 
-def test_turns_build_stores_sentence_vectors_and_turn_order(short_sample, new_store, minilm) -> None:
+def test_turns_build_stores_sentence_vectors_and_turn_order(short_sample, new_store, minilm, clean_builds, request) -> None:
     (conv,) = load_conversations("locomo", short_sample)
-    with MemoryStore.open(new_store(), create=True) as store:
-        build_conversation(store, conv, _turns_cfg(), minilm)
-        memory = store.load_namespace(conv.id)
+    memory = _clean_memory(clean_builds, request, new_store, short_sample, minilm)
     multi = {i for i, u in enumerate(memory.units) if len(fact_sentences(u.fact_text)) > 1}
     assert multi and set(memory.sentence_unit.tolist()) == multi
     assert memory.sentence_unit.tolist() == sorted(memory.sentence_unit.tolist())
@@ -222,7 +243,7 @@ _KILLED_BUILD = textwrap.dedent(
 )
 
 
-def test_build_killed_part_way_resumes_to_the_uninterrupted_result(short_sample, new_store, minilm) -> None:
+def test_build_killed_part_way_resumes_to_the_uninterrupted_result(short_sample, new_store, minilm, clean_builds, request) -> None:
     (conv,) = load_conversations("locomo", short_sample)
     cfg = _turns_cfg()
     killed = new_store()
@@ -238,11 +259,7 @@ def test_build_killed_part_way_resumes_to_the_uninterrupted_result(short_sample,
         report = build_conversation(store, conv, cfg, minilm)
         resumed = store.load_namespace(conv.id)
     assert report.windows_built == total - done
-
-    with MemoryStore.open(new_store(), create=True) as store:
-        build_conversation(store, conv, cfg, minilm)
-        clean = store.load_namespace(conv.id)
-    _assert_same_memory(resumed, clean)
+    _assert_same_memory(resumed, _clean_memory(clean_builds, request, new_store, short_sample, minilm))
 
 
 def test_store_refuses_another_embedder_units_mode_or_a_grown_session(new_store, minilm) -> None:

@@ -55,38 +55,48 @@ def _predictor(embedder) -> QGMemPredictor:
     return QGMemPredictor(None, _cfg(), llm=llm, embedder=embedder, reranker=None, intent="rules")
 
 
-_WRITER = """
-import json, sys, time
-from contextlib import contextmanager
-from pathlib import Path
-from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
-from qgmem_train.llm.embedder import Embedder
-from qgmem_train.memory.store import MemoryStore
-from qgmem_train.predictor import QGMemPredictor
-from tests.fakes import ScriptedLLM
-
-_enter = MemoryStore.transaction
-
 @contextmanager
-def _late_transaction(self, namespace=None):
-    time.sleep(0.1)
-    with _enter(self, namespace) as db:
-        yield db
+def _late_transactions():
+    """Every store transaction of this process starts 0.1 s late (a scheduling delay), so two writers' transactions interleave."""
+    enter = MemoryStore.transaction
 
-MemoryStore.transaction = _late_transaction
-store_dir, plan, ready, go = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
-cfg = PipelineConfig()
-cfg.models.device, cfg.construction.units, cfg.construction.window_batch_size = "cpu", "turns", 1
-embedder = Embedder(BUNDLED_EMBEDDER, device="cpu")
-embedder.encode(["warm up"])
-predictor = QGMemPredictor(None, cfg, llm=ScriptedLLM(lambda chat: TRAJECTORY), embedder=embedder, reranker=None, intent="rules")
-ready.touch()
-while not go.exists():
-    time.sleep(0.01)
-for namespace, session in plan:
-    with predictor.memory(namespace, store_dir) as memory:
-        memory.add_session(session["turns"], time=session["time"])
+    @contextmanager
+    def late(self, namespace=None):
+        time.sleep(0.1)
+        with enter(self, namespace) as db:
+            yield db
+
+    MemoryStore.transaction = late
+    try:
+        yield
+    finally:
+        MemoryStore.transaction = enter
+
+
+def write_plan(store_dir: str | Path, plan: list, embedder, ready: Path, go: Path) -> None:
+    """Mark ``ready`` once the embedder is warm, wait for ``go``, then add each (namespace, session) of ``plan`` in order,
+    every transaction late."""
+    embedder.encode(["warm up"])
+    predictor = QGMemPredictor(None, _cfg(), llm=ScriptedLLM(lambda chat: TRAJECTORY), embedder=embedder, reranker=None, intent="rules")
+    ready.touch()
+    while not go.exists():
+        time.sleep(0.01)
+    with _late_transactions():
+        for namespace, session in plan:
+            with predictor.memory(namespace, store_dir) as memory:
+                memory.add_session(session["turns"], time=session["time"])
+
+
+_WRITER = """
+import json, sys
+from pathlib import Path
+from qgmem_train.config import BUNDLED_EMBEDDER
+from qgmem_train.llm.embedder import Embedder
+from tests.test_store_concurrency import write_plan
+
+write_plan(sys.argv[1], json.loads(sys.argv[2]), Embedder(BUNDLED_EMBEDDER, device="cpu"), Path(sys.argv[3]), Path(sys.argv[4]))
 """
+"""A writer process of its own: :func:`write_plan` over the arguments (store, plan as JSON, ready and go files)."""
 
 
 def _check_namespace(store: MemoryStore, namespace: str, sessions: list[dict]) -> None:
@@ -109,25 +119,34 @@ def _check_namespace(store: MemoryStore, namespace: str, sessions: list[dict]) -
     assert recording.calls == [] and store.load_traces(namespace) == memory.traces  # traces match the final units
 
 
-def test_two_processes_add_sessions_to_one_namespace_and_to_their_own_at_once(tmp_path: Path, new_store) -> None:
+def test_two_processes_add_sessions_to_one_namespace_and_to_their_own_at_once(tmp_path: Path, new_store, minilm) -> None:
+    """Alex writes from a process of its own, Bea from this one (a thread, so that this process can give the signal to go)."""
     store_dir = new_store()
     MemoryStore.open(store_dir, create=True).close()
     plans = {w: [(ns, _session(w, k)) for k in range(3) for ns in ("shared", f"own-{w}")] for w in ("Alex", "Bea")}
-    go = tmp_path / "go"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(_WRITER).replace("TRAJECTORY", repr(TRAJECTORY)), str(store_dir), json.dumps(plan), str(tmp_path / f"ready-{w}"), str(go)],
-            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for w, plan in plans.items()
-    ]  # fmt: skip
+    ready, go = {w: tmp_path / f"ready-{w}" for w in plans}, tmp_path / "go"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(store_dir), json.dumps(plans["Alex"]), str(ready["Alex"]), str(go)],
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    errors: list[BaseException] = []
+
+    def bea() -> None:
+        try:
+            write_plan(store_dir, plans["Bea"], minilm, ready["Bea"], go)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    here = threading.Thread(target=bea)
+    here.start()
     deadline = time.monotonic() + 300
-    while not all((tmp_path / f"ready-{w}").exists() for w in plans) and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+    while not all(r.exists() for r in ready.values()) and time.monotonic() < deadline and proc.poll() is None and here.is_alive():
         time.sleep(0.05)
     go.touch()
-    for proc in procs:
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
+    here.join(timeout=600)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert errors == [] and not here.is_alive()
     with MemoryStore.open(store_dir) as store:
         assert store.namespaces() == ["own-Alex", "own-Bea", "shared"]
         _check_namespace(store, "shared", [s for plan in plans.values() for ns, s in plan if ns == "shared"])
