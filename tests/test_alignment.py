@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from data_prep.__main__ import main as data_prep_main
 from data_prep.align import case_splits
 from data_prep.config import DataPrepConfig, load_data_prep_config
 from data_prep.run import draw
@@ -52,7 +53,7 @@ def align_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_alignment_data_never_holds_a_test_conversation(align_data: tuple[Path, Path]) -> None:
+def test_alignment_data_never_holds_a_test_conversation(align_data: tuple[Path, Path], capfd: pytest.CaptureFixture[str]) -> None:
     config, out = align_data
     cfg, pipeline = load_data_prep_config(config)
     drawn = {ref.case_id: split_of_case(ref.case_id, cfg.validation_fraction, cfg.test_fraction) for ref in draw(cfg, pipeline)[1]}
@@ -71,12 +72,15 @@ def test_alignment_data_never_holds_a_test_conversation(align_data: tuple[Path, 
         assert len(facts) == len(set(facts)), f"{case}: a graph is kept once per case"
     assert sum(map(len, splits.values())) > len(cases["train"]) + len(cases["validation"]), "pseudo-queries add graphs beyond the questions"
 
+    # The rerun and the refused one in this process: the fixture's run and the bad-input test go through the CLI's own process.
     before = {name: [ex.to_record() for ex in examples] for name, examples in splits.items()}
-    rerun = data_prep("align", "--config", str(config), "--pseudo-queries", "3")
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    rerun = data_prep_main(["align", "--config", str(config), "--pseudo-queries", "3"])
+    assert rerun == 0, capfd.readouterr().err[-3000:]
+    capfd.readouterr()  # the rerun's own lines: the refused run below must print one
     assert {name: [ex.to_record() for ex in examples] for name, examples in read_trajectory_dataset(out / "dataset").items()} == before
-    other = data_prep("align", "--config", str(config), "--pseudo-queries", "4")
-    assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1 and "align.json" in other.stderr
+    assert data_prep_main(["align", "--config", str(config), "--pseudo-queries", "4"]) == 2
+    err = capfd.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "align.json" in err, err
 
 
 def test_a_split_folder_decides_the_split_and_its_test_cases_never_count(tmp_path: Path) -> None:

@@ -37,9 +37,13 @@ def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_decoder(tmp_path_factory.mktemp("gpu_check") / "tiny", fixture_corpus())
 
 
+ROUNDS = 2
+"""Rounds of the smoke run's timed parts (default three): two already show the variants alternating round by round."""
+
+
 def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
-    command = [sys.executable, "bench/gpu_check.py", "--smoke", "--llm", str(tiny_llm), "--out", str(out)]
+    command = [sys.executable, "bench/gpu_check.py", "--smoke", "--llm", str(tiny_llm), "--out", str(out), "--rounds", str(ROUNDS)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, as scripts/gpu_check.sh runs it
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     report = out.with_suffix(".md").read_text() if out.with_suffix(".md").exists() else ""
@@ -53,13 +57,13 @@ def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_
     assert report.count("**skipped**: no CUDA") == 2
     bf16 = parts["bf16"]
     off, on = bf16["variants"]["off"], bf16["variants"]["on"]
-    assert bf16["rounds"] == 3, "checkpointing off and on alternate for three rounds in one process"
+    assert bf16["rounds"] == ROUNDS, "checkpointing off and on alternate for --rounds rounds in one process"
     for variant in (off, on):
-        assert len(variant["device_ms_round_medians"]) == 3 and variant["host_ms_median"] > 0 and variant["losses_finite"]
-        assert variant["steps"] == 3 * (bf16["steps"] + bf16["warmup_steps"])
+        assert len(variant["device_ms_round_medians"]) == ROUNDS and variant["host_ms_median"] > 0 and variant["losses_finite"]
+        assert variant["steps"] == ROUNDS * (bf16["steps"] + bf16["warmup_steps"])
     assert off["decoder_layer_calls_per_step"] == 1.0
     assert on["decoder_layer_calls_per_step"] == 2.0, "with checkpointing on, backward recomputes every decoder layer"
-    assert len(bf16["comparison"]["per_round"]) == 3
+    assert len(bf16["comparison"]["per_round"]) == ROUNDS
     assert "| checkpointing off |" in report and "| checkpointing on |" in report
     assert comparison_line(bf16["comparison"], "checkpointing on / off") in report
     cache = parts["prefix_cache"]
@@ -70,10 +74,10 @@ def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_
     for run in cache["steps"]:
         assert list(run["variants"]) == variants
         assert [v["attention_mask"] for v in run["variants"].values()] == ["none (is_causal)", "explicit mask", "bottom-right bias"]
-        assert all(len(v["device_ms_round_medians"]) == 3 and v["host_ms_median"] > 0 for v in run["variants"].values()), "three rounds"
+        assert all(len(v["device_ms_round_medians"]) == ROUNDS and v["host_ms_median"] > 0 for v in run["variants"].values()), "every round"
         assert [(c["base"], c["other"]) for c in run["comparisons"]] == [(variants[0], variants[1]), (variants[0], variants[2]), (variants[1], variants[2])]
         for comparison in run["comparisons"]:
-            assert len(comparison["per_round"]) == 3
+            assert len(comparison["per_round"]) == ROUNDS
             assert comparison_line(comparison, f"batch {run['batch']}, {comparison['other']} / {comparison['base']}") in report
     assert len(cache["attention"]) == 2 and all(len(cases) == 3 for cases in cache["attention"].values())
     assert "| batch 4 | cache off | none (is_causal) |" in report and "| batch 1 | cache on, bottom-right | bottom-right bias |" in report

