@@ -175,7 +175,7 @@ def step_verdict(rows: list[dict[str, Any]]) -> tuple[bool | None, str]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The alignment data (reused when there), each arm's fit (each saved as it ends), the report."""
-    started = time.perf_counter()
+    started, machine = time.perf_counter(), machine_info()
     out = args.out.resolve()
     folder, summary, trajectories = step_folder(args, "alignment")
     data = saved_or_computed(folder / "data.json", "data", lambda: build_data(args, out, folder, trajectories), {"pseudo_queries": args.pseudo_queries})
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {"config": str(args.align_config), "steps": args.align_steps, "batch_size": args.align_batch_size,
                      "val_checks": args.align_val_checks, "val_graphs_cap": args.align_val_graphs, "eval_batch_size": args.eval_batch_size,
                      "edge_tokens": args.edge_tokens, "pseudo_queries": args.pseudo_queries, "llm": args.llm, "threads": args.threads},
-        "wall_s": round(time.perf_counter() - started, 1), "machine": machine_info(), "git": git_state(),
+        "wall_s": round(time.perf_counter() - started, 1), "machine": machine, "git": git_state(),
     }  # fmt: skip
 
 
@@ -219,7 +219,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{d['graphs']['train']} training graphs of {', '.join(result['split']['train'])}, {d['graphs']['validation']} held-out graphs of "
         f"{', '.join(result['split']['validation'])}; the test conversations ({', '.join(result['split']['test'])}) were not built. "
         f"Fit: `{s['config']}`, frozen {s['llm']}, edges readout (at most {s['edge_tokens']} tokens), {s['steps']} steps at batch "
-        f"{s['batch_size']}, {s['val_checks']} validations over at most {s['val_graphs_cap']} held-out graphs. Shuffle gap: the loss of the "
+        f"{s['batch_size']}, {s['val_checks']} validation(s) over at most {s['val_graphs_cap']} held-out graphs. Shuffle gap: the loss of the "
         f"facts with another graph's tokens minus with its own, nats a token, 95% t interval over the validation graphs, at the last "
         f"validation. Passes at a gap ≥ {GAP_NATS} with the interval above 0 and a token cosine < {COSINE_BELOW}.", "",
         "| arm | settings | steps | epochs | train loss first → last 10% | shuffle gap [95%] | val graphs | token cosine | verdict | wall (s) |",
