@@ -1,6 +1,7 @@
-"""The graph-token study's steps: step 0 (does the graph hold the answer?) and step 1 (can the slot carry content?).
+"""The graph-token study's steps: step 0 (does the graph hold the answer?), step 1 (can the slot carry content?) and step 2
+(can graph tokens be trained to carry their graph?).
 
-Their pure parts on hand-built examples; both steps end to end through the package over the cut-down conversations of
+Their pure parts on hand-built examples; each step end to end through the package over the cut-down conversations of
 the study's tests, with the tiny random decoder as the frozen LLM (the steps' numbers mean nothing there; their
 outputs, resume and verdict logic are what is tested).
 """
@@ -280,9 +281,9 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
 
 
 def test_a_step_without_data_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from experiments.graph_token import capacity
+    from experiments.graph_token import alignment, capacity
 
-    for step in (information, capacity):  # each module's main is its command's exit status (``sys.exit(main())``)
+    for step in (information, capacity, alignment):  # each module's main is its command's exit status (``sys.exit(main())``)
         assert step.main(["--data", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "missing" in err, err
@@ -300,3 +301,80 @@ def test_a_part_saved_with_other_settings_is_refused_not_reused(tmp_path: Path) 
     assert saved_or_computed(part, "answer T=1", lambda: {"losses": {}}, {"questions": 12, "steps": 30}) == first
     with pytest.raises(InputError, match=r"answer-T1\.json.*questions=12.*questions=24"):
         saved_or_computed(part, "answer T=1", lambda: {"losses": {}}, {"questions": 24, "steps": 30})
+
+
+def reading(gap: float, low: float, cosine: float | None) -> dict[str, object]:
+    return {"shuffle_gap": gap, "shuffle_gap_low": low, "shuffle_gap_high": gap + 0.1, "examples": 50, "floor": 0.01, "token_cosine": cosine}
+
+
+def test_an_alignment_arm_passes_only_with_a_large_gap_above_0_and_tokens_that_differ() -> None:
+    from experiments.graph_token.alignment import COSINE_BELOW, GAP_NATS, arm_verdict, step_verdict
+
+    assert arm_verdict(reading(GAP_NATS, 0.1, COSINE_BELOW - 0.01)) is True
+    assert arm_verdict(reading(GAP_NATS - 0.01, 0.1, 0.5)) is False, "a gap under the bar"
+    assert arm_verdict(reading(GAP_NATS + 0.2, -0.01, 0.5)) is False, "an interval holding 0"
+    assert arm_verdict(reading(GAP_NATS + 0.2, 0.1, COSINE_BELOW)) is False, "tokens alike across graphs"
+    assert arm_verdict({"skipped": "no validation graphs"}) is None and arm_verdict(None) is None
+    assert step_verdict([{"arm": "linear", "passed": False}, {"arm": "encoder", "passed": True}])[0] is True
+    assert step_verdict([{"arm": "linear", "passed": False}, {"arm": "encoder", "passed": None}])[0] is False
+    assert step_verdict([{"arm": "linear", "passed": None}])[0] is None
+
+
+def test_a_killed_alignment_fit_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+    from experiments.graph_token.alignment import fit_command, parser
+
+    args = parser().parse_args(["--out", str(tmp_path)])
+    assert "--ckpt_path" not in fit_command(args, tmp_path / "linear"), "a first launch starts afresh"
+    (tmp_path / "linear" / "ckpt").mkdir(parents=True)
+    (tmp_path / "linear" / "ckpt" / "last.ckpt").write_bytes(b"")
+    assert fit_command(args, tmp_path / "linear")[-2:] == ["--ckpt_path", str(tmp_path / "linear" / "ckpt" / "last.ckpt")]
+
+
+@pytest.mark.slow
+def test_step_2_aligns_each_arm_on_the_training_conversations_alone_and_resumes(
+    tmp_path: Path, tiny_study_data: tuple[Path, Path], caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from experiments.graph_token import alignment
+
+    cases, prepared = tiny_study_data
+    llm = save_tiny_decoder(tmp_path / "tiny", fixture_corpus())
+    out = tmp_path / "out"
+    shutil.copytree(prepared / "data", out / "data")
+    argv = [
+        "--data", str(cases), "--out", str(out), "--llm", str(llm), *TINY_DATA_ARGS, "--eval-batch-size", "2", "--edge-tokens", "3",
+        "--align-steps", "2", "--align-val-checks", "1", "--align-val-graphs", "2", "--pseudo-queries", "2",
+    ]  # fmt: skip
+    with torch_threads_kept():
+        assert alignment.main(argv) == 0
+    folder = out / "alignment"
+    report = json.loads((folder / "results.json").read_text())
+    assert capsys.readouterr().out.strip() == report["verdict"]
+    assert [r["arm"] for r in report["rows"]] == ["linear", "encoder"]
+    for r in report["rows"]:
+        assert r["steps"] == 2 and r["train_graphs"] == report["data"]["graphs"]["train"] > 0
+        assert r["epochs"] == pytest.approx(2 * 2 / r["train_graphs"], abs=1e-3), "two steps of 2 graphs, as a share of an epoch"
+        assert r["reading"]["examples"] == 2 and 0 < r["reading"]["token_cosine"] <= 1, "the last validation's reading, capped at 2 graphs"
+        assert r["train_loss_first"] > 0 and r["passed"] == alignment.arm_verdict(r["reading"])
+    hparams = {r["arm"]: torch.load(folder / r["arm"] / "ckpt" / "last.ckpt", weights_only=True)["hyper_parameters"] for r in report["rows"]}
+    assert (hparams["linear"]["encoder"]["layers"], hparams["linear"]["projector"]["hidden_dim"], hparams["linear"]["projector"]["norm"]) == (0, 0, False)
+    assert hparams["encoder"]["encoder"]["layers"] == 2 and hparams["encoder"]["readout"] == hparams["linear"]["readout"]
+    assert (hparams["linear"]["readout"]["kind"], hparams["linear"]["readout"]["tokens"]) == ("edges", 3)
+
+    split = read_trajectory_dataset(prepared / "data" / "trajectories")
+    aligned = read_trajectory_dataset(report["data"]["dataset"])
+    assert set(aligned) == {"train", "validation"} and report["data"]["test_cases_in_data"] == []
+    for name in ("train", "validation"):
+        assert {ex.case_id for ex in aligned[name]} == {ex.case_id for ex in split[name]}, f"the {name} conversation, as the study splits it"
+    assert not {ex.case_id for part in aligned.values() for ex in part} & {ex.case_id for ex in split["test"]}, "no test conversation"
+    assert "linear" in (folder / "results.md").read_text() and "held-out graphs" in (folder / "results.md").read_text()
+
+    fitted = {arm: (folder / arm / "ckpt" / "last.ckpt").stat().st_mtime_ns for arm in ("linear", "encoder")}
+    caplog.set_level(logging.INFO)
+    with torch_threads_kept():
+        assert alignment.main(argv) == 0
+    reused = sorted(m.split("/alignment/")[-1] for m in caplog.messages if "reusing" in m and "/alignment/" in m)
+    assert reused == ["data.json", "encoder/result.json", "linear/result.json"], "the data and both arms are reused"
+    assert {arm: (folder / arm / "ckpt" / "last.ckpt").stat().st_mtime_ns for arm in fitted} == fitted, "no fit runs again"
+    assert json.loads((folder / "results.json").read_text())["rows"] == report["rows"]
