@@ -316,8 +316,16 @@ def test_an_alignment_arm_passes_only_with_a_large_gap_above_0_and_tokens_that_d
     assert arm_verdict(reading(GAP_NATS + 0.2, 0.1, COSINE_BELOW)) is False, "tokens alike across graphs"
     assert arm_verdict({"skipped": "no validation graphs"}) is None and arm_verdict(None) is None
     assert step_verdict([{"arm": "linear", "passed": False}, {"arm": "encoder", "passed": True}])[0] is True
-    assert step_verdict([{"arm": "linear", "passed": False}, {"arm": "encoder", "passed": None}])[0] is False
+    passed, text = step_verdict([{"arm": "linear", "passed": False, "steps": 60, "epochs": 0.091}, {"arm": "encoder", "passed": None}])
+    assert passed is False and text.endswith("after 60 steps (0.091 of an epoch): no alignment at this budget"), text
     assert step_verdict([{"arm": "linear", "passed": None}])[0] is None
+
+
+def test_a_report_remade_from_saved_parts_says_its_load_is_not_the_fits() -> None:
+    from experiments.graph_token.alignment import load_note
+
+    assert load_note(remade=True) == " (taken when this report was remade from saved parts, not during the fits)"
+    assert load_note(remade=False) == ""
 
 
 def test_a_killed_alignment_fit_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:

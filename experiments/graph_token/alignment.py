@@ -169,7 +169,15 @@ def step_verdict(rows: list[dict[str, Any]]) -> tuple[bool | None, str]:
         return True, f"passes: {', '.join(passed)} carries at least {GAP_NATS} nats a token of its own graph on held-out graphs"
     if all(r["passed"] is None for r in rows):
         return None, "undecided: no arm measured a shuffle gap"
-    return False, f"fails: no arm's tokens carry {GAP_NATS} nats a token of their graph on held-out graphs (no alignment)"
+    measured = [r for r in rows if r["passed"] is False]
+    steps, epochs = max(r["steps"] for r in measured), max(r["epochs"] for r in measured)
+    return False, (f"fails: no arm's tokens carry {GAP_NATS} nats a token of their graph on held-out graphs after {steps} steps "
+                   f"({epochs:.3f} of an epoch): no alignment at this budget")
+
+
+def load_note(remade: bool) -> str:
+    """What the report's load average is when every part was reused: the remake's, not the fits'."""
+    return " (taken when this report was remade from saved parts, not during the fits)" if remade else ""
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -177,6 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     machine = machine_info()
     out = args.out.resolve()
     folder, summary, trajectories = step_folder(args, "alignment")
+    remade = all((folder / part).exists() for part in ("data.json", *(f"{arm}/result.json" for arm in args.arms)))
     data = saved_or_computed(folder / "data.json", "data", lambda: build_data(args, out, folder, trajectories), {"pseudo_queries": args.pseudo_queries})
     rows = []
     for arm in args.arms:
@@ -190,7 +199,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {"config": str(args.align_config), "steps": args.align_steps, "batch_size": args.align_batch_size,
                      "val_checks": args.align_val_checks, "val_graphs_cap": args.align_val_graphs, "eval_batch_size": args.eval_batch_size,
                      "edge_tokens": args.edge_tokens, "pseudo_queries": args.pseudo_queries, "llm": args.llm, "threads": args.threads},
-        "wall_s": round(data["wall_s"] + sum(r["wall_s"] for r in rows), 1), "machine": machine, "git": git_state(),
+        "wall_s": round(data["wall_s"] + sum(r["wall_s"] for r in rows), 1), "machine": machine, "remade": remade, "git": git_state(),
     }  # fmt: skip
 
 
@@ -228,7 +237,7 @@ def markdown(result: dict[str, Any]) -> str:
         gap, graphs, cosine = fmt_reading(r["reading"])
         lines.append(f"| {r['arm']} | {r['name']} | {r['steps']} | {r['epochs']} | {fmt_loss(r['train_loss_first'])} → {fmt_loss(r['train_loss_last'])} | "
                      f"{gap} | {graphs} | {cosine} | {verdicts[r['passed']]} | {r['wall_s']:.0f} |")  # fmt: skip
-    lines += ["", f"Commit: {commit_text(result['git'])}. Machine: {machine_text(result['machine'])}. Wall time of the data and the fits {result['wall_s']:.0f} s "
+    lines += ["", f"Commit: {commit_text(result['git'])}. Machine: {machine_text(result['machine'])}{load_note(result.get('remade', False))}. Wall time of the data and the fits {result['wall_s']:.0f} s "
               "(each part's last launch: a reused part keeps its own, a resumed fit counts from its resume).", ""]  # fmt: skip
     return "\n".join(lines)
 
