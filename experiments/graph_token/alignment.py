@@ -187,9 +187,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     folder, summary, trajectories = step_folder(args, "alignment")
     remade = all((folder / part).exists() for part in ("data.json", *(f"{arm}/result.json" for arm in args.arms)))
     data = saved_or_computed(folder / "data.json", "data", lambda: build_data(args, out, folder, trajectories), {"pseudo_queries": args.pseudo_queries})
+    settings = {key: getattr(args, key) for key in ("align_steps", "align_batch_size", "align_val_checks", "align_val_graphs", "edge_tokens", "llm", "eval_batch_size")}
     rows = []
     for arm in args.arms:
-        settings = {key: getattr(args, key) for key in ("align_steps", "align_batch_size", "align_val_checks", "align_val_graphs", "edge_tokens", "llm", "eval_batch_size")}
         record = saved_or_computed(folder / arm / "result.json", f"fit {arm}", lambda: fit_arm(args, arm, folder, data), {**settings, "config": str(args.align_config)})
         rows.append({**record, "name": ARM_NAMES[arm], "passed": arm_verdict(record["reading"])})
     passed, text = step_verdict(rows)

@@ -224,6 +224,11 @@ HARNESS_NATS = 1.0
 the interval's low end above it: a wide margin, since the LLM need only copy."""
 
 
+def harness_works(answer: dict[str, Any]) -> bool:
+    """Whether the answer control (question − answer) clears :data:`HARNESS_NATS` with its whole interval."""
+    return answer["ci95"][0] > HARNESS_NATS
+
+
 def helps(comparison: dict[str, Any] | None) -> bool:
     """Whether a comparison's treatment makes the answer likelier: its difference and its interval's low end above 0."""
     return comparison is not None and comparison["mean_difference"] > 0 and comparison["ci95"][0] > 0
@@ -235,7 +240,7 @@ def step_verdict(comparisons: list[dict[str, Any]]) -> tuple[str, str | None]:
     which tell a graph without usable information from an LLM too small to use any memory text."""
     against = {c["treatment"]: c for c in comparisons if c["control"] == "question"}
     answer, evidence = against.get("answer"), against.get("evidence")
-    if answer is not None and answer["ci95"][0] <= HARNESS_NATS:
+    if answer is not None and not harness_works(answer):
         return (f"undecided: the harness is broken (a line stating the gold answer does not lower its loss by {HARNESS_NATS:g} nats a token)",
                 "With the answer itself in the context slot the loss should fall far below the question-only loss; until it "
                 "does, no difference in this report can be read.")  # fmt: skip
@@ -392,7 +397,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "verdict_note": note,
         "context_helps": helps(found[REQUIRED_COMPARISONS[1]]),
         "evidence_helps": helps(found[("question", "evidence")]) if ("question", "evidence") in found else None,
-        "harness_ok": found[("question", "answer")]["ci95"][0] > HARNESS_NATS if ("question", "answer") in found else None,
+        "harness_ok": harness_works(found[("question", "answer")]) if ("question", "answer") in found else None,
         "by_coverage": by_coverage(test, answer_loss, args.bootstrap_resamples, args.bootstrap_seed),
         "test_questions": len(test),
         "test_questions_total": len(every),
