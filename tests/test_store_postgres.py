@@ -5,6 +5,7 @@ password never shown. The tests every store passes run on both backends in tests
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from qgmem_train.memory.construct import build_conversation
 from qgmem_train.memory.loaders import load_conversations
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.store_file import StoreLockedError
+from qgmem_train.memory.types import Conversation, Session, Turn
 from qgmem_train.predictor import QGMemPredictor
 from qgmem_train.retrieval.activation import ActivationIndex, activate
 from tests.fakes import ScriptedLLM
@@ -145,7 +147,7 @@ def _rows_text(uri: str) -> str:
     """Every row of every table of the database, as text (vectors as pgvector writes them)."""
     with psycopg.connect(uri) as db:
         tables = [r[0] for r in db.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
-        return "\n".join(str(row) for table in tables for row in db.execute(f"SELECT t::text FROM {table} t"))
+        return "\n".join(row for table in tables for (row,) in db.execute(f"SELECT t::text FROM {table} t"))
 
 
 def test_deleting_a_namespace_leaves_no_row_of_it(new_postgres_store, minilm) -> None:
@@ -163,33 +165,84 @@ def test_deleting_a_namespace_leaves_no_row_of_it(new_postgres_store, minilm) ->
     assert "Zorblatt" not in left and "alice" not in left and "Miso" in left  # every row (vectors too) names its namespace
 
 
-@pytest.mark.parametrize(
-    ("damage", "message"),
-    [
-        ("CREATE TABLE notes (body TEXT)", "relation notes is not in a memory store's schema"),
-        ("ALTER TABLE turns ALTER COLUMN text TYPE VARCHAR(40)", "column turns.text is not as a memory store defines it"),
-        ("ALTER TABLE turns ADD COLUMN extra TEXT", "column turns.extra is not as a memory store defines it"),
-        (
-            "CREATE FUNCTION copy_turn() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$; "
-            "CREATE TRIGGER leak AFTER INSERT ON turns FOR EACH ROW EXECUTE FUNCTION copy_turn()",
-            "trigger leak is not in a memory store's schema",
-        ),
-        ("UPDATE meta SET value = 'two' WHERE key = 'schema_version'", "schema_version: is 'two', not a number"),
-        ("UPDATE meta SET value = '99' WHERE key = 'schema_version'", "PostgreSQL store schema version 99"),
-    ],
+def _two_tenants(uri: str) -> None:
+    """A store at ``uri`` holding namespaces ``alice`` and ``bob``, a turn each."""
+    with MemoryStore.open(uri, create=True) as store:
+        for name in ("alice", "bob"):
+            store.ensure_namespace(name, "turns", "four-d", 4)
+            store.put_turns(name, Conversation(name, [Session("S1", None, [Turn("t1", name.title(), f"{name}'s locker code is 4417")])]))
+
+
+_WIPING_FUNCTION = (
+    "CREATE FUNCTION wipe(keep text) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN DELETE FROM turns WHERE namespace <> keep; RETURN true; END $$; "
 )
-def test_a_database_that_is_not_a_store_of_this_schema_is_refused_in_one_line_and_left_as_it_was(new_postgres_store, capsys, damage, message) -> None:
+HOSTILE_SCHEMAS = {
+    "another table": ("CREATE TABLE notes (body TEXT)", "relation notes is not in a memory store's schema"),
+    "a column of another type": ("ALTER TABLE turns ALTER COLUMN text TYPE VARCHAR(40)", "column turns.text is not as a memory store defines it"),
+    "a column more": ("ALTER TABLE turns ADD COLUMN extra TEXT", "column turns.extra is not as a memory store defines it"),
+    "a trigger": (
+        "CREATE FUNCTION copy_turn() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$; "
+        "CREATE TRIGGER leak AFTER INSERT ON turns FOR EACH ROW EXECUTE FUNCTION copy_turn()",
+        "trigger leak on turns is not in a memory store's schema",
+    ),
+    "a rule deleting other namespaces on insert": (
+        "CREATE RULE wipe AS ON INSERT TO turns DO ALSO DELETE FROM turns WHERE namespace <> NEW.namespace", "rule wipe on turns is not in"
+    ),
+    "a CHECK constraint calling a plpgsql function": (
+        _WIPING_FUNCTION + "ALTER TABLE turns ADD CONSTRAINT checked CHECK (wipe(namespace)) NOT VALID", "constraint checked on turns is not in"
+    ),
+    "a function shadowing hashtextextended(text, integer)": (
+        "CREATE FUNCTION hashtextextended(keep text, seed integer) RETURNS bigint LANGUAGE plpgsql AS "
+        "$$ BEGIN DELETE FROM turns WHERE namespace <> keep; RETURN 0; END $$",
+        "function public.hashtextextended is not in",
+    ),
+    "a rule copying every new turn into another schema": (
+        "CREATE SCHEMA loot; CREATE TABLE loot.turns AS SELECT * FROM turns WITH NO DATA; "
+        "CREATE RULE leak AS ON INSERT TO turns DO ALSO INSERT INTO loot.turns SELECT NEW.*",
+        "rule leak on turns is not in",
+    ),
+    "a rule keeping deleted rows": ("CREATE RULE keep AS ON DELETE TO turns DO INSTEAD NOTHING", "rule keep on turns is not in"),
+    "a policy": ("CREATE POLICY mine ON turns USING (true)", "policy mine on turns is not in"),
+    "an index": ("CREATE INDEX turns_text ON turns (text)", "index turns_text on turns is not in"),
+    "an operator": (
+        "CREATE FUNCTION same(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true'; "
+        "CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = same)",
+        "function public.same is not in",
+    ),
+    "a schema version that is not a number": ("UPDATE meta SET value = 'two' WHERE key = 'schema_version'", "schema_version: is 'two', not a number"),
+    "a newer schema version": ("UPDATE meta SET value = '99' WHERE key = 'schema_version'", "PostgreSQL store schema version 99"),
+}
+"""Case → (what a handed-over database was given, what the one line says). Each hostile object would run on another
+tenant's write: wipe the other namespaces, copy their turns out, or keep a deleted namespace's rows."""
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_SCHEMAS))
+def test_a_database_that_is_not_a_store_of_this_schema_is_refused_in_one_line_and_left_as_it_was(new_postgres_store, capsys, case) -> None:
+    damage, message = HOSTILE_SCHEMAS[case]
     uri = new_postgres_store()
-    MemoryStore.open(uri, create=True).close()
+    _two_tenants(uri)
     with psycopg.connect(uri, autocommit=True) as db:
         db.execute(damage)
     before = _rows_text(uri)
-    with pytest.raises(InputError, match=message):
-        MemoryStore.open(uri, create=True)
+    with pytest.raises(InputError, match=re.escape(message)):
+        with MemoryStore.open(uri, create=True) as store:
+            store.ensure_namespace("mallory", "turns", "four-d", 4)
     assert main(["ask", "When?", "--store", uri]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message.split(": ")[-1] in err and "\n" not in err
-    assert _rows_text(uri) == before
+    assert _rows_text(uri) == before and all(f"{name}'s locker code" in before for name in ("alice", "bob"))
+
+
+def test_deleting_a_namespace_whose_rows_stay_is_an_error_not_a_success(new_postgres_store) -> None:
+    uri = new_postgres_store()
+    _two_tenants(uri)
+    with MemoryStore.open(uri) as store:
+        with psycopg.connect(uri, autocommit=True) as db:  # a rule added after the store was opened and checked
+            db.execute("CREATE RULE keep AS ON DELETE TO turns DO INSTEAD NOTHING")
+        with pytest.raises(InputError, match="namespace alice: its rows in turns were not deleted"):
+            store.delete_namespace("alice")
+        assert store.namespaces() == ["alice", "bob"] and store.deletions == 0
+    assert "alice's locker code" in _rows_text(uri)
 
 
 def test_a_password_in_the_uri_is_never_shown_and_a_missing_store_is_one_line(new_postgres_store, capsys) -> None:

@@ -25,6 +25,8 @@ _READ = (
 class PgVectors:
     """:class:`~qgmem_train.memory.segments.VectorStorage` in ``segment_vectors`` (see the module docstring)."""
 
+    table = "segment_vectors"
+
     def write(self, db: Any, namespace: str, seq: int, vectors: dict[str, np.ndarray]) -> None:
         with db.raw.cursor() as cursor, cursor.copy(_COPY) as copy:
             copy.set_types(["text", "int8", "text", "int4", "vector"])
