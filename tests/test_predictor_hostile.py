@@ -47,6 +47,8 @@ The attacks, each refused (or one line, exit 2 in the CLI):
   statistics tables are, ``sqlite_stat9`` or ``SQLITE_STAT1``, put in with ``writable_schema``), a view, an index or a
   table of ours defined otherwise: refused before any write, other namespaces' rows unchanged;
 - a store recording a vector sidecar named ``../../victim/x.vec`` or ``/etc/passwd``: refused before any open;
+- a FIFO in place of ``memory.sqlite``, a vector sidecar, ``vectors/written.tokens`` or a cached trace graph: refused in
+  one line by ``add_session``/``search`` rather than blocking them;
 - a cached trace graph that is compressed, a compressed bomb (256 MiB of zeros), a member header claiming 2**40 rows,
   or has an extra member: not read, the graph built anew (``tests/test_traces_scale.py``);
 - a checksum file ``sha256sum -c`` accepts (uppercase hex, ``*`` marker, comment, blank line) must load.
@@ -976,6 +978,53 @@ def test_a_store_with_sqlites_own_statistics_still_opens(tmp_path) -> None:
         assert db.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone() == (1,)
     with MemoryStore.open(tmp_path / "store") as store:
         assert store.namespaces() == ["alice"]
+
+
+def _returns_within(seconds: float, call: Callable[[], object]) -> BaseException | None:
+    """What ``call()`` raised (None when it returned), failing the test when it is still running after ``seconds``: a
+    guard against an open of a FIFO that blocks for ever (it is left blocked, in a daemon thread)."""
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still blocked after {seconds} s"
+    return raised[0] if raised else None
+
+
+FIFO_POSITIONS = {
+    "the SQLite file": lambda store: store / "memory.sqlite",
+    "a vector sidecar": lambda store: next((store / "vectors").glob("*.vec")),
+    "the record of written sidecars": lambda store: store / "vectors" / "written.tokens",
+    "the trace-graph cache": lambda store: next((store / "trace_graphs").glob("*.npz")),
+}
+"""Each file of a store's folder a handed-over store can make a FIFO, whose open (or read) would block."""
+
+
+@pytest.mark.parametrize("position", list(FIFO_POSITIONS))
+def test_a_fifo_in_a_store_file_position_is_refused_in_one_line(minilm, tmp_path, position) -> None:
+    predictor = _rules_predictor(minilm, traces=True)
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION, session_id="S1")
+        memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
+    path = FIFO_POSITIONS[position](tmp_path / "store")
+    path.unlink()
+    os.mkfifo(path)
+
+    def add_and_ask() -> None:
+        with predictor.memory("alice", tmp_path / "store") as memory:
+            memory.add_session([{"speaker": "Melanie", "text": "We went camping in the mountains."}], session_id="S3")
+            memory.search("Where did Melanie go?")
+
+    raised = _returns_within(120, add_and_ask)
+    assert isinstance(raised, InputError), raised
+    assert str(raised).startswith(str(path)) and "not a regular file" in str(raised) and "\n" not in str(raised)
 
 
 def _hub_blob_hard_linked(clean: Path, tmp_path: Path) -> str:

@@ -12,22 +12,25 @@ run one at a time whichever process makes them (each decides from what it reads 
 write lock), while other namespaces are written at once; primary keys make a retried write (the same session id,
 the same unit ids) store its rows once. Reads of a namespace run in one ``REPEATABLE READ`` snapshot. Opening
 checks the schema before anything is written and refuses, in one line, a database holding other tables, columns
-defined otherwise, triggers, or another schema version; an empty database (or schema, chosen with the URI's
-``options=-csearch_path=...``) becomes a new store. The URI's password never appears in a message.
+defined otherwise, anything else of the catalogs a store never holds (rules, triggers, functions, ...: see
+:mod:`~qgmem_train.memory.pg_inventory`), or another schema version; every connection puts ``pg_catalog`` first on
+its search path. An empty database (or schema, chosen with the URI's
+``options=-csearch_path=...``) becomes a new store. Messages name the store by its database alone: no part of the URI,
+its password least of all, appears in one.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import cache
 from typing import Any
 
 from qgmem_train.errors import InputError, first_line
 from qgmem_train.memory.pg_inventory import DEFINITIONS, differing_definition, foreign_object
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, SCHEMA, StoreLockedError, ThreadConnections
-from qgmem_train.memory.store_uri import masked_text, masked_uri
+from qgmem_train.memory.store_uri import masked_text, shown_store, uri_parameters
 
 SCHEMA_VERSION = 1
 """Version of the PostgreSQL layout (the tables of SQLite schema version 4, vectors in ``segment_vectors``)."""
@@ -79,10 +82,11 @@ def _pg_sql(sql: str) -> str:
 class PgConnection:
     """A psycopg connection (autocommit: transactions are begun explicitly) that runs the store's SQLite statements."""
 
-    def __init__(self, raw: Any, schema: str, path: list[str], search_path: str) -> None:
+    def __init__(self, raw: Any, schema: str, path: list[str], search_path: str, errors: Callable[[], AbstractContextManager]) -> None:
         from qgmem_train.memory.pg_vectors import PgVectors
 
         self.raw = raw
+        self._errors = errors
         self.schema = schema
         """The schema holding the store's tables: the first of the search path the URI gave that exists."""
         self.path = path
@@ -95,14 +99,16 @@ class PgConnection:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Run one statement; the cursor, to fetch from or iterate."""
         params = tuple(params)
-        return self.raw.execute(_pg_sql(sql) if params else sql, params or None)
+        with self._errors():
+            return self.raw.execute(_pg_sql(sql) if params else sql, params or None)
 
     def executemany(self, sql: str, rows: Any) -> Any:
         """Run one statement for each row of parameters (pipelined)."""
         rows = [tuple(r) for r in rows]
         cursor = self.raw.cursor()
         if rows:
-            cursor.executemany(_pg_sql(sql), rows)
+            with self._errors():
+                cursor.executemany(_pg_sql(sql), rows)
         return cursor
 
     def close(self) -> None:
@@ -123,8 +129,8 @@ class PgFile(ThreadConnections):
     def __init__(self, uri: str, busy_timeout: float = BUSY_TIMEOUT_S) -> None:
         super().__init__()
         self._uri = uri
-        self.name = masked_uri(uri)
-        """The URI as messages show it (password masked)."""
+        self.name = shown_store(uri)
+        """The store as messages show it: its backend and database name, never the URI (see :mod:`~qgmem_train.memory.store_uri`)."""
         self.busy_timeout = busy_timeout
 
     @classmethod
@@ -134,7 +140,13 @@ class PgFile(ThreadConnections):
             import psycopg  # noqa: F401
             import pgvector  # noqa: F401
         except ImportError:
-            raise InputError(masked_uri(uri), "a PostgreSQL store needs psycopg and pgvector: pip install 'qgmem[postgres]'") from None
+            raise InputError(shown_store(uri), "a PostgreSQL store needs psycopg and pgvector: pip install 'qgmem[postgres]'") from None
+        if uri_parameters(uri) is None:
+            raise InputError(
+                shown_store(uri),
+                "not a connection URI the driver reads (postgresql://user@host:port/database?parameter=value, with @ : / ? # % in a "
+                "password percent-encoded; better, the password in PGPASSWORD or ~/.pgpass)",
+            )
         handle = cls(uri, busy_timeout)
         try:
             handle._create_or_check(create)
@@ -164,7 +176,7 @@ class PgFile(ThreadConnections):
         except BaseException:
             raw.close()
             raise
-        return PgConnection(raw, schema, path, search_path)
+        return PgConnection(raw, schema, path, search_path, self.errors)
 
     def _closed_error(self) -> Exception:
         return InputError(self.name, "the store is closed")
@@ -174,8 +186,9 @@ class PgFile(ThreadConnections):
 
     @contextmanager
     def errors(self) -> Iterator[None]:
-        """The driver's errors as one line naming the store (password masked): a lock waited on past the busy timeout is a
-        :class:`StoreLockedError`, a lost or refused connection an :class:`InputError`."""
+        """The driver's errors as one line naming the store (credentials masked): a lock waited on past the busy timeout is a
+        :class:`StoreLockedError`; a lost or refused connection, a value PostgreSQL cannot hold (a text with NUL) and a
+        role lacking a right the store needs (one that may only read, writing) are an :class:`InputError`."""
         import psycopg
 
         try:
@@ -186,9 +199,15 @@ class PgFile(ThreadConnections):
             ) from None
         except psycopg.OperationalError as exc:
             raise InputError(self.name, f"PostgreSQL: {self._detail(exc)}") from None
+        except psycopg.DataError as exc:
+            raise InputError(self.name, f"a value PostgreSQL cannot hold ({self._detail(exc)})") from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise InputError(
+                self.name, f"{self._detail(exc)}: the store's role needs SELECT, INSERT, UPDATE and DELETE on its tables (grant them, or connect as a role that has them)"
+            ) from None
 
     def _detail(self, exc: Exception) -> str:
-        """The first line of a driver error, the URI's password masked."""
+        """The first line of a driver error, every credential of the URI masked."""
         return masked_text(first_line(exc), self._uri)
 
     @contextmanager

@@ -124,7 +124,7 @@ class MemoryStore:
 
     def __init__(self, path: Path | str, file: StoreFile | PgFile, folder: Path | None = None) -> None:
         self.path = path
-        """What messages call the store: its folder, or its URI with any password masked."""
+        """What messages call the store: its folder, or ``postgresql database <name>`` (never the URI, see :func:`~qgmem_train.memory.store_uri.shown_store`)."""
         self.folder = folder
         """The store's folder (None for a PostgreSQL store: it keeps no files)."""
         self._file = file

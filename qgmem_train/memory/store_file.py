@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import InputError
+from qgmem_train.fileio import require_regular
 from qgmem_train.memory import segments
 from qgmem_train.memory.store_upgrade import TURN_INDEXES, upgrade_2_to_3, upgrade_3_to_4
 
@@ -155,7 +156,10 @@ class StoreFile(ThreadConnections):
 
     @classmethod
     def open(cls, file: Path, busy_timeout: float = BUSY_TIMEOUT_S) -> StoreFile:
-        """Open ``file`` (an empty or missing file becomes a new store); refuse anything that is not a store this code reads."""
+        """Open ``file`` (an empty or missing file becomes a new store); refuse anything that is not a store this code reads
+        (a FIFO or device in place of the file or its log, before SQLite's read of it could block)."""
+        for path in (file, file.with_name(f"{file.name}-wal"), file.with_name(f"{file.name}-shm")):
+            require_regular(path)
         handle = cls(file, busy_timeout)
         try:
             if handle._version() != SCHEMA_VERSION:
