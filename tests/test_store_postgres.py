@@ -178,6 +178,11 @@ def _two_tenants(uri: str) -> None:
 _WIPING_FUNCTION = (
     "CREATE FUNCTION wipe(keep text) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN DELETE FROM turns WHERE namespace <> keep; RETURN true; END $$; "
 )
+_SHADOW_FUNCTION = (
+    "CREATE FUNCTION hashtextextended(keep text, seed integer) RETURNS bigint LANGUAGE plpgsql AS "
+    "$$ BEGIN DELETE FROM turns WHERE namespace <> keep; RETURN 0; END $$"
+)
+"""A better match than the built-in ``hashtextextended(text, bigint)`` for a call with an integer seed."""
 HOSTILE_SCHEMAS = {
     "another table": ("CREATE TABLE notes (body TEXT)", "relation notes is not in a memory store's schema"),
     "a column of another type": ("ALTER TABLE turns ALTER COLUMN text TYPE VARCHAR(40)", "column turns.text is not as a memory store defines it"),
@@ -193,11 +198,7 @@ HOSTILE_SCHEMAS = {
     "a CHECK constraint calling a plpgsql function": (
         _WIPING_FUNCTION + "ALTER TABLE turns ADD CONSTRAINT checked CHECK (wipe(namespace)) NOT VALID", "constraint checked on turns is not in"
     ),
-    "a function shadowing hashtextextended(text, integer)": (
-        "CREATE FUNCTION hashtextextended(keep text, seed integer) RETURNS bigint LANGUAGE plpgsql AS "
-        "$$ BEGIN DELETE FROM turns WHERE namespace <> keep; RETURN 0; END $$",
-        "function public.hashtextextended is not in",
-    ),
+    "a function shadowing hashtextextended(text, integer)": (_SHADOW_FUNCTION, "function public.hashtextextended is not in"),
     "a rule copying every new turn into another schema": (
         "CREATE SCHEMA loot; CREATE TABLE loot.turns AS SELECT * FROM turns WITH NO DATA; "
         "CREATE RULE leak AS ON INSERT TO turns DO ALSO INSERT INTO loot.turns SELECT NEW.*",
@@ -233,6 +234,18 @@ def test_a_database_that_is_not_a_store_of_this_schema_is_refused_in_one_line_an
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message.split(": ")[-1] in err and "\n" not in err
     assert _rows_text(uri) == before and all(f"{name}'s locker code" in before for name in ("alice", "bob"))
+
+
+def test_a_shadow_of_a_built_in_made_after_the_store_opened_takes_none_of_its_calls(new_postgres_store) -> None:
+    uri = new_postgres_store()
+    _two_tenants(uri)
+    with MemoryStore.open(uri) as store:
+        with psycopg.connect(uri, autocommit=True) as db:
+            db.execute(_SHADOW_FUNCTION)
+        store.ensure_namespace("mallory", "turns", "four-d", 4)
+        store.put_turns("mallory", Conversation("m", [Session("S1", None, [Turn("t1", "Mallory", "hello")])]))
+        assert store.namespaces() == ["alice", "bob", "mallory"]
+    assert all(f"{name}'s locker code" in _rows_text(uri) for name in ("alice", "bob"))
 
 
 def test_deleting_a_namespace_whose_rows_stay_is_an_error_not_a_success(new_postgres_store) -> None:
