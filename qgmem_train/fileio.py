@@ -8,6 +8,7 @@ final name.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -42,6 +43,39 @@ def read_text(path: str | os.PathLike, *, kind: str = "file") -> str:
     except OSError as exc:
         raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
     return decode_text(data, str(path))
+
+
+NOT_REGULAR = "not a regular file (a FIFO, device or socket, whose reading could block for ever); refusing to open it"
+
+
+def open_regular(path: str | os.PathLike, mode: str = "rb") -> IO[Any]:
+    """``path`` opened to read (``rb``, ``r``) or append (``ab``, ``a``: made when missing) when it is a regular file;
+    anything else (a FIFO, a device) is an :class:`InputError` before any read or write can block on it."""
+    flags = os.O_RDONLY if mode.startswith("r") else os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO no one reads, opened to write
+            raise InputError(str(path), NOT_REGULAR) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(str(path), NOT_REGULAR)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def require_regular(path: str | os.PathLike) -> None:
+    """Refuse ``path`` when it exists and is not a regular file (a FIFO, a device), without opening it."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(str(path), NOT_REGULAR)
 
 
 def decode_text(data: bytes, where: str) -> str:

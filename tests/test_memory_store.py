@@ -24,6 +24,7 @@ from qgmem_train.memory.construct import build_conversation, conversation_window
 from qgmem_train.memory.loaders import load_conversations
 from qgmem_train.memory.sentences import fact_sentences
 from qgmem_train.memory.store import SUBJECT, EmbeddedUnit, MemoryStore, NamespaceMemory, UnitsChanged, WindowResult
+from qgmem_train.memory.store_uri import shown_store
 from qgmem_train.memory.types import MemoryUnit, Trace
 from tests.fakes import ScriptedLLM
 
@@ -345,7 +346,7 @@ def test_a_missing_namespace_is_named_alone_without_the_others(new_store, minilm
         build_conversation(store, conv, _turns_cfg(), minilm, namespace="user-secret-1")
         with pytest.raises(InputError) as info:
             store.load_namespace("user-2")
-    assert str(info.value) == f"{location}: namespace user-2: not in this store"
+    assert str(info.value) == f"{shown_store(location)}: namespace user-2: not in this store"
 
 
 def _tiny_window(session: str, index: int, uid: str) -> WindowResult:

@@ -43,9 +43,12 @@ The attacks, each refused (or one line, exit 2 in the CLI):
 - a store pointed at a folder of other files (``memory(ns, folder)``, ``build --store``), a user's files in an
   existing store's ``vectors/`` (one of the store's own name form), a store whose ``vectors/`` or ``trace_graphs/``
   links to another folder: nothing but the store's own files is ever removed;
-- a handed-over ``memory.sqlite`` with a trigger (one deleting other namespaces' turns), a view, an index or a
+- a handed-over ``memory.sqlite`` with a trigger (one deleting other namespaces' turns, one named as SQLite's
+  statistics tables are, ``sqlite_stat9`` or ``SQLITE_STAT1``, put in with ``writable_schema``), a view, an index or a
   table of ours defined otherwise: refused before any write, other namespaces' rows unchanged;
 - a store recording a vector sidecar named ``../../victim/x.vec`` or ``/etc/passwd``: refused before any open;
+- a FIFO in place of ``memory.sqlite``, a vector sidecar, ``vectors/written.tokens`` or a cached trace graph: refused in
+  one line by ``add_session``/``search`` rather than blocking them;
 - a cached trace graph that is compressed, a compressed bomb (256 MiB of zeros), a member header claiming 2**40 rows,
   or has an extra member: not read, the graph built anew (``tests/test_traces_scale.py``);
 - a checksum file ``sha256sum -c`` accepts (uppercase hex, ``*`` marker, comment, blank line) must load.
@@ -928,6 +931,14 @@ SCHEMA_CASES = {
     "a view": ("CREATE VIEW everyone AS SELECT * FROM turns", "view everyone"),
     "an index": ("CREATE INDEX turns_text ON turns (text)", "index turns_text"),
     "a table of the store's defined otherwise": ("ALTER TABLE turns ADD COLUMN note TEXT DEFAULT 'x'", "table turns"),
+    **{
+        f"a trigger named {name} as SQLite's statistics are": (
+            "PRAGMA writable_schema=ON; INSERT INTO sqlite_master (type, name, tbl_name, rootpage, sql) VALUES ('trigger', "
+            f"'{name}', 'turns', 0, 'CREATE TRIGGER {name} AFTER INSERT ON turns BEGIN DELETE FROM turns WHERE namespace <> NEW.namespace; END')",
+            f"trigger {name}",
+        )
+        for name in ("sqlite_stat9", "SQLITE_STAT1")
+    },
 }
 """Case → (the statement a handed-over ``memory.sqlite`` was given, the entry the one line names)."""
 
@@ -942,19 +953,78 @@ def test_a_store_whose_schema_is_not_ours_is_refused_and_left_as_it_was(minilm, 
         with predictor.memory(user, tmp_path / "store") as memory:
             memory.add_session(SESSION)
     file = tmp_path / "store" / "memory.sqlite"
-    queries = ["SELECT namespace, id, session_id, position, speaker, text, time FROM turns WHERE namespace = 'bob' ORDER BY id", "SELECT * FROM segment_parts WHERE namespace = 'bob' ORDER BY kind, seq, part, piece"]
+    queries = ["SELECT namespace, id, session_id, position, speaker, text, time FROM turns ORDER BY namespace, id", "SELECT * FROM segment_parts ORDER BY namespace, kind, seq, part, piece"]
 
-    def bobs_rows() -> list[list[tuple]]:
+    def others_rows() -> list[list[tuple]]:
         with sqlite3.connect(file) as db:
             return [db.execute(query).fetchall() for query in queries]
 
-    before = bobs_rows()
+    before = others_rows()
     with sqlite3.connect(file) as db:
-        db.execute(statement)
+        db.executescript(statement)
     with pytest.raises(InputError, match=f"memory.sqlite: not a memory store: {entry} .*not in a memory store's schema"):
-        with predictor.memory("alice", tmp_path / "store") as memory:
+        with predictor.memory("mallory", tmp_path / "store") as memory:
             memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
-    assert bobs_rows() == before and before[0] and before[1]
+    assert others_rows() == before and {row[0] for row in before[0]} == {"alice", "bob"} and before[1]
+
+
+def test_a_store_with_sqlites_own_statistics_still_opens(tmp_path) -> None:
+    import sqlite3
+
+    with MemoryStore.open(tmp_path / "store", create=True) as store:
+        store.ensure_namespace("alice", "turns", "four-d", 4)
+    with sqlite3.connect(tmp_path / "store" / "memory.sqlite") as db:
+        db.execute("ANALYZE")
+        assert db.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone() == (1,)
+    with MemoryStore.open(tmp_path / "store") as store:
+        assert store.namespaces() == ["alice"]
+
+
+def _returns_within(seconds: float, call: Callable[[], object]) -> BaseException | None:
+    """What ``call()`` raised (None when it returned), failing the test when it is still running after ``seconds``: a
+    guard against an open of a FIFO that blocks for ever (it is left blocked, in a daemon thread)."""
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still blocked after {seconds} s"
+    return raised[0] if raised else None
+
+
+FIFO_POSITIONS = {
+    "the SQLite file": lambda store: store / "memory.sqlite",
+    "a vector sidecar": lambda store: next((store / "vectors").glob("*.vec")),
+    "the record of written sidecars": lambda store: store / "vectors" / "written.tokens",
+    "the trace-graph cache": lambda store: next((store / "trace_graphs").glob("*.npz")),
+}
+"""Each file of a store's folder a handed-over store can make a FIFO, whose open (or read) would block."""
+
+
+@pytest.mark.parametrize("position", list(FIFO_POSITIONS))
+def test_a_fifo_in_a_store_file_position_is_refused_in_one_line(minilm, tmp_path, position) -> None:
+    predictor = _rules_predictor(minilm, traces=True)
+    with predictor.memory("alice", tmp_path / "store") as memory:
+        memory.add_session(SESSION, session_id="S1")
+        memory.add_session([{"speaker": "Caroline", "text": "I adopted a puppy named Oscar."}], session_id="S2")
+    path = FIFO_POSITIONS[position](tmp_path / "store")
+    path.unlink()
+    os.mkfifo(path)
+
+    def add_and_ask() -> None:
+        with predictor.memory("alice", tmp_path / "store") as memory:
+            memory.add_session([{"speaker": "Melanie", "text": "We went camping in the mountains."}], session_id="S3")
+            memory.search("Where did Melanie go?")
+
+    raised = _returns_within(120, add_and_ask)
+    assert isinstance(raised, InputError), raised
+    assert str(raised).startswith(str(path)) and "not a regular file" in str(raised) and "\n" not in str(raised)
 
 
 def _hub_blob_hard_linked(clean: Path, tmp_path: Path) -> str:

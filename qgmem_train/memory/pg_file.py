@@ -12,21 +12,25 @@ run one at a time whichever process makes them (each decides from what it reads 
 write lock), while other namespaces are written at once; primary keys make a retried write (the same session id,
 the same unit ids) store its rows once. Reads of a namespace run in one ``REPEATABLE READ`` snapshot. Opening
 checks the schema before anything is written and refuses, in one line, a database holding other tables, columns
-defined otherwise, triggers, or another schema version; an empty database (or schema, chosen with the URI's
-``options=-csearch_path=...``) becomes a new store. The URI's password never appears in a message.
+defined otherwise, anything else of the catalogs a store never holds (rules, triggers, functions, ...: see
+:mod:`~qgmem_train.memory.pg_inventory`), or another schema version; every connection puts ``pg_catalog`` first on
+its search path. An empty database (or schema, chosen with the URI's
+``options=-csearch_path=...``) becomes a new store. Messages name the store by its database alone: no part of the URI,
+its password least of all, appears in one.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import cache
 from typing import Any
 
 from qgmem_train.errors import InputError, first_line
+from qgmem_train.memory.pg_inventory import DEFINITIONS, differing_definition, foreign_object
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, SCHEMA, StoreLockedError, ThreadConnections
-from qgmem_train.memory.store_uri import masked_text, masked_uri
+from qgmem_train.memory.store_uri import masked_text, shown_store, uri_parameters
 
 SCHEMA_VERSION = 1
 """Version of the PostgreSQL layout (the tables of SQLite schema version 4, vectors in ``segment_vectors``)."""
@@ -45,8 +49,12 @@ _ATTRIBUTES = (
     "WHERE c.relnamespace = {schema} AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped"
 )
 """Every column of the tables in a schema: table, column, type, not null, collation (other than the default), default."""
-_RELATIONS = "SELECT relname, relkind FROM pg_class WHERE relnamespace = current_schema()::regnamespace AND relkind IN ('r', 'v', 'm', 'p', 'f')"
-_TRIGGERS = "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE c.relnamespace = current_schema()::regnamespace AND NOT t.tgisinternal"
+_NAMED_SCHEMA = "(SELECT oid FROM pg_namespace WHERE nspname = ?)"
+_RELATIONS = f"SELECT relname, relkind FROM pg_class WHERE relnamespace = {_NAMED_SCHEMA} AND relkind IN ('r', 'v', 'm', 'p', 'f')"
+_SEARCH_PATH = "SELECT current_schema(), current_setting('search_path'), current_schemas(false)"
+_PIN_SEARCH_PATH = "SELECT set_config('search_path', array_to_string(ARRAY['pg_catalog'] || ARRAY(SELECT quote_ident(s) FROM unnest(%s::text[]) s), ', '), false)"
+"""Puts ``pg_catalog`` first on the connection's search path, then the schemas the URI's path named that exist (and only
+those: a schema made later is never searched), so that no function of the store's schemas takes a built-in's call."""
 
 
 def pg_statement(statement: str) -> str:
@@ -74,24 +82,33 @@ def _pg_sql(sql: str) -> str:
 class PgConnection:
     """A psycopg connection (autocommit: transactions are begun explicitly) that runs the store's SQLite statements."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, schema: str, path: list[str], search_path: str, errors: Callable[[], AbstractContextManager]) -> None:
         from qgmem_train.memory.pg_vectors import PgVectors
 
         self.raw = raw
+        self._errors = errors
+        self.schema = schema
+        """The schema holding the store's tables: the first of the search path the URI gave that exists."""
+        self.path = path
+        """The schemas searched after ``pg_catalog`` (the store's schema first)."""
+        self.search_path = search_path
+        """The search path as the URI gave it (a new store's tables and extension are made with it)."""
         self.vectors = PgVectors()
         """Where this store keeps segment vectors (see :func:`~qgmem_train.memory.segments.storage_of`)."""
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Run one statement; the cursor, to fetch from or iterate."""
         params = tuple(params)
-        return self.raw.execute(_pg_sql(sql) if params else sql, params or None)
+        with self._errors():
+            return self.raw.execute(_pg_sql(sql) if params else sql, params or None)
 
     def executemany(self, sql: str, rows: Any) -> Any:
         """Run one statement for each row of parameters (pipelined)."""
         rows = [tuple(r) for r in rows]
         cursor = self.raw.cursor()
         if rows:
-            cursor.executemany(_pg_sql(sql), rows)
+            with self._errors():
+                cursor.executemany(_pg_sql(sql), rows)
         return cursor
 
     def close(self) -> None:
@@ -112,8 +129,8 @@ class PgFile(ThreadConnections):
     def __init__(self, uri: str, busy_timeout: float = BUSY_TIMEOUT_S) -> None:
         super().__init__()
         self._uri = uri
-        self.name = masked_uri(uri)
-        """The URI as messages show it (password masked)."""
+        self.name = shown_store(uri)
+        """The store as messages show it: its backend and database name, never the URI (see :mod:`~qgmem_train.memory.store_uri`)."""
         self.busy_timeout = busy_timeout
 
     @classmethod
@@ -123,7 +140,13 @@ class PgFile(ThreadConnections):
             import psycopg  # noqa: F401
             import pgvector  # noqa: F401
         except ImportError:
-            raise InputError(masked_uri(uri), "a PostgreSQL store needs psycopg and pgvector: pip install 'qgmem[postgres]'") from None
+            raise InputError(shown_store(uri), "a PostgreSQL store needs psycopg and pgvector: pip install 'qgmem[postgres]'") from None
+        if uri_parameters(uri) is None:
+            raise InputError(
+                shown_store(uri),
+                "not a connection URI the driver reads (postgresql://user@host:port/database?parameter=value, with @ : / ? # % in a "
+                "password percent-encoded; better, the password in PGPASSWORD or ~/.pgpass)",
+            )
         handle = cls(uri, busy_timeout)
         try:
             handle._create_or_check(create)
@@ -140,11 +163,20 @@ class PgFile(ThreadConnections):
             raw = psycopg.connect(self._uri, autocommit=True)
         except psycopg.Error as exc:  # refused, unreachable, or a URI the driver cannot read
             raise InputError(self.name, f"cannot connect: {self._detail(exc)}") from None
-        with self.errors():
-            raw.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}")
-            if vectors:
-                register_vector(raw)
-        return PgConnection(raw)
+        try:
+            with self.errors():
+                raw.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}")
+                schema, search_path, schemas = raw.execute(_SEARCH_PATH).fetchone()
+                if schema is None:
+                    raise InputError(self.name, f"no schema of the search path ({search_path}) exists to hold the store; make it, or name one in the URI's options")
+                path = [name for name in schemas if name != "pg_catalog"]
+                raw.execute(_PIN_SEARCH_PATH, (path,))
+                if vectors:
+                    register_vector(raw)
+        except BaseException:
+            raw.close()
+            raise
+        return PgConnection(raw, schema, path, search_path, self.errors)
 
     def _closed_error(self) -> Exception:
         return InputError(self.name, "the store is closed")
@@ -154,8 +186,9 @@ class PgFile(ThreadConnections):
 
     @contextmanager
     def errors(self) -> Iterator[None]:
-        """The driver's errors as one line naming the store (password masked): a lock waited on past the busy timeout is a
-        :class:`StoreLockedError`, a lost or refused connection an :class:`InputError`."""
+        """The driver's errors as one line naming the store (credentials masked): a lock waited on past the busy timeout is a
+        :class:`StoreLockedError`; a lost or refused connection, a value PostgreSQL cannot hold (a text with NUL) and a
+        role lacking a right the store needs (one that may only read, writing) are an :class:`InputError`."""
         import psycopg
 
         try:
@@ -166,9 +199,15 @@ class PgFile(ThreadConnections):
             ) from None
         except psycopg.OperationalError as exc:
             raise InputError(self.name, f"PostgreSQL: {self._detail(exc)}") from None
+        except psycopg.DataError as exc:
+            raise InputError(self.name, f"a value PostgreSQL cannot hold ({self._detail(exc)})") from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise InputError(
+                self.name, f"{self._detail(exc)}: the store's role needs SELECT, INSERT, UPDATE and DELETE on its tables (grant them, or connect as a role that has them)"
+            ) from None
 
     def _detail(self, exc: Exception) -> str:
-        """The first line of a driver error, the URI's password masked."""
+        """The first line of a driver error, every credential of the URI masked."""
         return masked_text(first_line(exc), self._uri)
 
     @contextmanager
@@ -180,7 +219,7 @@ class PgFile(ThreadConnections):
         try:
             with self.errors():
                 if namespace is not None:
-                    db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (namespace,))
+                    db.execute("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(?, 0))", (namespace,))
                 yield db
                 db.execute("COMMIT")
         except BaseException:
@@ -216,7 +255,7 @@ class PgFile(ThreadConnections):
         admin = self._connect(vectors=False)
         try:
             with self.errors():
-                if not admin.execute(_RELATIONS).fetchall():
+                if not admin.execute(_RELATIONS, (admin.schema,)).fetchall():
                     if not create:
                         raise InputError(self.name, "no memory store in this database; build one with `python -m qgmem_train build`")
                     self._create(admin)
@@ -230,8 +269,9 @@ class PgFile(ThreadConnections):
 
         admin.execute("BEGIN")
         try:
-            admin.execute(f"SELECT pg_advisory_xact_lock({_CREATE_LOCK})")
-            if not admin.execute(_RELATIONS).fetchall():
+            admin.execute(f"SELECT pg_catalog.pg_advisory_xact_lock({_CREATE_LOCK})")
+            admin.execute("SELECT pg_catalog.set_config('search_path', ?, true)", (admin.search_path,))  # made where the URI's path says
+            if not admin.execute(_RELATIONS, (admin.schema,)).fetchall():
                 try:
                     admin.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 except psycopg.Error as exc:
@@ -246,8 +286,9 @@ class PgFile(ThreadConnections):
             raise
 
     def _check(self, admin: PgConnection) -> None:
-        """Refuse a database that is not a store of :data:`SCHEMA_VERSION` (other tables, columns, triggers or version)."""
-        relations = dict(admin.execute(_RELATIONS).fetchall())
+        """Refuse a database that is not a store of :data:`SCHEMA_VERSION`: other tables, columns or version, or anything
+        else in the catalogs a store does not hold (:mod:`~qgmem_train.memory.pg_inventory`)."""
+        relations = dict(admin.execute(_RELATIONS, (admin.schema,)).fetchall())
         foreign = sorted(set(relations) - _tables()) or sorted(r for r, kind in relations.items() if kind != "r")
         if foreign or "meta" not in relations:
             raise InputError(self.name, f"not a memory store: {'relation ' + foreign[0] if foreign else 'no meta table'} is not in a memory store's schema")
@@ -258,24 +299,26 @@ class PgFile(ThreadConnections):
             raise InputError(f"{self.name}: schema_version", f"is {row[0]!r}, not a number: not a store this code can read")
         if int(row[0]) != SCHEMA_VERSION:
             raise InputError(self.name, f"PostgreSQL store schema version {row[0]}; this code reads version {SCHEMA_VERSION}")
-        found = set(admin.execute(_ATTRIBUTES.format(schema="current_schema()::regnamespace")).fetchall())
-        expected = self._expected_columns(admin)
+        found = set(admin.execute(_ATTRIBUTES.format(schema=_NAMED_SCHEMA), (admin.schema,)).fetchall())
+        definitions = set(admin.execute(DEFINITIONS.format(schema=_NAMED_SCHEMA), (admin.schema,)).fetchall())
+        expected, expected_definitions = self._expected(admin)
         differing = sorted({(t, c) for t, c, *_ in found ^ expected})
         if differing:
             table, column = differing[0]
             raise InputError(self.name, f"not a memory store: column {table}.{column} is not as a memory store defines it; refusing to open it")
-        triggers = admin.execute(_TRIGGERS).fetchall()
-        if triggers:
-            raise InputError(self.name, f"not a memory store: trigger {triggers[0][0]} is not in a memory store's schema; refusing to open it")
+        foreign = differing_definition(definitions, expected_definitions) or foreign_object(admin, admin.schema, admin.path, _tables())
+        if foreign:
+            raise InputError(self.name, f"not a memory store: {foreign}; refusing to open it")
 
     @staticmethod
-    def _expected_columns(admin: PgConnection) -> set[tuple]:
-        """The columns :func:`schema` makes, read from temporary tables made from it (and dropped) in this session."""
+    def _expected(admin: PgConnection) -> tuple[set[tuple], set[tuple]]:
+        """The columns, and the constraints and indexes, :func:`schema` makes, read from temporary tables made from it
+        (and dropped) in this session."""
         admin.execute("BEGIN")
         try:
             for statement in schema():
-                if statement.startswith("CREATE TABLE"):
-                    admin.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
-            return set(admin.execute(_ATTRIBUTES.format(schema="pg_my_temp_schema()")).fetchall())
+                admin.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
+            columns = admin.execute(_ATTRIBUTES.format(schema="pg_my_temp_schema()")).fetchall()
+            return set(columns), set(admin.execute(DEFINITIONS.format(schema="pg_my_temp_schema()")).fetchall())
         finally:
             admin.execute("ROLLBACK")

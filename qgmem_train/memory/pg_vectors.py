@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from qgmem_train.errors import InputError
 from qgmem_train.memory.segments import UNITS, StoredVectors
 
 _COPY = "COPY segment_vectors (namespace, seq, part, idx, embedding) FROM STDIN (FORMAT BINARY)"
@@ -24,6 +25,8 @@ _READ = (
 
 class PgVectors:
     """:class:`~qgmem_train.memory.segments.VectorStorage` in ``segment_vectors`` (see the module docstring)."""
+
+    table = "segment_vectors"
 
     def write(self, db: Any, namespace: str, seq: int, vectors: dict[str, np.ndarray]) -> None:
         with db.raw.cursor() as cursor, cursor.copy(_COPY) as copy:
@@ -44,7 +47,10 @@ class PgVectors:
         rows: dict[tuple[int, str], list[np.ndarray]] = {}
         with db.raw.cursor(binary=True) as cursor:
             for seq, part, vector in cursor.execute(_READ, (namespace, lo, hi, list(parts))):
-                rows.setdefault((seq, part), []).append(vector.to_numpy() if hasattr(vector, "to_numpy") else vector)
+                vector = vector.to_numpy() if hasattr(vector, "to_numpy") else vector
+                if vector.shape != (dim,):
+                    raise InputError(f"segment_vectors of namespace {namespace}, segment {seq}", f"a {part} vector of {len(vector)} components in a store of {dim}-d vectors: not this store's vectors")
+                rows.setdefault((seq, part), []).append(vector)
         empty = np.zeros((0, dim), np.float32)
         return [
             StoredVectors(seq, {part: np.stack(rows[seq, part]).astype(np.float32, copy=False) if (seq, part) in rows else empty for part in parts},

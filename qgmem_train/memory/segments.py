@@ -91,6 +91,9 @@ class VectorStorage(Protocol):
     """Where the vectors of unit segments live: sidecar files beside an SQLite store (:class:`SidecarStorage`), rows
     of pgvector columns in a PostgreSQL store (:class:`~qgmem_train.memory.pg_vectors.PgVectors`)."""
 
+    table: str
+    """The table recording the vectors, a row (or more) per segment, keyed by namespace."""
+
     def write(self, db: Any, namespace: str, seq: int, vectors: dict[str, np.ndarray]) -> None:
         """Store the vectors of unit segment ``seq`` in the current transaction."""
 
@@ -106,6 +109,8 @@ class VectorStorage(Protocol):
 
 class SidecarStorage:
     """Vectors in sidecar files next to the SQLite file (:mod:`qgmem_train.memory.sidecar`), recorded in ``segment_files``."""
+
+    table = "segment_files"
 
     def write(self, db: sqlite3.Connection, namespace: str, seq: int, vectors: dict[str, np.ndarray]) -> None:
         add_sidecar(db, namespace, seq, vectors)

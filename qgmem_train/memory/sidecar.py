@@ -7,7 +7,8 @@ refuses one that does not match. Before writing a sidecar, a write records its t
 :data:`WRITTEN` file. A write killed before its commit leaves an unreferenced file and the store as it
 was; the next write (which holds the write lock, so no other write is half done) removes such files, and
 the files of segments that earlier writes replaced: only files of the store's own names whose token it
-recorded, so a file anyone else put in the folder is never removed.
+recorded, so a file anyone else put in the folder is never removed. Every file is opened only once it is known to
+be a regular file (a FIFO in its place is refused in one line rather than block the write or the load).
 
 With faiss installed, a sidecar also has a codes file (:mod:`qgmem_train.vector_codes`: a faiss index of the
 codes of the segment's facts and sentences, int8 or, for a large segment, product-quantised), written before it
@@ -30,7 +31,7 @@ import numpy as np
 
 from qgmem_train import vector_codes
 from qgmem_train.errors import InputError
-from qgmem_train.fileio import atomic_output
+from qgmem_train.fileio import atomic_output, open_regular
 from qgmem_train.memory.columns import pack_arrays, unpack_arrays
 
 FOLDER = "vectors"
@@ -81,7 +82,7 @@ def read(folder: Path, name: str, size: int, token: str, what: str) -> dict[str,
         raise InputError(str(folder), f"vector sidecar of {what} is named {name!r}, not one of the store's own (its token followed by {SUFFIX}); refusing to open it")
     path = folder / name
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             actual = os.fstat(handle.fileno()).st_size
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if actual else b""
     except FileNotFoundError:
@@ -108,7 +109,7 @@ def token_of(name: str) -> str | None:
 def _record_written(folder: Path, token: str) -> None:
     """Add ``token`` to the folder's record of written sidecars (fsync'd before any of its files exists)."""
     folder.mkdir(exist_ok=True)
-    with open(folder / WRITTEN, "a", encoding="ascii") as handle:
+    with open_regular(folder / WRITTEN, "a") as handle:
         handle.write(f"{token}\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -117,7 +118,8 @@ def _record_written(folder: Path, token: str) -> None:
 def _written(folder: Path) -> set[str]:
     """The tokens recorded in the folder's :data:`WRITTEN` file (lines of another form, such as one cut short, are not)."""
     try:
-        lines = (folder / WRITTEN).read_bytes().decode("ascii", "replace").splitlines()
+        with open_regular(folder / WRITTEN) as handle:
+            lines = handle.read().decode("ascii", "replace").splitlines()
     except FileNotFoundError:
         return set()
     return {line for line in lines if _TOKEN_FORM.fullmatch(line)}

@@ -124,7 +124,7 @@ class MemoryStore:
 
     def __init__(self, path: Path | str, file: StoreFile | PgFile, folder: Path | None = None) -> None:
         self.path = path
-        """What messages call the store: its folder, or its URI with any password masked."""
+        """What messages call the store: its folder, or ``postgresql database <name>`` (never the URI, see :func:`~qgmem_train.memory.store_uri.shown_store`)."""
         self.folder = folder
         """The store's folder (None for a PostgreSQL store: it keeps no files)."""
         self._file = file
@@ -415,6 +415,7 @@ class MemoryStore:
                 db.execute(f"DELETE FROM {table} WHERE namespace = ?", (namespace,))
             segments.storage_of(db).delete(db, namespace, 0, segments.LAST_SEQ)
             db.execute("DELETE FROM namespaces WHERE name = ?", (namespace,))
+            self._require_deleted(db, namespace)
             db.execute("INSERT INTO meta VALUES ('deletions', '1') ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(meta.value AS INTEGER) + 1 AS TEXT)")
         if self.folder is not None:
             graph_path(self.folder, namespace).unlink(missing_ok=True)
@@ -422,6 +423,13 @@ class MemoryStore:
             segments.remove_unused_sidecars(db)
         self._file.checkpoint()
         return True
+
+    def _require_deleted(self, db: sqlite3.Connection, namespace: str) -> None:
+        """Refuse to report ``namespace`` deleted while a row of it stays (a rule or policy of the database may keep them)."""
+        for table in (*NAMESPACE_TABLES, segments.storage_of(db).table, "namespaces"):
+            column = "name" if table == "namespaces" else "namespace"
+            if db.execute(f"SELECT 1 FROM {table} WHERE {column} = ? LIMIT 1", (namespace,)).fetchone() is not None:
+                raise InputError(f"{self.path}: namespace {namespace}", f"its rows in {table} were not deleted (the database kept them); nothing was deleted")
 
     def require_namespaces(self, namespaces: Iterable[str]) -> None:
         """Refuse, before any model loads, a run over namespaces this store does not hold."""

@@ -3,7 +3,8 @@
 Opening reads the file before writing anything to it, so an SQLite file of another program, a store
 whose schema version is not a number or is newer than this code, or one whose schema holds anything
 not in ours (a trigger, view, index or table, or a table defined otherwise: a trigger would run inside
-our writes) is refused and left as it was; an older
+our writes; every entry of ``sqlite_schema`` is compared whole, type, exact name and SQL, and SQLite's statistics
+tables pass only exactly as its ``ANALYZE`` makes them) is refused and left as it was; an older
 store is upgraded in one transaction (version 2's rows of units move into segments, version 3's unit
 vectors into sidecar files, see :mod:`qgmem_train.memory.store_upgrade`). Every write takes the write lock first (``BEGIN IMMEDIATE``) and
 waits up to ``busy_timeout`` seconds for another writer; past that it ends in :class:`StoreLockedError`.
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import InputError
+from qgmem_train.fileio import require_regular
 from qgmem_train.memory import segments
 from qgmem_train.memory.store_upgrade import TURN_INDEXES, upgrade_2_to_3, upgrade_3_to_4
 
@@ -50,24 +52,33 @@ _TABLES = {"meta", "namespaces", "turns", "windows", "unit_keys", "segments", "s
 """Tables of a store of any version (``units`` and ``sentences``: version 2 and older)."""
 
 
-_ENTRIES = "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_stat_' ESCAPE '\\'"
-"""Every entry of a database's schema: (type, name, table, defining SQL), less SQLite's own query-planner statistics
-(``sqlite_stat1`` and kin, made by ``ANALYZE`` or ``PRAGMA optimize``), which steer no data."""
+_ENTRIES = "SELECT type, name, tbl_name, sql FROM sqlite_master"
+"""Every entry of a database's schema, each row of every type: (type, name, table, defining SQL)."""
 
 
 @cache
-def _schema_entries() -> frozenset[tuple[str, str, str, str | None]]:
-    """The entries of the schema of a store of :data:`SCHEMA_VERSION` (made or upgraded alike)."""
+def _made_entries(analysed: bool = False) -> frozenset[tuple[str, str, str, str | None]]:
+    """The entries of the schema of a store of :data:`SCHEMA_VERSION` (made or upgraded alike); ``analysed``: with
+    those SQLite's ``ANALYZE`` (or ``PRAGMA optimize``) adds, its query-planner statistics tables (``sqlite_stat1``
+    and kin), which steer no data."""
     with closing(sqlite3.connect(":memory:")) as db:
         for statement in SCHEMA:
             db.execute(statement)
+        if analysed:
+            db.execute("ANALYZE")
         return frozenset(db.execute(_ENTRIES).fetchall())
+
+
+def _store_entries(db: sqlite3.Connection) -> list[tuple[str, str, str, str | None]]:
+    """The entries of ``db``'s schema less SQLite's statistics tables (matched whole: type, name, table and SQL)."""
+    statistics = _made_entries(analysed=True) - _made_entries()
+    return [entry for entry in db.execute(_ENTRIES).fetchall() if entry not in statistics]
 
 
 def _foreign_entry(entries: list[tuple[str, str, str, str | None]], version: int) -> str | None:
     """What a store of ``version`` would not hold among ``entries``, in words: any trigger or view; at the current
     version, any entry not exactly the schema's, or one of the schema's missing (older versions differ in tables and indexes)."""
-    expected = _schema_entries()
+    expected = _made_entries()
     for entry in sorted(entries, key=lambda e: e[:2]):
         kind, name = entry[:2]
         if kind not in ("table", "index") or (version == SCHEMA_VERSION and entry not in expected):
@@ -145,7 +156,10 @@ class StoreFile(ThreadConnections):
 
     @classmethod
     def open(cls, file: Path, busy_timeout: float = BUSY_TIMEOUT_S) -> StoreFile:
-        """Open ``file`` (an empty or missing file becomes a new store); refuse anything that is not a store this code reads."""
+        """Open ``file`` (an empty or missing file becomes a new store); refuse anything that is not a store this code reads
+        (a FIFO or device in place of the file or its log, before SQLite's read of it could block)."""
+        for path in (file, file.with_name(f"{file.name}-wal"), file.with_name(f"{file.name}-shm")):
+            require_regular(path)
         handle = cls(file, busy_timeout)
         try:
             if handle._version() != SCHEMA_VERSION:
@@ -242,7 +256,7 @@ class StoreFile(ThreadConnections):
         """The stored schema version, ``None`` for a new (empty) file; anything that is not a store is an error."""
         try:
             with self.busy_as_error():
-                entries = self.db.execute(_ENTRIES).fetchall()
+                entries = _store_entries(self.db)
                 tables = {name for kind, name, _, _ in entries if kind == "table"}
                 if not entries:
                     return None
@@ -290,4 +304,4 @@ class StoreFile(ThreadConnections):
                 for step in range(version, SCHEMA_VERSION):
                     _UPGRADES[step](db)
                 db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-            self._refuse_foreign_entries(db.execute(_ENTRIES).fetchall(), SCHEMA_VERSION)
+            self._refuse_foreign_entries(_store_entries(db), SCHEMA_VERSION)

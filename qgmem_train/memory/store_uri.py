@@ -1,17 +1,22 @@
-"""Where a store lives: a folder (SQLite, the embedded default) or a ``postgresql://`` URI, and that URI as messages show it.
+"""Where a store lives: a folder (SQLite, the embedded default) or a ``postgresql://`` URI, and how messages name it.
 
-A URI may carry a password (better kept in ``PGPASSWORD`` or ``~/.pgpass``, which the driver reads); it is never
-shown: :func:`masked_uri` replaces it in everything the store and the CLI print.
+A URI may carry credentials (a password after the user name or in a parameter; better kept in ``PGPASSWORD`` or
+``~/.pgpass``, which the driver reads). No URI is ever printed or written: messages, logs, ``metrics.json`` and model
+cards name a PostgreSQL store by its backend and database name alone (:func:`shown_store`), read with the driver's own
+parser, and a driver's message is shown with every credential the URI holds masked (:func:`masked_text`).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import unquote
 
 SCHEMES = ("postgresql://", "postgres://")
-_PASSWORD_PARAM = re.compile(r"(?i)(password=)([^&;\s]*)")
-_USERINFO = re.compile(r"://([^/?#]*)@")
+CREDENTIALS = ("password", "sslpassword")
+"""The connection parameters (libpq's) that hold a secret."""
+_SECRET_PARAM = re.compile(r"(?i)[?&;]([^=&;#\s]*)=([^&;#\s]*)")
+_USERINFO = re.compile(r"://([^/]*)@")
 
 
 def is_store_uri(location: object) -> bool:
@@ -24,27 +29,39 @@ def store_location(text: str) -> str | Path:
     return text if is_store_uri(text) else Path(text)
 
 
+def uri_parameters(uri: str) -> dict[str, str] | None:
+    """The connection parameters of ``uri`` as the driver reads them (psycopg's conninfo); None when it cannot read it
+    (its message, which may quote the password, is never shown) or the driver is not installed."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        return None
+    try:
+        return {key: str(value) for key, value in conninfo_to_dict(uri).items()}
+    except Exception:  # psycopg.ProgrammingError: a URI libpq refuses
+        return None
+
+
 def shown_store(location: str | Path) -> str:
-    """A store location as reports and messages show it: a folder as written, a URI with its password masked."""
-    return masked_uri(location) if is_store_uri(location) else str(location)
+    """A store location as messages, logs and reports show it: a folder as written, a URI as its backend and database
+    name (``postgresql database memory``), never its user, host or credentials."""
+    if not is_store_uri(location):
+        return str(location)
+    name = (uri_parameters(str(location)) or {}).get("dbname")
+    return f"postgresql database {name}" if name else "postgresql database"
 
 
-def _passwords(uri: str) -> list[str]:
-    """The passwords written in ``uri``: after the user name (up to the authority's last ``@``, read even from a URI
-    the driver would refuse) and in ``password=`` parameters."""
-    found = [m.group(1).split(":", 1)[1] for m in _USERINFO.finditer(uri) if ":" in m.group(1)]
-    return [p for p in found + [m.group(2) for m in _PASSWORD_PARAM.finditer(uri)] if p]
-
-
-def masked_uri(uri: str) -> str:
-    """``uri`` with its password (after the user name or in a ``password=`` parameter) replaced by ``***``."""
-    masked = _PASSWORD_PARAM.sub(lambda m: m.group(1) + ("***" if m.group(2) else ""), uri)
-    user, _, password = _USERINFO.search(masked).group(1).partition(":") if _USERINFO.search(masked) else ("", "", "")
-    return _USERINFO.sub(lambda _: f"://{user}:***@", masked, count=1) if password else masked
+def _secrets(uri: str) -> set[str]:
+    """Every credential written in ``uri`` as the driver reads it and as written (after the user name, up to the
+    authority's last ``@``, and in any parameter whose name decodes to one of :data:`CREDENTIALS`), raw and decoded."""
+    found = {value for key, value in (uri_parameters(uri) or {}).items() if key in CREDENTIALS}
+    found |= {m.group(1).split(":", 1)[1] for m in _USERINFO.finditer(uri) if ":" in m.group(1)}
+    found |= {m.group(2) for m in _SECRET_PARAM.finditer(uri) if unquote(m.group(1)).lower() in CREDENTIALS}
+    return {form for secret in found for form in (secret, unquote(secret)) if form}
 
 
 def masked_text(text: str, uri: str) -> str:
-    """``text`` (a driver's error message) with every password of ``uri`` masked wherever it appears."""
-    for password in sorted(_passwords(uri), key=len, reverse=True):
-        text = text.replace(password, "***")
+    """``text`` (a driver's error message) with every credential of ``uri`` masked wherever it appears."""
+    for secret in sorted(_secrets(uri), key=len, reverse=True):
+        text = text.replace(secret, "***")
     return text

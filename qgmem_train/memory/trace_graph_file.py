@@ -4,7 +4,7 @@ The file ``trace_graphs/<SHA-256 of the namespace>.npz`` in the store folder hol
 units the traces were last consolidated from, with each unit's id and a fingerprint of its fact and
 relation embeddings (inner products with two fixed random vectors). It is a cache: a file that is
 missing, unreadable, or disagrees with the namespace (a listed unit gone, or embedded differently) is
-ignored and the graph built anew. Files are replaced atomically, so readers never see half of one.
+ignored and the graph built anew; one that is not a regular file (a FIFO, whose read would block) is refused in one line. Files are replaced atomically, so readers never see half of one.
 
 Reading checks the file before allocating anything for it (the folder is as writable as the store): exactly
 the members written, each uncompressed, its header's type and shape within what the namespace's units allow
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qgmem_train.fileio import atomic_output
+from qgmem_train.fileio import atomic_output, open_regular
 from qgmem_train.memory.neighbours import PROBES, Cells, NeighbourLists
 from qgmem_train.memory.trace_graph import TraceGraph, moved_graph
 
@@ -123,7 +123,7 @@ def read_graph(path: Path, unit_ids: list[str], prints: np.ndarray, *, k: int, d
 def _read_bounded(path: Path, bounds: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray] | None:
     """The arrays of the ``.npz`` at ``path`` when it holds exactly :data:`_MEMBERS`, each stored uncompressed with a
     header of its kind, as many dimensions as its bound and none larger; None otherwise, before reading any array's data."""
-    with zipfile.ZipFile(path) as archive:
+    with open_regular(path) as handle, zipfile.ZipFile(handle) as archive:
         infos = archive.infolist()
         if sorted(info.filename for info in infos) != sorted(f"{name}.npy" for name in _MEMBERS):
             return None

@@ -22,6 +22,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from qgmem_train.fileio import replace_folder, staging_beside
 from qgmem_train.logging_setup import is_quiet, route_to_root
+from qgmem_train.memory.store_uri import shown_store
 from qgmem_train.reranker.datamodule import RerankDataModule
 from qgmem_train.reranker.module import CrossEncoderModule
 from qgmem_train.retrieval.cross_encoder import trained_document_layout
@@ -61,7 +62,7 @@ def training_record(cli: RerankerCLI, before: dict[str, float], after: dict[str,
         "seed": cli.config.get("seed_everything"),
         "input": str(data.input),
         "input_sha256": hashlib.sha256(data.input.read_bytes()).hexdigest()[:16],
-        "store": str(data.store),
+        "store": shown_store(data.store),
         "train_conversations": data.train_data.conversations,
         "val_conversations": data.val_data.conversations,
         "train_questions": len(data.train_data.examples),

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig, RetrievalConfig
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import read_text, write_json_atomic
+from qgmem_train.memory.store_uri import shown_store
 from qgmem_train.retrieval.cross_encoder import UNRECORDED_LAYOUT
 from qgmem_train.retrieval.rerank import Reranker
 
@@ -130,7 +131,7 @@ class RerankData:
 def data_source(input_path: Path, store: Path, embedder: str, retrieval: RetrievalConfig, document_layout: str) -> dict[str, Any]:
     """What a data file depends on; a cached file whose source differs is rebuilt."""
     digest = hashlib.sha256(Path(input_path).read_bytes()).hexdigest()[:16]
-    return {"input": str(input_path), "input_sha256": digest, "store": str(store), "embedder": embedder, "retrieval": asdict(retrieval),
+    return {"input": str(input_path), "input_sha256": digest, "store": shown_store(store), "embedder": embedder, "retrieval": asdict(retrieval),
             "document_layout": document_layout}
 
 

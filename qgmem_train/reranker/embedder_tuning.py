@@ -32,6 +32,7 @@ from qgmem_train.config import ModelsConfig, PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import read_text, replace_folder, staging_beside
 from qgmem_train.logging_setup import is_quiet
+from qgmem_train.memory.store_uri import shown_store
 from qgmem_train.reranker.data import HARD_TOP, RerankData, ensure_turns_store
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ def main(argv: list[str]) -> int:
         record = {
             "base_model": base, "loss": "MultipleNegativesRankingLoss", "epochs": args.epochs, "batch_size": args.batch_size,
             "learning_rate": args.learning_rate, "seed": args.seed, "input": str(input_path),
-            "input_sha256": hashlib.sha256(input_path.read_bytes()).hexdigest()[:16], "store": str(store),
+            "input_sha256": hashlib.sha256(input_path.read_bytes()).hexdigest()[:16], "store": shown_store(store),
             "train_conversations": train_data.conversations, "val_conversations": val_data.conversations,
             "train_triples": len(train["anchor"]), "val_triples": len(val["anchor"]), **losses,
             "held_out": comparison, "improves": improves(comparison), "seconds": round(time.perf_counter() - started, 1),
