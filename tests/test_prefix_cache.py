@@ -258,3 +258,38 @@ def test_gradient_checkpointing_recomputes_through_the_bottom_right_bias(llm_dir
     (mask,), _ = _masks_and_logits(cached, batch)
     assert type(mask).__name__ == "CausalBias"
     _assert_same_training(cached, plain, batch)
+
+
+def test_grouped_keys_and_values_reach_attention_unrepeated_under_a_mask_with_the_same_logits(llm_dir, data) -> None:
+    """Under the bottom-right bias (no padding) and under a mask tensor (padding), each layer's SDPA call gets the keys and
+    values of the key-value heads themselves, not transformers' copy repeated to every query head; the logits are those of
+    transformers' SDPA attention (which repeats them)."""
+    from torch.overrides import TorchFunctionMode
+
+    cached, _ = _tiny(llm_dir, data)
+    config = cached.llm.config
+    assert config.num_key_value_heads < config.num_attention_heads, "the tiny decoder must group its queries"
+    heads: list[tuple[int, int, bool]] = []
+
+    class Heads(TorchFunctionMode):
+        """Records the query and key head counts of every SDPA call (a mode: the bias's own dispatch still applies)."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                heads.append((args[0].shape[1], args[1].shape[1], bool(kwargs.get("enable_gqa"))))
+            return func(*args, **kwargs)
+
+    layers = config.num_hidden_layers
+    for examples in (data.splits["train"][:1], data.splits["train"][:3]):
+        batch = data.collate(examples)
+        heads.clear()
+        with Heads():
+            _, logits = _masks_and_logits(cached, batch)
+        assert heads[-layers:] == [(config.num_attention_heads, config.num_key_value_heads, True)] * layers, heads
+        cached.llm.set_attn_implementation("sdpa")
+        try:
+            _, repeated = _masks_and_logits(cached, batch)
+        finally:
+            cached.llm.set_attn_implementation("sdpa_bottom_right")
+        assert float((logits - repeated).abs().max()) <= 1e-5 * float(repeated.abs().max())
