@@ -49,15 +49,16 @@ def _loss_and_gradients(model: GraphAugmentedLM, batch: dict) -> tuple[torch.Ten
     return losses.detach(), grads
 
 
-def _assert_same_training(cached: GraphAugmentedLM, plain: GraphAugmentedLM, batch: dict) -> None:
-    """Per-example losses and every gradient within 1e-5 relative (a gradient by its norm: some are zero up to rounding)."""
+def _assert_same_training(cached: GraphAugmentedLM, plain: GraphAugmentedLM, batch: dict, rtol: float = 1e-5) -> None:
+    """Per-example losses within 1e-5 and every gradient within ``rtol`` relative (a gradient by its norm: some are zero up
+    to rounding)."""
     cached_losses, cached_grads = _loss_and_gradients(cached, batch)
     plain_losses, plain_grads = _loss_and_gradients(plain, batch)
     assert torch.allclose(cached_losses, plain_losses, rtol=1e-5, atol=1e-7), (cached_losses, plain_losses)
     assert set(cached_grads) == set(plain_grads) and {n.split(".")[0] for n in plain_grads} == {"encoder", "projector"}
     for name, grad in plain_grads.items():
         error = float((cached_grads[name] - grad).norm())
-        assert error <= 1e-5 * float(grad.norm()) + 1e-10, f"{name}: {error} against a gradient of norm {float(grad.norm())}"
+        assert error <= rtol * float(grad.norm()) + 1e-10, f"{name}: {error} against a gradient of norm {float(grad.norm())}"
 
 
 def test_the_cache_runs_only_the_tokens_after_the_prefix(llm_dir, data) -> None:
@@ -207,7 +208,10 @@ def test_smollm2_losses_gradients_and_answers_equal_with_and_without_the_cache(d
     examples = data.splits["train"][:2]
     assert len({len(cached.prompt_ids(ex).ids) for ex in examples}) > 1, "prompts of different lengths"
     batch = data.collate(examples)
-    _assert_same_training(cached, plain, batch)
+    # Through 30 layers float32 rounding reaches 2e-5 of the projector's scale gradient: against the same step in float64,
+    # the cache off, the cache with transformers' repeated keys and the cache with grouped keys were 1.1e-5, 1.7e-5 and
+    # 1.8e-5 from it, so two float32 paths may differ by up to twice that.
+    _assert_same_training(cached, plain, batch, rtol=4e-5)
     assert cached.generate(examples, batch["graph"]) == plain.generate(examples, batch["graph"])
 
 
