@@ -193,12 +193,13 @@ def test_the_checkpoint_the_fit_line_and_the_model_card_carry_the_gap(graph_task
 
     line = graph_reading_line(stored)
     lines = summary("fit", trainer).splitlines()
-    assert lines[0].startswith(f"fit: {FIT_STEPS} steps") and lines[-1] == line and f"{stored['shuffle_gap']:.3f} nats" in line
+    assert lines[0].startswith(f"fit: {FIT_STEPS} steps") and lines[-1] == line and f"{stored['answer_shuffle_gap']:.3f} nats" in line
 
     config = tmp_path / "fit.yaml"
     config.write_text(yaml.safe_dump({"pipeline": {"models": {"llm": tiny_llm, "embedder": BUNDLED_EMBEDDER, "reranker": "none"}}}))
     card = (export_model(root / "ckpt" / "last.ckpt", config, tmp_path / "export") / "README.md").read_text()
     assert line in card and "val/graph_shuffle_gap" in card and "val/graph_token_cosine" in card
+    assert "`val/graph_shuffle_gap_answer`: the same on the answer's tokens alone" in card and f"{stored['answer_shuffle_gap']:+.4f}" in card
 
 
 @pytest.mark.slow
