@@ -18,6 +18,7 @@ Each comparison checks that both paths give the same outputs (within float32 rou
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from qgmem_train.model.prefix_attention import IMPLEMENTATION, bottom_right_mask
 from qgmem_train.model.prefix_cache import PrefixKV, compute_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("bench.prefix_gqa")
 REPEATING = "sdpa_bottom_right_repeating"
 """The prefix cache's attention as it was: the bottom-right mask, transformers' SDPA attention (which repeats)."""
 QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
@@ -132,6 +134,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     prefix = compute_prefix(model, tuple(range(1, 16)) * (args.prefix // 15) + tuple(range(1, args.prefix % 15 + 1)), ("bench",))
     attention = model.model.layers[0].self_attn
     rows: list[dict[str, Any]] = []
+    log.info("one Qwen3-8B-shaped layer built; prefix of %d tokens cached; timing %d rounds of each part", prefix.length, args.rounds)
     with torch.no_grad():
         for padded in (False, True):
             inputs = attention_inputs(model, prefix, args, padded)
@@ -161,6 +164,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def part(name: str, runs: dict[str, Callable[[], torch.Tensor]], args: argparse.Namespace, copy_bytes: int) -> dict[str, Any]:
     """One comparison's medians, their ratio, the copy's bytes and the largest output difference relative to the output's scale."""
+    log.info("timing: %s", name)
     seconds, outputs = alternate(runs, args.rounds)
     scale = float(outputs["repeating"].abs().max())
     difference = float((outputs["grouped"] - outputs["repeating"]).abs().max()) / scale
@@ -172,11 +176,12 @@ def part(name: str, runs: dict[str, Callable[[], torch.Tensor]], args: argparse.
 
 def markdown(report: dict[str, Any]) -> str:
     """The report's table and what it measured."""
-    a = report["args"]
+    a, m = report["args"], report["machine"]
     lines = [
         "# Grouped-query attention after the cached prefix: transformers' ×4 copy against none (one Qwen3-8B-shaped layer)",
         "",
-        f"Machine: {report['machine']}. Float32, {a['threads']} torch threads, batch {a['batch_size']}, prefix {a['prefix']} tokens, "
+        f"Machine: {m['cpu']}, {m['cores']} cores shared with other work (load average {m.get('load_average_1m')} at the start), "
+        f"torch {m.get('torch')}. Float32, {a['threads']} torch threads, batch {a['batch_size']}, prefix {a['prefix']} tokens, "
         f"{a['after']} tokens after it; medians of {a['rounds']} alternated rounds after a warm-up. `repeating`: the prefix cache's "
         "attention before (transformers' SDPA attention, keys and values repeated 8 → 32 heads); `grouped`: now (SDPA with "
         "`enable_gqa` on the 8 heads). Copy: bytes of the repeated keys and values one layer allocates, counted from `repeat_kv`.",
@@ -193,6 +198,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(args.threads)
     machine = machine_info()
     report = {"machine": machine, "args": {k: v for k, v in vars(args).items() if k != "out"}, **measure(args)}
