@@ -3,8 +3,11 @@
 A model that uses what its graph says loses more when given the graph of another question; tokens that act as one
 learned prompt for every question lose nothing. Each example's donor is another question of the same conversation
 where there is one (the harder control: the same people and topics, another question's facts), else another lone
-question. The gap is the mean per-example difference of the mean token loss, in nats a target token, with a 95%
-Student-t interval over the examples.
+question. The gap is the mean per-example difference of the mean token loss, in nats a token, measured twice: on the
+answer field's tokens (``answer_shuffle_gap``, the figure the verdict reads) and on the whole target (``shuffle_gap``),
+whose reasoning path and JSON are formulaic and dilute it. Each has a 95% percentile bootstrap interval that resamples
+conversations, not examples: a conversation's examples share people, facts and their donor cycle, so their differences
+are not independent and a per-example interval would be too narrow.
 
 The verdict needs more than an interval that excludes 0: the loss pass is deterministic, so with enough examples even
 tokens that collapsed into one prompt show a gap that is "significant" and meaningless (0.0002 to 0.0015 nats in
