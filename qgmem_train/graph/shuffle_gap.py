@@ -62,8 +62,10 @@ def graph_donors(case_ids: Sequence[str], seed: int = 0) -> list[int | None]:
 def conversation_interval(case_ids: Sequence[str], differences: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> dict[str, Any]:
     """The mean of per-example differences with a 95% percentile bootstrap interval over conversations (``case_ids``).
 
-    Each resample draws the conversations with replacement and averages all their examples' differences. Examples whose
-    difference is not a number (an empty answer span) are left out. ``None`` bounds with fewer than two conversations.
+    Each resample draws the conversations with replacement and averages all their examples' differences, so the donor
+    cycle inside a conversation stays whole; lone questions (conversations of one) share one cycle across conversations,
+    a dependence this does not resample. Examples whose difference is not a number (an empty answer span) are left out.
+    ``None`` bounds with fewer than two conversations.
     """
     kept = [(case, d) for case, d in zip(case_ids, differences) if math.isfinite(d)]
     cases = sorted({case for case, _ in kept})
