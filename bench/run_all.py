@@ -36,6 +36,7 @@ def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list
         "bench_store_writers": ["--sessions", "20", "--out", str(out)],
         "bench_llm": ["--prompts", "4", "--max-new-tokens", "16", "--out", str(out / "llm.json")],
         "bench_prefix_cache": ["--quick", "--out", str(out / "prefix_cache.json")],
+        "bench_prefix_gqa": ["--prefix", "64", "--after", "32", "--rounds", "1", "--out", str(out / "prefix_gqa.json")],
         "bench_training": ["--train-steps", "4", "--timing-steps", "2", "--sections", "timing,validation,ablations", "--out", str(out / "training.json")],
         "bench_predictor": ["--model", str(model), "--questions", "2", "--out", str(out / "predictor")] if model else
                            "needs --model EXPORT_DIR (an exported model: python -m qgmem_train export ...)",

@@ -68,18 +68,28 @@ def graph_reading_section(reading: Mapping[str, Any] | None) -> list[str]:
     """The card's lines on whether the model reads its graph tokens: the last validation's shuffle gap and token cosine."""
     lines = ["## Does it read its graphs?", "", graph_reading_line(reading), ""]
     if reading and "skipped" not in reading:
-        low, high, cosine = reading["shuffle_gap_low"], reading["shuffle_gap_high"], reading.get("token_cosine")
-        interval = f" [{low:+.4f}, {high:+.4f}]" if low is not None and high is not None else ""
+        cosine = reading.get("token_cosine")
         lines += [
             f"| measured at the validation of step {reading.get('step')} | value |",
             "|---|---|",
             f"| `val/graph_shuffle_gap`: loss with another question's graph minus with its own, nats a token (95% interval) "
-            f"| {reading['shuffle_gap']:+.4f}{interval} over {reading['examples']} examples |",
-            f"| `val/graph_token_cosine`: mean cosine between different questions' graph tokens (1: one shared prompt) "
-            f"| {'not measured' if cosine is None else f'{cosine:.4f}'} |",
+            f"| {gap_cell(reading, 'shuffle_gap', '')} |",
+        ]
+        if reading.get("answer_shuffle_gap") is not None:
+            lines.append(f"| `val/graph_shuffle_gap_answer`: the same on the answer's tokens alone | {gap_cell(reading, 'answer_shuffle_gap', 'answer_')} |")
+        lines += [
+            f"| `val/graph_token_cosine`: mean cosine between different questions' graph tokens, their mean over the questions "
+            f"subtracted (near 0: they differ; 1: one shared prompt) | {'not measured' if cosine is None else f'{cosine:.4f}'} |",
             "",
         ]
     return lines + ["What these measure and how: `docs/graph-token.md` in the qgmem repository.", ""]
+
+
+def gap_cell(reading: Mapping[str, Any], key: str, counts: str) -> str:
+    """A shuffle gap of the reading with its interval and what it counts, for the card's table."""
+    low, high = reading[f"{key}_low"], reading[f"{key}_high"]
+    interval = f" [{low:+.4f}, {high:+.4f}]" if low is not None and high is not None else ""
+    return f"{reading[key]:+.4f}{interval} over {reading[f'{counts}examples']} examples"
 
 
 def render_model_card(config: Mapping[str, Any], metrics: Mapping[str, Any] | None, repo_id: str | None) -> str:

@@ -8,8 +8,10 @@ metadata, in fit's last line and in the export's model card.
 
 from __future__ import annotations
 
-import math
+import os
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -18,7 +20,7 @@ import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from qgmem_train.graph.local_graph import LocalGraph
-from qgmem_train.graph.shuffle_gap import graph_donors, graph_reading_line, shuffle_gap_summary
+from qgmem_train.graph.shuffle_gap import conversation_interval, graph_donors, graph_reading_line, shuffle_gap_summary
 from qgmem_train.model.checkpoint import METADATA_KEY
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
@@ -54,13 +56,25 @@ def test_lone_questions_swap_among_themselves_and_a_split_of_one_has_no_donor() 
     assert graph_donors(["a"], 0) == [None] and graph_donors([], 0) == []
 
 
-def test_summary_is_the_mean_difference_with_its_t_interval() -> None:
-    got = shuffle_gap_summary([0.1, 0.3, 0.2, 0.4])
-    half = 3.182446305284263 * math.sqrt(((0.15**2 + 0.05**2) * 2) / 3) / 2  # t(0.975, 3) * sd / sqrt(4)
-    assert got["shuffle_gap"] == pytest.approx(0.25) and got["examples"] == 4
-    assert got["shuffle_gap_low"] == pytest.approx(0.25 - half) and got["shuffle_gap_high"] == pytest.approx(0.25 + half)
-    one = shuffle_gap_summary([0.5])
-    assert one["shuffle_gap"] == 0.5 and one["shuffle_gap_low"] is None and one["shuffle_gap_high"] is None
+def test_the_interval_resamples_conversations_not_examples() -> None:
+    """Ten copies of each conversation's example add nothing: the interval is that of one example a conversation (a
+    per-example interval would narrow by about √10); the mean weighs every example alike."""
+    cases, values = ["a", "b", "c", "d", "e"], [0.1, 0.3, 0.2, 0.4, -0.1]
+    once = conversation_interval(cases, values)
+    tenfold = conversation_interval([c for c in cases for _ in range(10)], [v for v in values for _ in range(10)])
+    assert (tenfold["low"], tenfold["high"]) == pytest.approx((once["low"], once["high"]))
+    assert tenfold["examples"] == 50 and tenfold["conversations"] == 5 and once["low"] < 0.18 < once["high"]
+    uneven = conversation_interval(["a", "a", "a", "b"], [0.0, 0.0, 0.0, 1.0])
+    assert uneven["mean"] == pytest.approx(0.25) and uneven["low"] == pytest.approx(0.0) and uneven["high"] == pytest.approx(1.0)
+    alone = conversation_interval(["a", "a", "b"], [0.5, 0.7, float("nan")])
+    assert alone["mean"] == pytest.approx(0.6) and alone["examples"] == 2 and alone["low"] is None and alone["high"] is None
+
+
+def test_summary_gives_the_whole_target_and_the_answer_span_each_its_interval() -> None:
+    got = shuffle_gap_summary(["a", "b", "c"], [0.01, 0.02, 0.03], [0.5, float("nan"), 0.7])
+    assert got["shuffle_gap"] == pytest.approx(0.02) and got["examples"] == 3 and got["conversations"] == 3
+    assert got["answer_shuffle_gap"] == pytest.approx(0.6) and got["answer_examples"] == 2
+    assert 0.5 <= got["answer_shuffle_gap_low"] <= got["answer_shuffle_gap_high"] <= 0.7
 
 
 def test_the_line_says_what_the_gap_means() -> None:
@@ -73,6 +87,17 @@ def test_the_line_says_what_the_gap_means() -> None:
     assert "undecided" in graph_reading_line({**reading, "shuffle_gap_low": None, "shuffle_gap_high": None, "examples": 1})
     assert "graph_tokens is 0" in graph_reading_line({"skipped": "graph_tokens is 0: no graph to shuffle"})
     assert "no validation" in graph_reading_line(None)
+    off = graph_reading_line({"skipped": "off: model.diagnostics.shuffle_gap: false", "token_cosine": 0.1234})
+    assert "not measured" in off and "graph-token cosine 0.1234 (centred)" in off
+
+
+def test_the_verdict_reads_the_answer_span_where_the_whole_target_dilutes_it() -> None:
+    diluted = {"shuffle_gap": 0.012, "shuffle_gap_low": 0.004, "shuffle_gap_high": 0.02, "examples": 40, "conversations": 8, "floor": 0.01}
+    reading = {**diluted, "answer_shuffle_gap": 0.3, "answer_shuffle_gap_low": 0.2, "answer_shuffle_gap_high": 0.4, "answer_examples": 40,
+               "answer_conversations": 8}  # fmt: skip
+    line = graph_reading_line(reading)
+    assert "carry 0.300 nats an answer token" in line and "on the whole target +0.0120" in line and "of 8 conversations" in line
+    assert "undecided" in graph_reading_line(diluted), "a reading of before the answer span: the whole target's gap decides"
 
 
 # ------------------------------------------------------------------------------------------------ fits
@@ -139,7 +164,9 @@ def test_a_graph_that_holds_the_answer_shows_a_gap_above_zero(graph_task) -> Non
     reading = model.graph_reading
     assert reading is not None and reading["shuffle_gap"] == pytest.approx(gap, abs=1e-6)
     assert reading["shuffle_gap_low"] > reading["floor"], reading
-    assert reading["examples"] == 16 and reading["step"] == FIT_STEPS
+    assert reading["answer_shuffle_gap_low"] > reading["floor"], reading
+    assert float(trainer.callback_metrics["val/graph_shuffle_gap_answer"]) == pytest.approx(reading["answer_shuffle_gap"], abs=1e-6)
+    assert reading["examples"] == 16 and reading["conversations"] == 4 and reading["step"] == FIT_STEPS
     assert "val/graph_token_cosine" in trainer.callback_metrics and reading["token_cosine"] < 0.999
 
 
@@ -148,7 +175,8 @@ def test_a_graph_irrelevant_to_the_answer_shows_a_gap_within_noise_of_zero(tiny_
     model, trainer = _fit(tiny_llm, tmp_path, graph_answers=False)
     reading = model.graph_reading
     assert reading is not None and float(trainer.callback_metrics["val/graph_shuffle_gap"]) == pytest.approx(reading["shuffle_gap"], abs=1e-6)
-    assert reading["shuffle_gap_low"] <= 0.0 <= reading["shuffle_gap_high"] or abs(reading["shuffle_gap"]) < reading["floor"], reading
+    for gap in ("shuffle_gap", "answer_shuffle_gap"):
+        assert reading[f"{gap}_low"] <= 0.0 <= reading[f"{gap}_high"] or abs(reading[gap]) < reading["floor"], reading
     assert "carry" not in graph_reading_line(reading)
 
 
@@ -165,12 +193,13 @@ def test_the_checkpoint_the_fit_line_and_the_model_card_carry_the_gap(graph_task
 
     line = graph_reading_line(stored)
     lines = summary("fit", trainer).splitlines()
-    assert lines[0].startswith(f"fit: {FIT_STEPS} steps") and lines[-1] == line and f"{stored['shuffle_gap']:.3f} nats" in line
+    assert lines[0].startswith(f"fit: {FIT_STEPS} steps") and lines[-1] == line and f"{stored['answer_shuffle_gap']:.3f} nats" in line
 
     config = tmp_path / "fit.yaml"
     config.write_text(yaml.safe_dump({"pipeline": {"models": {"llm": tiny_llm, "embedder": BUNDLED_EMBEDDER, "reranker": "none"}}}))
     card = (export_model(root / "ckpt" / "last.ckpt", config, tmp_path / "export") / "README.md").read_text()
     assert line in card and "val/graph_shuffle_gap" in card and "val/graph_token_cosine" in card
+    assert "`val/graph_shuffle_gap_answer`: the same on the answer's tokens alone" in card and f"{stored['answer_shuffle_gap']:+.4f}" in card
 
 
 @pytest.mark.slow
@@ -183,3 +212,46 @@ def test_the_switch_turns_the_extra_pass_off_and_no_graph_is_skipped_with_a_reas
         trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
         (metrics,) = trainer.validate(model, datamodule=data)
         assert "val/graph_shuffle_gap" not in metrics and says in graph_reading_line(model.graph_reading)
+        has_tokens = "readout" not in settings
+        assert (model.graph_reading.get("token_cosine") is not None) == has_tokens, "with the gap off the token cosine is kept"
+
+
+class TokenizerOfTheLoaderOnly:
+    """A tokenizer that works in the loader's worker processes and fails in the process that made it (the training one)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer, self._training_process = tokenizer, os.getpid()
+
+    def _in_a_worker(self, what: str) -> None:
+        if os.getpid() == self._training_process:
+            raise AssertionError(f"the training process tokenised ({what})")
+
+    def __getattr__(self, name: str) -> Any:
+        self._in_a_worker(name)
+        return getattr(self._tokenizer, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._in_a_worker("__call__")
+        return self._tokenizer(*args, **kwargs)
+
+
+class TokenizeInWorkersOnly(L.Callback):
+    """Once the data module is set up, the module's and the loader's tokenizers work only in the loader's workers."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        only = TokenizerOfTheLoaderOnly(pl_module.tokenizer)
+        trainer.datamodule.prompt_tokens = replace(trainer.datamodule.prompt_tokens, tokenizer=only)
+        pl_module.prompt_tokens, pl_module.tokenizer = replace(pl_module.prompt_tokens, tokenizer=only), only
+
+
+def test_the_shuffle_gap_pass_is_tokenised_in_the_loader_workers(tiny_llm: str, tmp_path: Path) -> None:
+    """The validation's own pass and its shuffled-graph pass read prompt ids and answer flags that the loader's worker built."""
+    data = TrajectoryDataModule(str(_task(tmp_path, graph_answers=True)), batch_size=4, num_workers=1)
+    model = GraphAugmentedLM(**tiny_module_kwargs(tiny_llm, data.feature_dim, **READABLE, generation={"val_generate": False}))  # type: ignore[arg-type]
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        callbacks=[TokenizeInWorkersOnly()],
+    )  # fmt: skip
+    (metrics,) = trainer.validate(model, datamodule=data)
+    assert "val/graph_shuffle_gap" in metrics and "val/graph_shuffle_gap_answer" in metrics
+    assert model.graph_reading["examples"] == 16 and model.graph_reading["answer_examples"] == 16

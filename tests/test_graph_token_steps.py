@@ -363,7 +363,8 @@ def test_step_2_aligns_each_arm_on_the_training_conversations_alone_and_resumes(
     for r in report["rows"]:
         assert r["steps"] == 2 and r["train_graphs"] == report["data"]["graphs"]["train"] > 0
         assert r["epochs"] == pytest.approx(2 * 2 / r["train_graphs"], abs=1e-3), "two steps of 2 graphs, as a share of an epoch"
-        assert r["reading"]["examples"] == 2 and 0 < r["reading"]["token_cosine"] <= 1, "the last validation's reading, capped at 2 graphs"
+        assert r["reading"]["examples"] == 2 and 0 < r["reading"]["token_raw_cosine"] <= 1, "the last validation's reading, capped at 2 graphs"
+        assert r["reading"]["token_cosine"] == pytest.approx(-1.0), "centred, two graphs' tokens point opposite ways"
         assert r["train_loss_first"] > 0 and r["passed"] == alignment.arm_verdict(r["reading"])
     hparams = {r["arm"]: torch.load(folder / r["arm"] / "ckpt" / "last.ckpt", weights_only=True)["hyper_parameters"] for r in report["rows"]}
     assert (hparams["linear"]["encoder"]["layers"], hparams["linear"]["projector"]["hidden_dim"], hparams["linear"]["projector"]["norm"]) == (0, 0, False)

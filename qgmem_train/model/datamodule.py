@@ -10,7 +10,9 @@ its question's embedding (``question_embedding``, read by the ``query`` readout)
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -22,7 +24,8 @@ from tqdm.auto import tqdm
 
 from qgmem_train.config import BUNDLED_EMBEDDER
 from qgmem_train.errors import InputError
-from qgmem_train.graph.local_graph import graph_to_data
+from qgmem_train.graph.local_graph import LocalGraph, graph_to_data
+from qgmem_train.graph.shuffle_gap import graph_donors
 from qgmem_train.model.prompt_tokens import PromptTokens
 from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, split_of_case
 
@@ -139,6 +142,9 @@ class TrajectoryDataModule(L.LightningDataModule):
         self._features: dict[str, np.ndarray] = {}
         self._questions: dict[str, np.ndarray] = {}
         self.prompt_tokens: PromptTokens | None = None
+        self.shuffled_graphs = False
+        """Whether validation and test batches also carry their examples with other examples' graphs (``shuffled``): set
+        under a trainer whose module measures the shuffle gap (``wants_shuffled_graphs``)."""
 
     @property
     def feature_dim(self) -> int:
@@ -149,9 +155,11 @@ class TrajectoryDataModule(L.LightningDataModule):
         """Read and split the folder, then embed every distinct label once, on this process's device when a trainer runs it
         (the embedder goes back to the CPU afterwards). Under a trainer of several ranks, an evaluation split with fewer
         examples than ranks is refused first (see :meth:`_refuse_splits_smaller_than_the_ranks`). Under a trainer whose module
-        tokenises prompts (``prompt_tokens``), batches carry their ids, computed in the loader's workers."""
+        tokenises prompts (``prompt_tokens``), batches carry their ids, computed in the loader's workers; under one that
+        measures the shuffle gap, evaluation batches carry the shuffled pass's batch too (:meth:`collate`)."""
         if self.trainer is not None:
             self.prompt_tokens = getattr(self.trainer.lightning_module, "prompt_tokens", None)
+            self.shuffled_graphs = bool(getattr(self.trainer.lightning_module, "wants_shuffled_graphs", False))
         if self.splits:
             self._refuse_splits_smaller_than_the_ranks(stage)
             return
@@ -207,9 +215,12 @@ class TrajectoryDataModule(L.LightningDataModule):
     def _label_features(self, labels: list[str]) -> np.ndarray:
         return np.stack([self._features[label] for label in labels])
 
-    def collate(self, examples: list[TrajectoryExample]) -> dict[str, Any]:
+    def collate(self, examples: list[TrajectoryExample], donors: Mapping[tuple[str, str], LocalGraph] | None = None) -> dict[str, Any]:
         """The examples plus the ``Batch`` of their local graphs with cached label features and question embeddings, and
-        with :attr:`prompt_tokens` set, the examples' prompt and target ids (``prompts``, ``targets``).
+        with :attr:`prompt_tokens` set, the examples' prompt and target ids and answer-span flags (``prompts``, ``targets``,
+        ``answer_masks``). With ``donors`` (each example's donor graph by case and question id, :meth:`donor_graphs`), also
+        ``shuffled``: the batch of the same examples with those graphs, which the shuffle gap's extra loss pass reads, so
+        that its prompts are tokenised here, in the loader's workers, too.
 
         A question met after setup (an example swapped in by the caller) is embedded then.
         """
@@ -218,7 +229,18 @@ class TrajectoryDataModule(L.LightningDataModule):
             self._questions.update(zip(missing, self.embedder.encode(missing)))
         graphs = [graph_to_data(ex.graph, self._label_features, self.feature_dim, self._questions[ex.question]) for ex in examples]
         ids = self.prompt_tokens.batch(examples) if self.prompt_tokens is not None else {}
-        return {"examples": examples, "graph": Batch.from_data_list(graphs), **ids}
+        batch = {"examples": examples, "graph": Batch.from_data_list(graphs), **ids}
+        if donors:
+            batch["shuffled"] = self.collate([replace(ex, graph=donors[(ex.case_id, ex.question_id)]) for ex in examples])
+        return batch
+
+    def donor_graphs(self, examples: list[TrajectoryExample]) -> dict[tuple[str, str], LocalGraph] | None:
+        """Each example's donor graph for the shuffle gap (:func:`~qgmem_train.graph.shuffle_gap.graph_donors` over the whole
+        split, so the same on every rank), or ``None`` where :attr:`shuffled_graphs` is off or the split has one example."""
+        if not self.shuffled_graphs or len(examples) < 2:
+            return None
+        donors = graph_donors([ex.case_id for ex in examples])
+        return {(ex.case_id, ex.question_id): examples[d].graph for ex, d in zip(examples, donors) if d is not None}
 
     def train_dataloader(self) -> DataLoader:
         """Training batches from where the fit loop stands (see :class:`ResumableSampler`)."""
@@ -244,10 +266,14 @@ class TrajectoryDataModule(L.LightningDataModule):
         return trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.ready
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.splits["validation"], self._eval_batch_size(), self._eval_sampler(self.splits["validation"]))
+        return self._eval_loader(self.splits["validation"])
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.splits["test"], self._eval_batch_size(), self._eval_sampler(self.splits["test"]))
+        return self._eval_loader(self.splits["test"])
+
+    def _eval_loader(self, data: list[TrajectoryExample]) -> DataLoader:
+        """Batches of an evaluated split, with the shuffle gap's donor graphs where :meth:`donor_graphs` gives some."""
+        return self._loader(data, self._eval_batch_size(), self._eval_sampler(data), donors=self.donor_graphs(data))
 
     def _eval_sampler(self, data: list[TrajectoryExample]) -> DistributedSampler | None:
         """Every example on exactly one rank: Lightning's default DistributedSampler pads a split that does not divide by
@@ -266,7 +292,10 @@ class TrajectoryDataModule(L.LightningDataModule):
     def _eval_batch_size(self) -> int:
         return self.hparams.eval_batch_size or self.hparams.batch_size
 
-    def _loader(self, data: list[TrajectoryExample], batch_size: int, sampler: Any = None, loader: type = DataLoader) -> DataLoader:
+    def _loader(
+        self, data: list[TrajectoryExample], batch_size: int, sampler: Any = None, loader: type = DataLoader, donors: Mapping[tuple[str, str], LocalGraph] | None = None
+    ) -> DataLoader:  # fmt: skip
         workers = self.hparams.num_workers
         init = ignore_sigterm if workers else None
-        return loader(data, batch_size=batch_size, sampler=sampler, collate_fn=self.collate, num_workers=workers, worker_init_fn=init)
+        collate = partial(self.collate, donors=donors) if donors else self.collate
+        return loader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate, num_workers=workers, worker_init_fn=init)

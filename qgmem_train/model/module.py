@@ -18,7 +18,6 @@ import logging
 import os
 import random
 import typing
-from dataclasses import replace
 from typing import Any, Literal
 
 import lightning as L
@@ -34,7 +33,7 @@ from qgmem_train.graph.diagnostics import graph_token_diagnostics
 from qgmem_train.graph.encoder import RelationalGraphEncoder
 from qgmem_train.graph.projector import GraphTokenProjector
 from qgmem_train.graph.readout import READOUTS, GraphTokens, build_readout
-from qgmem_train.graph.shuffle_gap import graph_donors, shuffle_gap_summary
+from qgmem_train.graph.shuffle_gap import shuffle_gap_summary
 from qgmem_train.metrics.answers import answer_scores
 from qgmem_train.model.answer_target import answer_labels, answer_token_mask
 from qgmem_train.model.backbone import describe_backbone
@@ -190,8 +189,7 @@ class GraphAugmentedLM(L.LightningModule):
         self._constraint: Any = None
         self._prefix: PrefixKV | None = None
         self._eval_tokens: list[torch.Tensor] = []
-        self._eval_gaps: list[float] = []
-        self._donors: dict[tuple[str, str], TrajectoryExample] = {}
+        self._eval_gaps: list[tuple[str, float, float]] = []
         self._gap_skipped: str | None = None
         self.init_record: dict[str, Any] | None = None
         """Where the graph path started (``init_from``: path, SHA-256, the source's graph reading), or None; saved in checkpoints."""
@@ -405,7 +403,7 @@ class GraphAugmentedLM(L.LightningModule):
         """Per-example losses ``(B,)`` on the whole target and on the answer field's tokens alone, from one LLM pass."""
         inputs = self.training_inputs(batch, graph_embeds)
         hidden, head = self.hidden_states(inputs), self._backbone().get_output_embeddings()
-        masks = [answer_token_mask(self.tokenizer, ex) for ex in batch["examples"]]
+        masks = batch["answer_masks"] if "answer_masks" in batch else [answer_token_mask(self.tokenizer, ex) for ex in batch["examples"]]
         return per_example_loss(hidden, inputs["labels"], head), per_example_loss(hidden, answer_labels(inputs["labels"], masks), head)
 
     def training_step(self, batch: GraphBatch, batch_idx: int) -> torch.Tensor:
@@ -445,27 +443,30 @@ class GraphAugmentedLM(L.LightningModule):
         self._log_graph_reading("test")
 
     def _start_evaluation(self, stage: str) -> None:
-        """Empty the pass's graph tokens and shuffle-gap differences and give each example of the split its graph donor."""
+        """Empty the pass's graph tokens and shuffle-gap differences, and say why the gap will not be measured where it will not."""
         self._eval_tokens, self._eval_gaps = [], []
-        self._donors, self._gap_skipped = {}, None
+        self._gap_skipped = None
         datamodule = self._trainer.datamodule if self._trainer is not None else None
         examples = getattr(datamodule, "splits", {}).get(EVALUATED_SPLITS[stage], [])
         if not self.diagnostics_args.shuffle_gap:
             self._gap_skipped = "off: model.diagnostics.shuffle_gap: false"
         elif self.encoder is None:
             self._gap_skipped = "readout.tokens is 0: no graph to shuffle"
-        elif len(examples) < 2 or not hasattr(datamodule, "collate"):
+        elif len(examples) < 2 or not getattr(datamodule, "shuffled_graphs", False):
             self._gap_skipped = f"no data module split of two or more {EVALUATED_SPLITS[stage]} examples to draw other graphs from"
-        else:
-            donors = graph_donors([ex.case_id for ex in examples])
-            self._donors = {(ex.case_id, ex.question_id): examples[d] for ex, d in zip(examples, donors) if d is not None}
 
-    def _shuffle_differences(self, batch: GraphBatch, own: torch.Tensor) -> list[float]:
-        """Each example's loss with its donor's graph minus its loss with its own graph (``own``), from one more loss pass."""
-        examples = batch["examples"]
-        donated = [replace(ex, graph=self._donors[(ex.case_id, ex.question_id)].graph) for ex in examples]
-        shuffled = self.example_losses(self.trainer.datamodule.collate(donated))
-        return (shuffled - own).float().tolist()
+    @property
+    def wants_shuffled_graphs(self) -> bool:
+        """Whether evaluation batches should also carry their examples with other examples' graphs (``shuffled``, built by
+        the data module's loader, :meth:`~qgmem_train.model.datamodule.TrajectoryDataModule.collate`) for the shuffle gap."""
+        return bool(self.diagnostics_args.shuffle_gap) and self.encoder is not None
+
+    def _shuffle_differences(self, batch: GraphBatch, whole: torch.Tensor, answer: torch.Tensor) -> list[tuple[str, float, float]]:
+        """Each example's conversation and its losses on the whole target and on the answer span with its donor's graph
+        (``batch["shuffled"]``) minus those with its own (``whole``, ``answer``), from one more loss pass."""
+        shuffled_whole, shuffled_answer = self.evaluation_losses(batch["shuffled"])
+        cases = [ex.case_id for ex in batch["examples"]]
+        return list(zip(cases, (shuffled_whole - whole).float().tolist(), (shuffled_answer - answer).float().tolist()))
 
     def _log_graph_reading(self, stage: str) -> None:
         """Log whether the pass's graphs are read: the shuffle gap and how much the graph tokens vary with the question
@@ -484,10 +485,14 @@ class GraphAugmentedLM(L.LightningModule):
         diagnostics = graph_token_diagnostics(tokens)
         for name, value in diagnostics.items():
             self.log(f"{stage}/graph_token_{name}", value, sync_dist=True)
-        reading = {"skipped": self._gap_skipped} if self._gap_skipped else None
+        tokens_read = {f"token_{name}": value for name, value in diagnostics.items()} | {"step": self.global_step}
+        reading = {"skipped": self._gap_skipped, **tokens_read} if self._gap_skipped else None
         if gaps:
-            reading = {**shuffle_gap_summary(gaps), "token_cosine": diagnostics.get("cosine"), "floor": self.diagnostics_args.shuffle_floor, "step": self.global_step}
+            cases, whole, answer = (list(column) for column in zip(*gaps))
+            reading = {**shuffle_gap_summary(cases, whole, answer), **tokens_read, "floor": self.diagnostics_args.shuffle_floor}
             self.log(f"{stage}/graph_shuffle_gap", reading["shuffle_gap"], sync_dist=True)
+            if reading["answer_shuffle_gap"] is not None:
+                self.log(f"{stage}/graph_shuffle_gap_answer", reading["answer_shuffle_gap"], sync_dist=True)
         if stage == "val" and reading is not None and not self.trainer.sanity_checking:
             self.graph_reading = reading
         self._eval_tokens, self._eval_gaps = [], []
@@ -502,8 +507,8 @@ class GraphAugmentedLM(L.LightningModule):
         if graph_embeds is not None:
             self._eval_tokens += [t.detach().cpu() for t in graph_embeds.per_example()]
         whole, answer = self.evaluation_losses(batch, graph_embeds)
-        if self._donors:
-            self._eval_gaps += self._shuffle_differences(batch, whole.detach())
+        if "shuffled" in batch:
+            self._eval_gaps += self._shuffle_differences(batch, whole.detach(), answer.detach())
         self._log_split_mean(f"{stage}/loss", whole.detach(), prog_bar=True)
         self._log_split_mean(f"{stage}/answer_loss", answer.detach())
         if not self.generation_args.val_generate:

@@ -13,6 +13,7 @@ from typing import Any
 
 from qgmem_train.answer.prompt import final_answer_chat
 from qgmem_train.config import TEMPLATE_BUDGET_S
+from qgmem_train.model.answer_target import answer_token_mask
 from qgmem_train.model.fusion import PromptIds, chat_prompt_ids, target_ids, truncate_to_tokens
 from qgmem_train.trajectory import TrajectoryExample
 
@@ -38,5 +39,10 @@ class PromptTokens:
         return target_ids(self.tokenizer, example.target_json())
 
     def batch(self, examples: list[TrajectoryExample]) -> dict[str, list[Any]]:
-        """What a collated batch carries: ``prompts`` (:class:`PromptIds`) and ``targets``, one each per example."""
-        return {"prompts": [self.prompt(ex) for ex in examples], "targets": [self.target(ex) for ex in examples]}
+        """What a collated batch carries: ``prompts`` (:class:`PromptIds`), ``targets`` and ``answer_masks`` (which target
+        tokens are the answer's, :func:`~qgmem_train.model.answer_target.answer_token_mask`), one each per example."""
+        return {
+            "prompts": [self.prompt(ex) for ex in examples],
+            "targets": [self.target(ex) for ex in examples],
+            "answer_masks": [answer_token_mask(self.tokenizer, ex) for ex in examples],
+        }
