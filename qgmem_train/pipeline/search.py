@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 class NamespaceIndex:
     """One namespace's loaded memory and search index, rebuilt only when the namespace itself changed.
 
-    ``traces`` False serializes every unit as a plain fact (the evaluation's ablation). ``builds`` counts the
-    indexes built, for callers and tests that watch the cache.
+    ``traces`` False serializes every unit as a plain fact (the evaluation's ablation).
     """
 
     def __init__(self, store: MemoryStore, namespace: str, models: PipelineModels, *, retrieval: RetrievalConfig | None = None,
@@ -43,7 +42,6 @@ class NamespaceIndex:
         self.models = models
         self.retrieval = retrieval or models.cfg.retrieval
         self.traces = traces
-        self.builds = 0
         self._loaded: tuple[tuple[str, int] | None, NamespaceMemory, ActivationIndex] | None = None
 
     def current(self) -> tuple[NamespaceMemory, ActivationIndex]:
@@ -57,7 +55,6 @@ class NamespaceIndex:
             if not self.traces:
                 memory = dataclasses.replace(memory, traces=[], trace_of={})
             self._loaded = (version, memory, ActivationIndex(memory, self.retrieval, embedder))
-            self.builds += 1
         return self._loaded[1], self._loaded[2]
 
 
@@ -79,7 +76,7 @@ class Retrieval:
         """The working memory, best first."""
         return list(self.working.units)
 
-    def evidence_units(self, cited: set[str] = frozenset()) -> list[EvidenceUnit]:  # type: ignore[assignment]
+    def evidence_units(self, cited: Collection[str] = ()) -> list[EvidenceUnit]:
         """The working memory with labels, scores and source turns, the ``cited`` ids marked."""
         label_of = {uid: label for label, uid in self.evidence.context.labels.items()}
         return [
