@@ -21,7 +21,7 @@ from qgmem_train.memory.loaders import DATASETS, load_conversations
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S
 from qgmem_train.memory.store_uri import store_location
-from qgmem_train.pipeline.construction import build_conversations
+from qgmem_train.pipeline.construction import build_conversations, refuse_unbuildable
 from qgmem_train.pipeline.models import PipelineModels
 
 
@@ -60,6 +60,7 @@ def main(argv: list[str]) -> int:
         refuse_long_turns(conversation, cfg.construction.max_turn_chars)  # before the store is made
     started = time.perf_counter()
     with MemoryStore.open(args.store, create=True, busy_timeout=args.busy_timeout) as store:
+        refuse_unbuildable(store, conversations, cfg, args.namespace)  # before the progress bar shows
         windows = {c.id: conversation_windows(c, cfg, args.limit_sessions) for c in conversations}
         total = sum(map(len, windows.values()))
         initial = sum(
