@@ -45,7 +45,7 @@ import types  # noqa: E402
 from datetime import date, timedelta  # noqa: E402
 from pathlib import Path
 
-from machine import cpu_model  # noqa: E402
+from qgmem_train.reports import cpu_model  # noqa: E402
 
 import numpy as np  # noqa: E402
 

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import machine_info
+from qgmem_train.reports import machine_info
 
 import numpy as np
 

@@ -22,7 +22,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -30,9 +29,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from machine import machine_info  # noqa: E402
+from qgmem_train.reports import machine_info  # noqa: E402
 
 from qgmem_train.fileio import write_report_atomic  # noqa: E402
 from qgmem_train.retrieval.dense import DenseIndex, rescore_count  # noqa: E402

@@ -4,7 +4,7 @@
 2. JSON-schema constrained (llguidance) vs unconstrained decoding (tokens/s, ratio);
 3. the OpenAI-compatible HTTP backend at concurrency 1 vs N against the loopback server (ratio).
 
-    python bench/bench_llm.py [--prompts 8] [--max-new-tokens 32] [--concurrency 8]
+    python -m bench.bench_llm [--prompts 8] [--max-new-tokens 32] [--concurrency 8]
 
 Writes bench/results/llm.json and bench/results/llm.md and prints the table.
 """
@@ -14,15 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-from machine import machine_info
+from qgmem_train.reports import machine_info
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the test server lives with the tests
 
 
 from qgmem_train.config import BUNDLED_LLM  # noqa: E402

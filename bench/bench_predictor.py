@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_model
+from qgmem_train.reports import cpu_model
 
 from qgmem_train.memory.loaders import load_conversations
 from qgmem_train.predictor import QGMemPredictor, verify_checksums

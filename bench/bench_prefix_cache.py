@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from machine import machine_info
+from qgmem_train.reports import machine_info
 
 import torch
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from machine import machine_info
+from qgmem_train.reports import machine_info
 
 from qgmem_train.benchmarks.loaders import last_session_time, load_locomo_questions, spread_subset
 from qgmem_train.config import PipelineConfig

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from machine import machine_info
+from qgmem_train.reports import machine_info
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -46,16 +46,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
-from bench_serve import free_port, percentile  # noqa: E402
-from machine import machine_info  # noqa: E402
+from bench.bench_serve import free_port, percentile  # noqa: E402
+from qgmem_train.reports import commit_text, git_state, machine_info, machine_text, remake_reports  # noqa: E402
 
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
-from experiments.common import commit_text, git_state, machine_text, remake_reports  # noqa: E402
 from qgmem_train.config import ConstructionConfig  # noqa: E402
 from qgmem_train.fileio import write_report_atomic  # noqa: E402
 from qgmem_train.memory.store import MemoryStore  # noqa: E402

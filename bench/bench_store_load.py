@@ -46,14 +46,11 @@ import time  # noqa: E402
 from datetime import date, timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from machine import machine_info  # noqa: E402
+from qgmem_train.reports import machine_info  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-if "--code" in sys.argv:  # a child loading with the package of another revision
-    sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1])
 
 from qgmem_train.fileio import write_report_atomic  # noqa: E402
 from qgmem_train.memory import segments  # noqa: E402
@@ -275,7 +272,7 @@ def activation(memory: NamespaceMemory) -> dict[str, object]:
     """Seconds to build a loaded namespace's activation index, and p50 / p95 milliseconds of each channel, the fusion
     and all of them over :data:`ACTIVATION_QUERIES` queries near random units (words of the unit's turn, its fact
     vector plus noise, one of its entities, its location on every third query and a week from its day on every second)."""
-    from bench_activation import ACTIVATION_STEPS, ActivationIndex, QueryIntent, RetrievalConfig, percentiles, timed_activation
+    from bench.bench_activation import ACTIVATION_STEPS, ActivationIndex, QueryIntent, RetrievalConfig, percentiles, timed_activation
 
     cfg, embedder = RetrievalConfig(), TextVectors()
     started = time.perf_counter()
@@ -341,9 +338,10 @@ def fresh_memory_mb_per_s(mb: int = 256) -> float:
 
 def load_once(kind: str, path: str, code: str | None = None, dense: bool = False, activate: bool = False) -> dict[str, object]:
     """One load in a fresh subprocess (importing the package from ``code`` when given)."""
-    options = [*(["--code", code] if code else []), *(["--dense-index"] if dense else []), *(["--activation"] if activate else [])]
-    command = [sys.executable, __file__, "--child", kind, path, *options]
-    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    options = [*(["--dense-index"] if dense else []), *(["--activation"] if activate else [])]
+    command = [sys.executable, "-m", "bench.bench_store_load", "--child", kind, path, *options]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*([code] if code else []), str(ROOT)]))  # the package of ``code`` first
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env, cwd=code or ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -365,7 +363,7 @@ def summarise(runs: list[dict[str, object]], dense: bool = False) -> dict[str, o
 
 def summarise_activation(runs: list[dict[str, object]]) -> dict[str, object]:
     """Medians of the activation loads (:func:`activation` after a version-4 load)."""
-    from bench_activation import ACTIVATION_STEPS  # here, not at the top: a --code child imports an older package
+    from bench.bench_activation import ACTIVATION_STEPS  # here, not at the top: a --code child imports an older package
     keys = ("seconds", "activation_index_seconds", "peak_rss_activation_mb", *(f"{s}_p{p}_ms" for s in ACTIVATION_STEPS for p in (50, 95)))
     return {"units": runs[0]["units"], "activation_dense_scan": runs[0]["activation_dense_scan"],
             **{key: round(statistics.median(float(r[key]) for r in runs), 3) for key in keys}}  # fmt: skip
@@ -405,7 +403,7 @@ def markdown(results: dict[str, object]) -> str:
             dense = f" | | **{speedup['load_and_dense']}x** | | |" if "load_and_dense" in speedup else ""
             lines.append(f"| | | **{before} / v4** | **{speedup['wall']}x** | {speedup['cpu']}x | | | | | | |{dense}")
     if results.get("activation"):
-        from bench_activation import ACTIVATION_STEPS
+        from bench.bench_activation import ACTIVATION_STEPS
 
         lines += [
             "", f"Activation on the loaded version-4 namespaces with their sentence vectors: each load in a fresh process followed by the activation index a predictor builds "
@@ -442,7 +440,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--note", action="append", default=[], help="a line added under the table")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results folder")
     p.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
-    p.add_argument("--code", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.write_units % TURNS_PER_SESSION:
         p.error(f"--write-units must be a multiple of {TURNS_PER_SESSION} (whole sessions a write)")

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from machine import machine_info
+from qgmem_train.reports import machine_info
 
 import numpy as np
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine import machine_info
+from qgmem_train.reports import machine_info
 
 import numpy as np
 

@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from machine import cpu_model
+from qgmem_train.reports import cpu_model
 
 import lightning as L
 import torch

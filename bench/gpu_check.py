@@ -55,10 +55,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gpu_module_steps import time_module_variants
-from gpu_report import PARTS, load_results, status_line, write
-from gpu_standins import export_models, resolve_or_standin, slim_wheel
-from machine import machine_info
+
+from bench.gpu_module_steps import time_module_variants
+from bench.gpu_report import PARTS, load_results, status_line, write
+from bench.gpu_standins import export_models, resolve_or_standin, slim_wheel
+from qgmem_train.reports import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu.json"
@@ -258,7 +259,7 @@ def part_prefix_cache(bench: Bench) -> dict[str, Any]:
     """The frozen-prefix cache on a random Qwen3-8B-shaped decoder (:mod:`gpu_prefix_timing`): fp32 first-step logits with vs
     without it, decoder step device time off vs on alternated over rounds at batch 4 and 1, and the attention call alone."""
     import torch
-    from gpu_prefix_timing import LOGITS_TOLERANCE, QWEN3_8B, SMOKE, TARGET_TOKENS, first_step_logits_difference, random_decoder, time_attention, time_prefix_cache
+    from bench.gpu_prefix_timing import LOGITS_TOLERANCE, QWEN3_8B, SMOKE, TARGET_TOKENS, first_step_logits_difference, random_decoder, time_attention, time_prefix_cache
 
     from qgmem_train.model.backbone import describe_backbone
     from qgmem_train.model.module import _probe_example

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_timing import DeviceClock, alternate, autocast, compare
+from bench.gpu_timing import DeviceClock, alternate, autocast, compare
 
 GIB = 1024**3
 

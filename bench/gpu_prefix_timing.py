@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpu_timing import DeviceClock, alternate, autocast, compare
+from bench.gpu_timing import DeviceClock, alternate, autocast, compare
 
 from qgmem_train.model.prefix_attention import IMPLEMENTATION
 

@@ -5,8 +5,8 @@ Each script runs in its own process with the quick arguments below, writing its 
 runs the scripts' own defaults into bench/results/); REPORT.md gathers their status, time and tables. A script whose input is missing is listed as
 skipped with what it needs; a script added to bench/ without quick arguments runs with its defaults.
 
-    python bench/run_all.py                 # quick: minutes on 2 cores
-    python bench/run_all.py --only bench_llm bench_construction
+    python -m bench.run_all                 # quick: minutes on 2 cores
+    python -m bench.run_all --only bench_llm bench_construction
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from machine import machine_info
+from qgmem_train.reports import machine_info
 
 from qgmem_train.fileio import atomic_output
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-HELPERS = {"__init__", "run_all", "machine", "gpu_report", "gpu_standins", "gpu_prefix_timing"}
+HELPERS = {"__init__", "run_all", "gpu_report", "gpu_standins", "gpu_prefix_timing"}
 """Modules of bench/ that are not benchmarks (the GPU check's own modules included)."""
 GPU_ONLY = "needs CUDA: run scripts/gpu_check.sh on a GPU machine"
 
@@ -34,6 +34,7 @@ def quick_arguments(out: Path, work: Path, model: Path | None) -> dict[str, list
         "bench_activation": ["--sizes", "10000", "--queries", "20", "--out", str(out)],
         "bench_construction": ["--windows", "1", "--bulk-units", "10000", "--out", str(out)],
         "bench_store_writers": ["--sessions", "20", "--out", str(out)],
+        "bench_namespace_index": ["--runs", "1", "--rounds", "2", "--work", str(work / "namespace_index"), "--out", str(out / "namespace_index.json")],
         "bench_llm": ["--prompts", "4", "--max-new-tokens", "16", "--out", str(out / "llm.json")],
         "bench_prefix_cache": ["--quick", "--out", str(out / "prefix_cache.json")],
         "bench_prefix_gqa": ["--prefix", "64", "--after", "32", "--rounds", "1", "--out", str(out / "prefix_gqa.json")],
@@ -90,7 +91,7 @@ def main() -> int:
         if isinstance(arguments, str):
             rows.append((name, "skipped", "", arguments))
             continue
-        command = [sys.executable, str(BENCH / f"{name}.py"), *arguments]
+        command = [sys.executable, "-m", f"bench.{name}", *arguments]
         print(f"== {name}: {' '.join(command[1:])}", flush=True)
         started, wall = time.time(), time.perf_counter()
         try:

@@ -36,8 +36,8 @@ from qgmem_train.llm.prompts import ALIGNMENT_INSTRUCTION
 from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, split_of_case, write_trajectory_dataset
 
 if TYPE_CHECKING:  # the pipeline brings in PyG and the model libraries, which bad input should not wait for
-    from data_prep.pipeline import PipelineModels
     from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.pipeline import PipelineModels
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +72,17 @@ def case_examples(case: ConvoMemCase, store: MemoryStore, models: PipelineModels
     """Build the case's memory, activate a local graph per query, and keep each distinct graph with an edge as an example."""
     from qgmem_train.graph.local_graph import local_graph_from_units
     from qgmem_train.memory.construct import build_conversation
-    from qgmem_train.retrieval.activation import ActivationIndex, activate
+    from qgmem_train.pipeline import NamespaceIndex, activate_question
 
     namespace = case_namespace(case.ref.case_id)
-    build_conversation(store, case.conversation, pipeline, models.embedder, namespace=namespace, llm=models.llm)
-    memory = store.load_namespace(namespace)
+    build_conversation(store, case.conversation, pipeline, models.embedder, namespace=namespace, llm=models.construction_llm)
+    memory, index = NamespaceIndex(store, namespace, models).current()
     texts = [unit.fact_text for unit in memory.units if unit.fact_text.strip()]
     sampled = random.Random(f"align:{case.ref.case_id}").sample(texts, min(pseudo_queries, len(texts)))
     queries = [q.question for q in case.questions] + sampled
-    index = ActivationIndex(memory, pipeline.retrieval, models.embedder)
-    intent_llm = models.llm if cfg.intent == "llm" else None
     examples: dict[str, TrajectoryExample] = {}
     for query in queries:
-        wm = activate(query, None, memory, cfg=pipeline.retrieval, llm=intent_llm, embedder=models.embedder, reranker=models.reranker, index=index)
+        wm = activate_question(query, None, memory, index, models)
         graph = local_graph_from_units(wm.units, max_edges=pipeline.retrieval.k, attribute_edges=pipeline.graph.attribute_edges, time_edges=pipeline.graph.time_edges)
         facts = graph_facts_text(graph)
         if not graph.num_edges or facts in examples:
@@ -130,13 +128,10 @@ def build_alignment_data(cfg: DataPrepConfig, pipeline: PipelineConfig, out: str
     log.info("alignment data: %d of %d drawn cases in train/validation, %d already done", len(mine), len(cases), len(mine) - len(pending))
     if pending:
         # Imported here: the pipeline brings in PyG and the model libraries, which bad input should not wait for.
-        from data_prep.pipeline import PipelineModels
-        from qgmem_train.llm.factory import build_embedder, build_llm
         from qgmem_train.memory.store import MemoryStore
-        from qgmem_train.retrieval.rerank import build_reranker
+        from qgmem_train.pipeline import PipelineModels
 
-        llm = build_llm(pipeline)
-        models = PipelineModels(llm, build_embedder(pipeline), build_reranker(pipeline, llm=llm))
+        models = PipelineModels(pipeline, intent=cfg.intent)
         with MemoryStore.open(out / "store", create=True) as store:
             bar = tqdm(pending, desc="alignment data", unit="case")
             for ref in bar:

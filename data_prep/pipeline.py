@@ -14,24 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from data_prep.config import DataPrepConfig
 from data_prep.convomem import ConvoMemCase, case_namespace
 from data_prep.targets import cites, gold_reasoning_path
-from qgmem_train.answer.evidence import answer_evidence
-from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
+from qgmem_train.answer.text_path import chat_tokens, frozen_answer_chat
 from qgmem_train.config import PipelineConfig
 from qgmem_train.eval.judge import JudgeItem, judge
-from qgmem_train.llm.base import ChatLLM
-from qgmem_train.llm.embedder import Embedder
-from qgmem_train.llm.schemas import AnswerOutput
 from qgmem_train.llm.structured import ParseStats
 from qgmem_train.memory.construct import build_conversation
 from qgmem_train.memory.store import MemoryStore
-from qgmem_train.retrieval.activation import ActivationIndex, activate
-from qgmem_train.retrieval.rerank import Reranker
+from qgmem_train.pipeline import NamespaceIndex, PipelineModels, TextAnswer, answer_text_path, search
 
 BUILD_STAGES = ("construction", "activation")
 """Stages every run goes through; the judge target adds ``answer`` and ``judge``."""
@@ -42,15 +36,6 @@ def stages_of(cfg: DataPrepConfig) -> list[str]:
     return [*BUILD_STAGES, "answer", "judge"] if cfg.target == "judge_correct" else list(BUILD_STAGES)
 
 
-@dataclass
-class PipelineModels:
-    """The frozen models shared by every case of a run."""
-
-    llm: ChatLLM
-    embedder: Embedder
-    reranker: Reranker | None
-
-
 def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:
     """Run every question of ``case`` and return its JSON-ready record (answered and judged for the judge target only)."""
     seconds: dict[str, float] = {}
@@ -59,39 +44,33 @@ def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg
     namespace = case_namespace(case.ref.case_id)
 
     start = time.perf_counter()
-    report = build_conversation(store, case.conversation, pipeline, models.embedder, namespace=namespace, llm=models.llm)
-    memory = store.load_namespace(namespace)
+    report = build_conversation(store, case.conversation, pipeline, models.embedder, namespace=namespace, llm=models.construction_llm)
+    memory, index = NamespaceIndex(store, namespace, models).current()
     seconds["construction"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    index = ActivationIndex(memory, pipeline.retrieval, models.embedder)
-    intent_llm = models.llm if cfg.intent == "llm" else None
-    working = [
-        activate(q.question, None, memory, cfg=pipeline.retrieval, llm=intent_llm, embedder=models.embedder, reranker=models.reranker, index=index)
-        for q in case.questions
-    ]
-    evidence = [answer_evidence(wm.units, memory, models.llm, max_edges=pipeline.retrieval.k, attribute_edges=pipeline.graph.attribute_edges,
-                        time_edges=pipeline.graph.time_edges) for wm in working]
+    found = [search(q.question, None, memory, index, models) for q in case.questions]
     seconds["activation"] = time.perf_counter() - start
 
-    chats = [frozen_answer_chat(q.question, None, e) for q, e in zip(case.questions, evidence)]
-    answers: list[AnswerOutput | None] = [None] * len(chats)
-    verdicts: list[Any] = [None] * len(chats)
+    answers: list[TextAnswer | None] = [None] * len(found)
+    verdicts: list[Any] = [None] * len(found)
     if "answer" in stages:
         start = time.perf_counter()
-        answers = answer_chats(models.llm, chats, max_new_tokens=pipeline.generation.max_new_tokens, stats=stats)
+        answers = list(answer_text_path(models.llm, found, max_new_tokens=pipeline.generation.max_new_tokens, stats=stats))
         seconds["answer"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        judged = [i for i, a in enumerate(answers) if a is not None]
-        items = [JudgeItem(case.questions[i].question, case.questions[i].answer, answers[i].answer) for i in judged]
+        judged = [i for i, a in enumerate(answers) if a is not None and a.parsed is not None]
+        items = [JudgeItem(case.questions[i].question, case.questions[i].answer, answers[i].parsed.answer) for i in judged]  # type: ignore[union-attr]
         for i, verdict in zip(judged, judge(models.llm, items, repeats=cfg.judge_repeats, stats=stats)):
             verdicts[i] = verdict
         seconds["judge"] = time.perf_counter() - start
 
     questions = []
-    for number, (q, wm, found, chat, ans, verdict) in enumerate(zip(case.questions, working, evidence, chats, answers, verdicts)):
-        evidence_units = {u.id for u in wm.units if cites(u.source_text, q.evidence_texts)}
+    for number, (q, item, answered, verdict) in enumerate(zip(case.questions, found, answers, verdicts)):
+        evidence_units = {u.id for u in item.units if cites(u.source_text, q.evidence_texts)}
+        ans = answered.parsed if answered is not None else None
+        chat = answered.chat if answered is not None else frozen_answer_chat(q.question, None, item.evidence)
         questions.append(
             {
                 "question_id": f"{case.ref.case_id}/q{number}",
@@ -101,15 +80,15 @@ def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg
                 "evidence_texts": q.evidence_texts,
                 "units": [
                     {"id": u.id, "fact_text": u.fact_text, "source_turn_ids": u.source_turn_ids, "source_text": u.source_text}
-                    for u in wm.units
+                    for u in item.units
                 ],
-                "context": found.context.text,
-                "context_tokens": found.context.n_tokens,
+                "context": item.evidence.context.text,
+                "context_tokens": item.evidence.context.n_tokens,
                 "prompt_tokens": chat_tokens(models.llm, chat),
-                "graph": dataclasses.asdict(found.graph),
+                "graph": dataclasses.asdict(item.evidence.graph),
                 "answer": ans.answer if ans else None,
                 "reasoning_path": ans.reasoning_path if ans else None,
-                "gold_reasoning_path": gold_reasoning_path(found.context.labels, evidence_units),
+                "gold_reasoning_path": gold_reasoning_path(item.evidence.context.labels, evidence_units),
                 "judgments": verdict.judgments if verdict else [],
                 "judge_reasons": verdict.reasons if verdict else [],
                 "correct": bool(verdict and verdict.correct) if "judge" in stages else None,

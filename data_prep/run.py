@@ -22,9 +22,7 @@ from data_prep.sampling import CaseRef, sample_cases, shard_of
 from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import read_text, write_json_atomic
-from qgmem_train.llm.factory import build_embedder, build_llm
 from qgmem_train.memory.store import MemoryStore
-from qgmem_train.retrieval.rerank import build_reranker
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +103,10 @@ def run_shard(cfg: DataPrepConfig, pipeline: PipelineConfig, shard: int = 0, num
     log.info("shard %d/%d: %d cases, %d already done", shard, num_shards, len(mine), len(mine) - len(pending))
     if pending:
         # Imported here: the pipeline brings in PyG and the model libraries, which bad input should not wait for.
-        from data_prep.pipeline import PipelineModels, run_case
+        from data_prep.pipeline import run_case
+        from qgmem_train.pipeline import PipelineModels
 
-        llm = build_llm(pipeline)
-        models = PipelineModels(llm, build_embedder(pipeline), build_reranker(pipeline, llm=llm))
+        models = PipelineModels(pipeline, intent=cfg.intent)
         with MemoryStore.open(folder / "store", create=True) as store:
             bar = tqdm(pending, desc=f"data prep shard {shard}/{num_shards}", unit="case")
             kept, label = 0, "judge_correct" if cfg.target == "judge_correct" else "questions"

@@ -10,13 +10,12 @@ turns. ``--json`` prints one JSON object instead, for scripts.
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from qgmem_train.errors import InputError
 from qgmem_train.memory.store_uri import store_location
-from qgmem_train.predictor import AskResult, IntentMode, QGMemPredictor
+from qgmem_train.pipeline.results import ask_record
+from qgmem_train.predictor import QGMemPredictor
 from qgmem_train.terminal import json_line
 
 HUB_FORM = "hf://"
@@ -64,25 +63,6 @@ def export_reference(value: str) -> str | Path:
     return Path(value)
 
 
-def ask_record(result: AskResult) -> dict[str, Any]:
-    """The ``--json`` object: every field of the result (``units`` is the working memory) plus ``cited``, the cited units."""
-    return {**result.to_dict(), "cited": [asdict(unit) for unit in result.cited]}
-
-
-def text_path_predictor(config: str | Path | None, reranker: str | None, intent: IntentMode) -> QGMemPredictor:
-    """A predictor answering with the configured LLM on the text path, with ``reranker`` over the configured one."""
-    from qgmem_train.config import load_pipeline_config
-    from qgmem_train.llm.factory import build_embedder, build_llm
-    from qgmem_train.retrieval.rerank import build_reranker
-
-    cfg = load_pipeline_config(config)
-    embedder = build_embedder(cfg)
-    llm = build_llm(cfg)
-    kind = reranker or cfg.models.reranker
-    rerank = build_reranker(cfg, kind, llm=llm if kind == "llm" and not cfg.models.reranker_model else None)
-    return QGMemPredictor(None, cfg, llm=llm, embedder=embedder, reranker=rerank, intent=intent)
-
-
 def main(argv: list[str]) -> int:
     """Answer the question; print the answer and the cited units with their source turns, or one JSON object."""
     from qgmem_train.memory.store import MemoryStore
@@ -100,7 +80,7 @@ def main(argv: list[str]) -> int:
     if args.model is not None:
         predictor = QGMemPredictor.from_pretrained(export_reference(args.model), intent=args.intent)
     else:
-        predictor = text_path_predictor(args.config, args.reranker, args.intent)
+        predictor = QGMemPredictor.from_config(args.config, reranker=args.reranker, intent=args.intent)
     with predictor.memory(namespace, args.store) as memory:
         result = memory.ask(args.question, args.time)
     print(json_line(ask_record(result)) if args.json else result.render())

@@ -16,12 +16,13 @@ from tqdm.auto import tqdm
 
 from qgmem_train.config import load_pipeline_config
 from qgmem_train.errors import InputError
-from qgmem_train.llm.factory import build_embedder, build_llm
-from qgmem_train.memory.construct import build_conversation, conversation_windows, refuse_long_turns
+from qgmem_train.memory.construct import conversation_windows, refuse_long_turns
 from qgmem_train.memory.loaders import DATASETS, load_conversations
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S
 from qgmem_train.memory.store_uri import store_location
+from qgmem_train.pipeline.construction import build_conversations, refuse_unbuildable
+from qgmem_train.pipeline.models import PipelineModels
 
 
 def parser() -> argparse.ArgumentParser:
@@ -56,30 +57,22 @@ def main(argv: list[str]) -> int:
     if not conversations:
         raise InputError(args.input, "no conversations found")
     for conversation in conversations:
-        refuse_long_turns(conversation, cfg.construction.max_turn_chars)
+        refuse_long_turns(conversation, cfg.construction.max_turn_chars)  # before the store is made
     started = time.perf_counter()
     with MemoryStore.open(args.store, create=True, busy_timeout=args.busy_timeout) as store:
-        cc = cfg.construction
-        for conversation in conversations:
-            store.check_cut(args.namespace or conversation.id, cc.units, cc.window, cc.overlap)
-        embedder = build_embedder(cfg)
-        llm = build_llm(cfg) if cfg.construction.units == "llm" or cfg.construction.traces else None
+        refuse_unbuildable(store, conversations, cfg, args.namespace)  # before the progress bar shows
         windows = {c.id: conversation_windows(c, cfg, args.limit_sessions) for c in conversations}
         total = sum(map(len, windows.values()))
         initial = sum(
             len({(w.session.id, w.index) for w in windows[c.id]} & store.done_windows(args.namespace or c.id)) for c in conversations
         )
-        units = traces = dropped = 0
-        namespaces: list[str] = []
+        traces = 0
         with tqdm(total=total, initial=initial, unit="window", desc="build", dynamic_ncols=True) as bar:
-            for conversation in conversations:
-                report = build_conversation(
-                    store, conversation, cfg, embedder, namespace=args.namespace, llm=llm, limit_sessions=args.limit_sessions, progress=bar
-                )
-                units += report.units
-                dropped += report.dropped
-                if report.namespace not in namespaces:
-                    namespaces.append(report.namespace)
+            reports = build_conversations(store, conversations, PipelineModels(cfg), namespace=args.namespace, limit_sessions=args.limit_sessions,
+                                          progress=bar)  # fmt: skip
+        units = sum(report.units for report in reports)
+        dropped = sum(report.dropped for report in reports)
+        namespaces = list(dict.fromkeys(report.namespace for report in reports))
         for namespace in namespaces:
             traces += store.count_traces(namespace)
         stored = sum(store.count_units(n) for n in namespaces)

@@ -89,7 +89,7 @@ def test_the_four_frozen_entry_points_render_the_same_chat(minilm, tmp_path: Pat
     """Data prep, ask, the predictor's text path and eval answers, over one stored working memory."""
     from data_prep.config import DataPrepConfig
     from data_prep.convomem import CaseQuestion, ConvoMemCase, case_namespace
-    from data_prep.pipeline import PipelineModels, run_case
+    from data_prep.pipeline import run_case
     from data_prep.sampling import CaseRef
     from qgmem_train.__main__ import main
     from qgmem_train.benchmarks.loaders import BenchmarkQuestion
@@ -98,6 +98,7 @@ def test_the_four_frozen_entry_points_render_the_same_chat(minilm, tmp_path: Pat
     from qgmem_train.llm import factory
     from qgmem_train.llm.structured import ParseStats
     from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.pipeline import PipelineModels
     from qgmem_train.predictor import QGMemPredictor
 
     config = tmp_path / "frozen.yaml"
@@ -115,7 +116,7 @@ def test_the_four_frozen_entry_points_render_the_same_chat(minilm, tmp_path: Pat
         return [chat for chat in llm.calls[start:] if chat[0]["content"] == FINAL_ANSWER.system]
 
     with MemoryStore.open(store_dir, create=True) as store:
-        run_case(case, store, PipelineModels(llm, minilm, None), DataPrepConfig(intent="rules", target="judge_correct"), pipeline)
+        run_case(case, store, PipelineModels.built(pipeline, llm=llm, embedder=minilm, reranker=None, intent="rules"), DataPrepConfig(intent="rules", target="judge_correct"), pipeline)
     chats = {"data prep": answer_chats_since(0)}
     start = len(llm.calls)
     assert main(["ask", "--store", str(store_dir), "--namespace", namespace, "--config", str(config), "--reranker", "none", "--intent", "rules", QUESTION]) == 0

@@ -151,6 +151,7 @@ def _in_process_run(tmp: Path, name: str, target: str, monkeypatch: pytest.Monke
     import data_prep.run as run_module
     from data_prep.config import load_data_prep_config
     from data_prep.merge import merge
+    from qgmem_train.llm import factory
     from tests.fakes import ScriptedLLM
 
     raw = yaml.safe_load(make_config(tmp, name).read_text())
@@ -159,7 +160,7 @@ def _in_process_run(tmp: Path, name: str, target: str, monkeypatch: pytest.Monke
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump(raw))
     llm = ScriptedLLM(_scripted_reply)
-    monkeypatch.setattr(run_module, "build_llm", lambda pipeline: llm)
+    monkeypatch.setattr(factory, "build_llm", lambda pipeline: llm)
     cfg, pipeline = load_data_prep_config(config)
     run_module.run_shard(cfg, pipeline)
     return llm, tmp / name, merge(cfg, pipeline)
@@ -211,3 +212,41 @@ def test_an_empty_or_partial_case_record_is_computed_again(tmp_path: Path, monke
     assert main(["--config", config]) == 0
     assert rows(out) == before
     assert json.loads(cut.read_text())["questions"] == json.loads(whole)["questions"] and json.loads(empty.read_text())["questions"]
+
+
+@pytest.mark.parametrize("stage", ["data prep", "alignment"])
+def test_data_prep_and_alignment_rerank_with_the_configured_reranker_not_the_answering_llm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                                        stage: str) -> None:  # fmt: skip
+    """``reranker: llm`` with ``reranker_model`` set (the paper's Qwen3-Reranker-8B beside Qwen3-8B): the pools are scored
+    by the reranker model, as ``ask`` and ``eval`` score them, and the answering LLM scores none."""
+    from data_prep.align import build_alignment_data
+    from data_prep.config import load_data_prep_config
+    from data_prep.run import run_shard
+    from qgmem_train.llm import factory
+    from tests.fakes import ScriptedLLM
+
+    class Scoring(ScriptedLLM):
+        def __init__(self, model_id: str) -> None:
+            super().__init__(_scripted_reply)
+            self.model_id, self.scored = model_id, 0
+
+        def score_yes_no(self, chats):
+            self.scored += len(chats)
+            return super().score_yes_no(chats)
+
+    raw = yaml.safe_load(make_config(tmp_path, "reranked").read_text())
+    raw["data_prep"]["target"] = "gold"
+    raw["pipeline"]["models"].update(reranker="llm", reranker_model="reranker-model")
+    raw["pipeline"]["construction"]["traces"] = False
+    raw["data_prep"].update(test_fraction=0.0, validation_fraction=0.0)  # every case trains: alignment builds them all
+    config = tmp_path / "reranked.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    answering, reranking = Scoring("answering-model"), Scoring("reranker-model")
+    monkeypatch.setattr(factory, "build_llm", lambda pipeline: answering)
+    monkeypatch.setattr(factory, "build_reranker_llm", lambda pipeline: reranking)
+    cfg, pipeline = load_data_prep_config(config)
+    if stage == "data prep":
+        run_shard(cfg, pipeline)
+    else:
+        build_alignment_data(cfg, pipeline, tmp_path / "align", pseudo_queries=1)
+    assert reranking.scored > 0 and answering.scored == 0

@@ -42,3 +42,23 @@ def test_the_library_imports_no_study_and_no_benchmark() -> None:
     files = [f for package in LIBRARY for f in sorted((REPO / package).rglob("*.py"))]
     upward = {str(f.relative_to(REPO)): sorted(imported_roots(f) & {"experiments", "bench", "tests"}) for f in files}
     assert len(files) > 50 and {f: roots for f, roots in upward.items() if roots} == {}
+
+
+def test_the_benchmarks_never_edit_sys_path_nor_import_a_sibling_script_as_a_top_level_module() -> None:
+    """A benchmark imports another as ``bench.<script>``: a top-level ``import machine`` works only from bench/ itself."""
+    files = sorted((REPO / "bench").glob("*.py"))
+    scripts = {f.stem for f in files}
+    edits = {str(f.relative_to(REPO)): sys_path_edits(f) for f in files}
+    siblings = {str(f.relative_to(REPO)): sorted(imported_roots(f) & scripts) for f in files}
+    assert len(files) >= 15 and {f: lines for f, lines in edits.items() if lines} == {}
+    assert {f: roots for f, roots in siblings.items() if roots} == {}
+
+
+def test_benchmarks_and_studies_share_one_module_and_import_each_other_nowhere() -> None:
+    """The machine, the commit, intervals and a report's tail are :mod:`qgmem_train.reports`, below both."""
+    across = {
+        str(f.relative_to(REPO)): sorted(imported_roots(f) & {other})
+        for folder, other in (("bench", "experiments"), ("experiments", "bench"))
+        for f in sorted((REPO / folder).rglob("*.py"))
+    }
+    assert {f: roots for f, roots in across.items() if roots} == {}

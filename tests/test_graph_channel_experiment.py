@@ -14,7 +14,7 @@ import pytest
 
 from experiments.retrieval.graph_channel import main
 from qgmem_train.config import BUNDLED_EMBEDDER
-from qgmem_train.reranker.cli import TRAINING_RECORD
+from qgmem_train.retrieval.cross_encoder import TRAINING_RECORD
 from qgmem_train.reranker.data import ensure_turns_store
 
 ROOT = Path(__file__).resolve().parents[1]

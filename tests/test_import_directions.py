@@ -29,6 +29,7 @@ MOVED = {
     "qgmem_train.model.trajectory": "qgmem_train.trajectory",
     "qgmem_train.model.answer_span": "qgmem_train.model.answer_target",
     "qgmem_train.eval.answers": "qgmem_train.eval.answer_quality",
+    "qgmem_train.predictor.results": "qgmem_train.pipeline.results",
 }
 """Old path → the module's home; the old path is gone (nothing saved names a module path, so no shim is kept)."""
 
@@ -129,6 +130,41 @@ def test_the_library_has_no_import_circle() -> None:
     assert len(graph) > 100 and circles(graph) == []
 
 
+def command_modules() -> set[str]:
+    """The modules of ``python -m qgmem_train``'s and ``python -m data_prep``'s commands: entry points, never libraries."""
+    from qgmem_train.__main__ import COMMANDS
+
+    return {module for module, _ in COMMANDS.values()} | {"qgmem_train.__main__", "data_prep.__main__"}
+
+
+def command_imports(folders: list[Path], allowed: frozenset[str] = frozenset()) -> set[str]:
+    """``file: module`` for every import of a command module but ``allowed`` by a module under ``folders`` (a ``__main__``
+    entry, which dispatches to commands, aside)."""
+    commands = command_modules() - allowed
+    return {
+        f"{path.relative_to(folder.parent)}: {name}"
+        for folder in folders
+        for path in sorted(folder.rglob("*.py"))
+        if path.name != "__main__.py"
+        for name in imported_modules(path)
+        if name in commands
+    }
+
+
+def test_no_module_imports_a_command_module() -> None:
+    """Commands are thin entries over the library (:mod:`qgmem_train.pipeline`): what two of them share lives below both.
+    Studies and benchmarks are scripts: they may run a command through ``python -m qgmem_train``'s entry, never import one."""
+    assert {"qgmem_train.ask", "qgmem_train.build", "qgmem_train.serve.cli", "qgmem_train.eval.cli"} <= command_modules()
+    assert command_imports([LIBRARY, REPO / "data_prep", REPO / "export"]) == set()
+    assert command_imports([REPO / "bench", REPO / "experiments"], allowed=frozenset({"qgmem_train.__main__"})) == set()
+
+
+def test_the_command_check_sees_a_command_imported_as_a_library(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("def f():\n    from qgmem_train.ask import pick_namespace\n")
+    (tmp_path / "b.py").write_text("from qgmem_train import build\n")
+    assert command_imports([tmp_path]) == {f"{tmp_path.name}/a.py: qgmem_train.ask", f"{tmp_path.name}/b.py: qgmem_train.build"}
+
+
 def importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -140,3 +176,10 @@ def importable(name: str) -> bool:
 def test_a_moved_module_lives_in_its_home_only(old: str, new: str) -> None:
     assert importable(new), new
     assert not importable(old), f"{old} is still there beside {new}"
+
+
+def test_every_package_says_what_it_is() -> None:
+    """Each package's ``__init__.py`` names its job and its public names (a docstring; nothing is imported for it)."""
+    folders = [LIBRARY, REPO / "data_prep", REPO / "bench", REPO / "experiments", REPO / "export"]
+    bare = [str(path.relative_to(REPO)) for folder in folders for path in sorted(folder.rglob("__init__.py")) if not ast.get_docstring(ast.parse(path.read_text()))]
+    assert bare == []

@@ -234,14 +234,14 @@ def test_the_predictor_cache_sees_units_and_traces_rewritten_by_another_process(
     with _predictor(minilm).memory("alex", tmp_path / "store") as memory:
         memory.add_session(session["turns"], time=session["time"])
         before = memory.ask("Where did Alex go?")
-        traces = memory._activation_state()[0].traces
+        traces = memory.index.current()[0].traces
         assert traces and all(t.trajectory == "earlier, then later" for t in traces)
         window_two = [t.id for t in memory.store.load_namespace("alex").turns.values()][6:]
         proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_REWRITE), str(tmp_path / "store"), *window_two], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         after = memory.ask("Where did Alex go?")
         assert memory.store.count_units("alex") == len(session["turns"])  # same counts, other content
-        assert all(t.trajectory == "rewritten elsewhere" for t in memory._activation_state()[0].traces)
+        assert all(t.trajectory == "rewritten elsewhere" for t in memory.index.current()[0].traces)
     facts = lambda result: {u.id: u.fact_text for u in result.units}  # noqa: E731
     assert not any("lighthouse" in f for f in facts(before).values())
     assert {i for i, f in facts(after).items() if "lighthouse" in f} == set(window_two)

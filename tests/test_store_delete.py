@@ -1,16 +1,21 @@
-"""Deleting a namespace: nothing of it is left in the store's files, and the other namespaces are untouched."""
+"""Deleting a namespace: nothing of it is left in the store's files, and the other namespaces are untouched, their search
+indexes included (a namespace's index lives as long as the namespace, on SQLite and PostgreSQL alike)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from qgmem_train.config import PipelineConfig
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.trace_graph_file import graph_path
 from qgmem_train.predictor import QGMemPredictor
+from qgmem_train.retrieval import activation
 from tests.fakes import ScriptedLLM
 
 SECRET = "My locker code at the Zorblatt gym is 4417."
+QUESTION = "What is the locker code?"
 
 
 def _predictor(minilm) -> QGMemPredictor:
@@ -64,3 +69,54 @@ def test_a_handle_does_not_answer_from_a_namespace_another_process_deleted_and_w
         assert other.store.generation("alice") == before
         context = server.search("What is the locker code?").memory_context
     assert "Zorblatt" not in context and "no locker anymore" in context
+
+
+@pytest.fixture
+def index_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The namespace of every search index built from here on."""
+    built: list[str] = []
+
+    class Counted(activation.ActivationIndex):
+        def __init__(self, memory, *args, **kwargs) -> None:
+            built.append(memory.namespace)
+            super().__init__(memory, *args, **kwargs)
+
+    monkeypatch.setattr(activation, "ActivationIndex", Counted)
+    return built
+
+
+def test_another_namespaces_delete_leaves_the_index_and_its_own_delete_ends_it(new_store, minilm, index_builds) -> None:
+    location = new_store()
+    predictor = _predictor(minilm)
+    with predictor.memory("alice", location) as alice, predictor.memory("bob", location) as bob:
+        alice.add_session([{"speaker": "Alice", "text": SECRET}], session_id="A1")
+        bob.add_session([{"speaker": "Bob", "text": "I adopted a cat named Miso."}], session_id="B1")
+        first = alice.search(QUESTION).memory_context
+        assert index_builds == ["alice"] and "Zorblatt" in first
+
+        assert bob.store.delete_namespace("bob")
+        assert alice.search(QUESTION).memory_context == first
+        assert index_builds == ["alice"]  # no rebuild: bob's delete is not alice's change
+
+        before = alice.store.version("alice")
+        assert bob.store.delete_namespace("alice")
+        bob_on_alice = predictor.memory("alice", location)
+        bob_on_alice.add_session([{"speaker": "Alice", "text": "I have no locker anymore."}], session_id="A1")
+        bob_on_alice.close()
+        after = alice.store.version("alice")
+        assert after[1] == before[1] and after[0] != before[0]  # as many writes, another incarnation
+        context = alice.search(QUESTION).memory_context
+    assert "Zorblatt" not in context and "no locker anymore" in context
+    assert index_builds == ["alice", "alice"]
+
+
+def test_a_write_to_the_namespace_rebuilds_its_index(new_store, minilm, index_builds) -> None:
+    predictor = _predictor(minilm)
+    with predictor.memory("alice", new_store()) as alice:
+        alice.add_session([{"speaker": "Alice", "text": SECRET}], session_id="A1")
+        alice.search(QUESTION)
+        alice.search(QUESTION)
+        assert index_builds == ["alice"]
+        alice.add_session([{"speaker": "Alice", "text": "I moved the locker to the Quorvex gym."}], session_id="A2")
+        assert "Quorvex" in alice.search("Which gym is the locker at?").memory_context
+    assert index_builds == ["alice", "alice"]

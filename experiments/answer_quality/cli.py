@@ -18,8 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from bench.machine import machine_info
-from experiments.common import add_report_options, remake_reports, write_report
+from qgmem_train.reports import add_report_options, machine_info, remake_reports, write_report
 from qgmem_train.__main__ import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,8 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.machine import machine_info
-from experiments.common import ROOT, commit_text, git_state, machine_text
+from qgmem_train.reports import ROOT, commit_text, git_state, machine_info, machine_text
 from experiments.graph_token.cli import parser as study_parser
 from experiments.graph_token.steps import run_step, saved_or_computed, step_folder
 from qgmem_train.errors import InputError

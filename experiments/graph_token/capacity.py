@@ -22,8 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.machine import machine_info
-from experiments.common import commit_text, git_state, machine_text, paired_bootstrap
+from qgmem_train.reports import commit_text, git_state, machine_info, machine_text, paired_bootstrap
 from experiments.graph_token.cli import parser as study_parser
 from experiments.graph_token.steps import question_sample, run_step, saved_or_computed, step_folder
 

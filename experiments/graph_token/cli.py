@@ -18,8 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled models are local; ne
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.machine import machine_info  # noqa: E402
-from experiments.common import git_state  # noqa: E402
+from qgmem_train.reports import git_state, machine_info  # noqa: E402
 from experiments.graph_token.answering import answered_ids, answered_subset  # noqa: E402
 from experiments.graph_token.arms import GRAPH_ARMS, variants  # noqa: E402
 from experiments.graph_token.data import DEFAULT_DATA, ROOT, data_folder, prepare_data  # noqa: E402

@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.machine import machine_info  # noqa: E402
+from qgmem_train.reports import machine_info  # noqa: E402
 from experiments.graph_token.arms import Variant, shuffled_graphs  # noqa: E402
 from experiments.graph_token.training import WARMUP_FRACTION, build_module  # noqa: E402
 

@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.common import commit_text, machine_text
+from qgmem_train.reports import commit_text, machine_text
 from experiments.graph_token.data import SPLITS
 from experiments.graph_token.stats import summarize
 from experiments.graph_token.training import run_relative

@@ -8,7 +8,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from experiments.common import paired_bootstrap, seed_interval
+from qgmem_train.reports import paired_bootstrap, seed_interval
 from experiments.graph_token.arms import CENTERED_ARMS, GRAPH_ARMS, Variant, variants
 
 METRICS = ("test_answer_loss", "test_loss", "json_valid", "f1", "bleu1", "exact_match")

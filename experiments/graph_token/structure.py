@@ -27,8 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.machine import machine_info  # noqa: E402
-from experiments.common import git_state  # noqa: E402
+from qgmem_train.reports import git_state, machine_info  # noqa: E402
 from experiments.graph_token.data import DEFAULT_DATA, find_conversations  # noqa: E402
 
 from qgmem_train.errors import InputError  # noqa: E402

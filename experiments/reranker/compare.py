@@ -31,8 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.machine import machine_info
-from experiments.common import add_report_options, paired_bootstrap, remake_reports, write_report
+from qgmem_train.reports import add_report_options, machine_info, paired_bootstrap, remake_reports, write_report
 
 from qgmem_train.benchmarks.loaders import LOCOMO_CATEGORY_NAMES
 from qgmem_train.benchmarks.question_batches import locomo_question_batches
@@ -40,7 +39,7 @@ from qgmem_train.config import BUNDLED_EMBEDDER, ModelsConfig, PipelineConfig
 from qgmem_train.llm.factory import build_embedder
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.metrics.retrieval import aggregate, ranking_metrics, recall_at_k
-from qgmem_train.reranker.cli import TRAINING_RECORD
+from qgmem_train.retrieval.cross_encoder import TRAINING_RECORD
 from qgmem_train.reranker.data import ensure_turns_store
 from qgmem_train.retrieval.activation import activate
 from qgmem_train.retrieval.rerank import Reranker, build_reranker

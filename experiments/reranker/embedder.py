@@ -16,10 +16,9 @@ import json
 import os
 from pathlib import Path
 
-from bench.machine import machine_info
-from experiments.common import add_report_options, remake_reports, write_report
-from qgmem_train.reranker.cli import TRAINING_RECORD
-from qgmem_train.reranker.embedder_tuning import main as fit_embedder
+from qgmem_train.reports import add_report_options, machine_info, remake_reports, write_report
+from qgmem_train.__main__ import main as cli
+from qgmem_train.retrieval.cross_encoder import TRAINING_RECORD
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         return remake_reports(args.report_only, markdown, args.check)
     info = machine_info()
-    fit_embedder(["--config", str(args.config), "--out", str(args.model), "--epochs", str(args.epochs), "--device", "cpu"])
+    cli(["fit-embedder", "--config", str(args.config), "--out", str(args.model), "--epochs", str(args.epochs), "--device", "cpu"])
     report = {"machine": info, "model": str(args.model), "training": json.loads((args.model / TRAINING_RECORD).read_text())}
     write_report(args.out / "embedder_tuning.json", report, markdown)
     return 0

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.machine import machine_info
-from experiments.common import add_report_options, remake_reports, write_report
+from qgmem_train.reports import add_report_options, machine_info, remake_reports, write_report
 from experiments.reranker.compare import cross_encoder, read_training
 
 from qgmem_train.metrics.retrieval import aggregate, ranking_metrics

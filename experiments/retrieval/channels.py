@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.machine import machine_info
-from experiments.common import add_report_options, remake_reports, write_report
+from qgmem_train.reports import add_report_options, machine_info, remake_reports, write_report
 from qgmem_train.__main__ import main as cli
 from qgmem_train.benchmarks.loaders import load_locomo_questions, spread_subset
 from qgmem_train.memory.store import MemoryStore

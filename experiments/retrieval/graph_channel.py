@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.machine import machine_info
+from qgmem_train.reports import machine_info
 from experiments.reranker.compare import BOOTSTRAP_RESAMPLES, gain_cell, model_name, read_training, recall_gains
 from qgmem_train.benchmarks.loaders import LOCOMO_CATEGORY_NAMES
 from qgmem_train.benchmarks.question_batches import locomo_question_batches
@@ -41,7 +41,7 @@ from qgmem_train.fileio import write_report_atomic
 from qgmem_train.llm.factory import build_embedder
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.metrics.retrieval import ranking_metrics
-from qgmem_train.reranker.cli import TRAINING_RECORD
+from qgmem_train.retrieval.cross_encoder import TRAINING_RECORD
 from qgmem_train.reranker.data import ensure_turns_store
 from qgmem_train.retrieval.activation import ActivationIndex, activate, fuse_channels
 from qgmem_train.retrieval.rerank import Reranker, build_reranker

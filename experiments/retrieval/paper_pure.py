@@ -16,8 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from bench.machine import machine_info
-from experiments.common import remake_reports, write_report
+from qgmem_train.reports import machine_info, remake_reports, write_report
 from experiments.retrieval.channels import KEYS, check_locomo, locomo_parser, run_eval
 from qgmem_train.fileio import read_text, write_json_atomic
 from qgmem_train.reranker.data import ensure_turns_store

@@ -200,11 +200,6 @@ def score_summary(benchmark: str, answered: Sequence[AnsweredQuestion]) -> dict[
     return out
 
 
-def without_traces(memory: Any) -> Any:
-    """The namespace memory with its traces removed: every unit serializes as a plain fact."""
-    return dataclasses.replace(memory, traces=[], trace_of={})
-
-
 def answer_text_path(
     questions: Sequence[BenchmarkQuestion],
     store_dir: str | Path,
@@ -215,70 +210,48 @@ def answer_text_path(
     llm: ChatLLM,
     stats: ParseStats,
 ) -> list[AnsweredQuestion]:
-    """Activate and answer every question with the configured LLM on the text path (:mod:`qgmem_train.answer.text_path`).
+    """Search and answer every question with the configured LLM on the text path (:mod:`qgmem_train.pipeline`).
 
     Per question: context tokens of MEMORY_CONTEXT; online tokens = intent and answer prompts plus their
     (re-serialized) outputs; seconds = its activation plus its share of the batched intent and answer calls.
     """
-    from qgmem_train.answer.evidence import answer_evidence
-    from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
-    from qgmem_train.llm.factory import build_embedder
+    from qgmem_train.answer.text_path import chat_tokens
     from qgmem_train.llm.prompts import QUERY_INTENT
     from qgmem_train.memory.store import MemoryStore
-    from qgmem_train.retrieval.activation import ActivationIndex, activate, encode_queries
-    from qgmem_train.retrieval.intent import INTENT_MAX_NEW_TOKENS, parse_intent_rules, parse_intents
-    from qgmem_train.retrieval.rerank import build_reranker
+    from qgmem_train.pipeline import NamespaceIndex, PipelineModels, answer_text_path as answer_retrievals, question_intents, search
+    from qgmem_train.retrieval.activation import encode_queries
 
     retrieval = dataclasses.replace(cfg.retrieval, channels=variant.channels or cfg.retrieval.channels)
-    kind = variant.reranker or cfg.models.reranker
-    embedder = build_embedder(cfg)
-    reranker = build_reranker(cfg, kind, llm=llm if kind == "llm" and not cfg.models.reranker_model else None)
+    models = PipelineModels(cfg, reranker=variant.reranker, intent=intent_mode, llm=llm)  # type: ignore[arg-type]
     by_conversation = group_by_conversation(questions)
     answered: list[AnsweredQuestion] = []
     progress = tqdm(total=len(questions), desc=f"answer ({variant.name})", unit="q")
     with MemoryStore.open(store_dir) as store:
         store.require_namespaces(by_conversation)
         for cid, items in by_conversation.items():
-            memory = store.load_namespace(cid, embedder_id=embedder.model_id, sentences=retrieval.sentence_vectors)
-            if not variant.traces:
-                memory = without_traces(memory)
-            index = ActivationIndex(memory, retrieval, embedder)
+            memory, index = NamespaceIndex(store, cid, models, retrieval=retrieval, traces=variant.traces).current()
             pairs = [(q.question, q.question_time) for q in items]
             started = time.perf_counter()
-            if intent_mode == "llm":
-                budget = min(INTENT_MAX_NEW_TOKENS, cfg.generation.max_new_tokens)
-                intents = parse_intents(pairs, llm, max_new_tokens=budget, stats=stats)
+            intents = question_intents(models, pairs, stats=stats)
+            if models.intent_llm is not None:
                 intent_tokens = [chat_tokens(llm, QUERY_INTENT.render(query=q, question_time=t or "unknown"))
                                  + llm.count_tokens(json.dumps(i.as_dict())) for (q, t), i in zip(pairs, intents)]
             else:
-                intents = [parse_intent_rules(*p) for p in pairs]
                 intent_tokens = [0] * len(items)
             intent_share = (time.perf_counter() - started) / len(items)
-            vectors = encode_queries(embedder, [q.question for q in items], intents)
-            evidence, chats, units, seconds = [], [], [], []
+            vectors = encode_queries(models.embedder, [q.question for q in items], intents)
+            found, seconds = [], []
             for q, intent, query_vectors in zip(items, intents, vectors):
-                started = time.perf_counter()
-                wm = activate(q.question, q.question_time, memory, cfg=retrieval, llm=llm, embedder=embedder, reranker=reranker,
-                              index=index, intent=intent, query_vectors=query_vectors)
-                evidence.append(answer_evidence(wm.units, memory, llm, max_edges=retrieval.k, attribute_edges=cfg.graph.attribute_edges,
-                                               time_edges=cfg.graph.time_edges))
-                chats.append(frozen_answer_chat(q.question, q.question_time, evidence[-1]))
-                units.append([u.id for u in wm.units])
-                seconds.append(time.perf_counter() - started + intent_share)
-            outputs = []
-            batch_size = max(1, cfg.generation.batch_size)
-            for start in range(0, len(items), batch_size):
-                batch = chats[start : start + batch_size]
                 began = time.perf_counter()
-                outputs += answer_chats(llm, batch, max_new_tokens=cfg.generation.max_new_tokens, stats=stats)
-                share = (time.perf_counter() - began) / len(batch)
-                for i in range(start, start + len(batch)):
-                    seconds[i] += share
-            for i, (q, output) in enumerate(zip(items, outputs)):
-                generated = llm.count_tokens(output.model_dump_json()) if output is not None else 0
+                found.append(search(q.question, q.question_time, memory, index, models, retrieval=retrieval, intent=intent, query_vectors=query_vectors))
+                seconds.append(time.perf_counter() - began + intent_share)
+            answers = answer_retrievals(llm, found, max_new_tokens=cfg.generation.max_new_tokens, batch_size=cfg.generation.batch_size, stats=stats)
+            for q, item, answer, intent_cost, spent in zip(items, found, answers, intent_tokens, seconds):
+                output = answer.parsed
                 answered.append(AnsweredQuestion(
-                    q, output.answer if output else "", output.reasoning_path if output else "", units[i], evidence[i].context.n_tokens,
-                    intent_tokens[i] + chat_tokens(llm, chats[i]) + generated, round(seconds[i], 4),
+                    q, output.answer if output else "", output.reasoning_path if output else "", [u.id for u in item.units],
+                    item.evidence.context.n_tokens, intent_cost + answer.prompt_tokens + answer.generated_tokens,
+                    round(spent + item.seconds["generate"], 4),
                 ))  # fmt: skip
                 progress.update()
     progress.close()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,6 +61,11 @@ LOAD_ATTEMPTS = 3
 NAMESPACE_TABLES = ("turns", "windows", "unit_keys", "segments", "segment_parts", "traces")
 """The tables whose rows belong to one namespace (its ``namespace`` column), less those of its vectors (``segment_files``
 or ``segment_vectors``, see :class:`~qgmem_train.memory.segments.VectorStorage`); ``namespaces`` holds the namespace itself."""
+
+
+def incarnation_key(namespace: str) -> str:
+    """The ``meta`` key of the namespace's incarnation id (see :meth:`MemoryStore.version`)."""
+    return f"incarnation/{namespace}"
 
 
 def describe_cut(units_mode: str, window: int | None, overlap: int | None) -> str:
@@ -221,6 +227,7 @@ class MemoryStore:
                 raise InputError(str(self.path), f"store was built with embedder {known_embedder} ({self.dim}-d), not {embedder_id} ({dim}-d)")
             self._refuse_another_cut(db, namespace, units_mode, window, overlap)
             db.execute("INSERT INTO namespaces (name, units_mode) VALUES (?, ?) ON CONFLICT DO NOTHING", (namespace, units_mode))
+            db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT DO NOTHING", (incarnation_key(namespace), uuid.uuid4().hex))
             if window is not None:
                 db.execute(
                     "UPDATE namespaces SET cut_window = ?, cut_overlap = ? WHERE name = ? AND cut_window IS NULL", (window, overlap, namespace)
@@ -355,6 +362,19 @@ class MemoryStore:
         row = self._db.execute("SELECT generation FROM namespaces WHERE name = ?", (namespace,)).fetchone()
         return int(row[0]) if row else 0
 
+    def version(self, namespace: str) -> tuple[str, int] | None:
+        """(incarnation, generation) of ``namespace``, ``None`` when it is not stored: equal versions mean the same content.
+
+        The incarnation is written when the namespace is created and goes with its delete, so a namespace deleted and
+        made again is another one; one created before incarnations were written stands for the store's
+        :attr:`deletions` count instead (it then changes with any namespace's delete, as every cache's key once did).
+        """
+        query = "SELECT n.generation, m.value FROM namespaces n LEFT JOIN meta m ON m.key = ? WHERE n.name = ?"
+        row = self._db.execute(query, (incarnation_key(namespace), namespace)).fetchone()
+        if row is None:
+            return None
+        return (row[1] if row[1] is not None else f"deletions {self.deletions}", int(row[0]))
+
     @property
     def deletions(self) -> int:
         """Namespaces deleted from the store, by any process: a namespace deleted and written again may reach its old
@@ -416,6 +436,7 @@ class MemoryStore:
             segments.storage_of(db).delete(db, namespace, 0, segments.LAST_SEQ)
             db.execute("DELETE FROM namespaces WHERE name = ?", (namespace,))
             self._require_deleted(db, namespace)
+            db.execute("DELETE FROM meta WHERE key = ?", (incarnation_key(namespace),))
             db.execute("INSERT INTO meta VALUES ('deletions', '1') ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(meta.value AS INTEGER) + 1 AS TEXT)")
         if self.folder is not None:
             graph_path(self.folder, namespace).unlink(missing_ok=True)

@@ -5,7 +5,8 @@ config.json free of settings only the caller may choose), rebuilds the graph-aug
 hyperparameters and loads exactly the exported adapter parameters. ``predictor.memory(namespace,
 store_dir)`` is a handle over a persistent memory store: ``add_session`` extends it, ``ask`` answers.
 
-Modules, each importing only those before it: :mod:`~qgmem_train.predictor.results` (what ``ask`` returns),
+The question's walk (models, search, text-path answer, the results ``ask`` returns) is :mod:`qgmem_train.pipeline`'s; the
+predictor adds the exported model and its graph-token answer. Modules, each importing only those before it:
 :mod:`~qgmem_train.predictor.artifact` (the export format and its trust boundary),
 :mod:`~qgmem_train.predictor.base` (what a memory handle needs of its predictor),
 :mod:`~qgmem_train.predictor.memory` (memory handles: add sessions, ask),
@@ -39,7 +40,7 @@ from qgmem_train.predictor.artifact import (
 from qgmem_train.predictor.base import MAX_QUESTION_CHARS, IntentMode, Predictor
 from qgmem_train.predictor.loading import QGMemPredictor, ask_with_model, load_exported_module
 from qgmem_train.predictor.memory import PredictorMemory, ask_batch
-from qgmem_train.predictor.results import AskResult, EvidenceUnit, SearchResult, SourceTurn
+from qgmem_train.pipeline.results import AskResult, EvidenceUnit, SearchResult, SourceTurn
 
 __all__ = [
     "CALLER_MODELS",

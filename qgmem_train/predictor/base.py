@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 from qgmem_train.config import PipelineConfig
 from qgmem_train.errors import InputError
+from qgmem_train.pipeline.models import IntentMode, PipelineModels
 
 if TYPE_CHECKING:
     from qgmem_train.llm.base import ChatLLM
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from qgmem_train.model.module import GraphAugmentedLM
     from qgmem_train.retrieval.rerank import Reranker
 
-IntentMode = Literal["llm", "rules"]
 MAX_QUESTION_CHARS = 4000
 """Default bound on a question's length: longer ones are refused before they reach the embedder or the prompt."""
 
@@ -30,26 +30,50 @@ class Predictor:
     def __init__(
         self,
         model: GraphAugmentedLM | None,
-        pipeline: PipelineConfig,
+        pipeline: PipelineConfig | PipelineModels,
         *,
-        llm: ChatLLM,
-        embedder: Embedder,
-        reranker: Reranker | None,
+        llm: ChatLLM | None = None,
+        embedder: Embedder | None = None,
+        reranker: Reranker | None = None,
         intent: IntentMode = "llm",
         max_question_chars: int = MAX_QUESTION_CHARS,
     ) -> None:
-        """``model`` is ``None`` on the text path; ``max_question_chars`` bounds every question ``ask`` takes."""
-        if intent not in ("llm", "rules"):
-            raise InputError("intent", f"unknown intent parser {intent!r} (llm, rules)")
+        """``model`` is ``None`` on the text path. ``pipeline`` is the settings with their models built beside them (``llm``,
+        ``embedder``, ``reranker``, ``intent``), or :class:`~qgmem_train.pipeline.PipelineModels` that build them when first
+        needed; ``max_question_chars`` bounds every question ``ask`` takes."""
         if not isinstance(max_question_chars, int) or max_question_chars < 1:
             raise InputError("max_question_chars", f"is {max_question_chars!r}, expected a positive number of characters")
+        if isinstance(pipeline, PipelineModels):
+            self.models = pipeline
+        else:
+            self.models = PipelineModels.built(pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent)
         self.model = model
-        self.pipeline = pipeline
-        self.llm = llm
-        self.embedder = embedder
-        self.reranker = reranker
-        self.intent = intent
         self.max_question_chars = max_question_chars
+
+    @property
+    def pipeline(self) -> PipelineConfig:
+        """The pipeline settings (models, retrieval, generation)."""
+        return self.models.cfg
+
+    @property
+    def llm(self) -> ChatLLM:
+        """The frozen LLM: the module's backbone (adapters off) or the configured one."""
+        return self.models.llm
+
+    @property
+    def embedder(self) -> Embedder:
+        """The sentence embedder of units and queries."""
+        return self.models.embedder
+
+    @property
+    def reranker(self) -> Reranker | None:
+        """The configured reranker (``None``: the RRF order stands)."""
+        return self.models.reranker
+
+    @property
+    def intent(self) -> IntentMode:
+        """How query intents are parsed: the paper's LLM prompt, or rules."""
+        return self.models.intent
 
     @property
     def path(self) -> Literal["graph", "text"]:

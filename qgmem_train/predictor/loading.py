@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from qgmem_train.config import PipelineConfig, pipeline_from_dict
 from qgmem_train.errors import InputError, first_line
+from qgmem_train.pipeline.models import PipelineModels
 from qgmem_train.predictor.artifact import (
     CONFIG_FILE,
     Export,
@@ -29,7 +30,7 @@ from qgmem_train.predictor.memory import PredictorMemory, checked_text
 
 if TYPE_CHECKING:
     from qgmem_train.model.module import GraphAugmentedLM
-    from qgmem_train.predictor.results import AskResult
+    from qgmem_train.pipeline.results import AskResult
 
 def _not_an_adapter(path: Path, exc: Exception) -> InputError:
     """The one-line error for an adapter file that safetensors (or its metadata's JSON) cannot read."""
@@ -199,14 +200,8 @@ class QGMemPredictor(Predictor):
         values["models"]["trust_remote_code"] = trusted and "embedder" in caller and not exported_reranker
         pipeline = pipeline_from_dict(values, "from_pretrained: pipeline")
         if pipeline.models.backend == "openai":
-            from qgmem_train.llm.factory import build_embedder, build_llm
-            from qgmem_train.retrieval.rerank import build_reranker
-
             check_base_url(pipeline.models.base_url, allow_insecure_http=allow_insecure_http)
-            llm = build_llm(pipeline)
-            embedder = build_embedder(pipeline)
-            reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
-            return cls(None, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent, max_question_chars=max_question_chars)
+            return cls(None, PipelineModels(pipeline, intent=intent).build_all(), max_question_chars=max_question_chars)
         # A base model the caller names is taken at the caller's revision only (None: its default branch): the
         # caller's trust never reaches a branch or pull request of that repo the export picked.
         base = {"llm": caller["llm"], "llm_revision": caller.get("llm_revision")} if "llm" in caller else {}
@@ -220,9 +215,7 @@ class QGMemPredictor(Predictor):
         cls, model: GraphAugmentedLM, pipeline: PipelineConfig, *, intent: IntentMode = "llm", max_question_chars: int = MAX_QUESTION_CHARS
     ) -> QGMemPredictor:
         """A predictor around a module in memory; its LLM (adapters off) also serves intents, reranking and construction."""
-        from qgmem_train.llm.factory import build_embedder
         from qgmem_train.llm.local import TransformersLLM
-        from qgmem_train.retrieval.rerank import build_reranker
 
         g, budget = pipeline.generation, pipeline.models.template_budget_s
         llm = TransformersLLM(
@@ -230,12 +223,23 @@ class QGMemPredictor(Predictor):
             max_new_tokens=g.max_new_tokens, batch_size=g.batch_size, temperature=g.temperature, constrained=g.constrained, template_budget_s=budget,
         )  # fmt: skip
         model.prompt_tokens = dataclasses.replace(model.prompt_tokens, template_budget_s=budget)
-        embedder = build_embedder(pipeline)
+        models = PipelineModels(pipeline, intent=intent, llm=llm)
+        embedder = models.embedder
         if embedder.dim != model.hparams.feature_dim:
             raise InputError("pipeline.models.embedder", f"{embedder.model_id} is {embedder.dim}-d; the model's graph features are {model.hparams.feature_dim}-d")
         model.eval()
-        reranker = build_reranker(pipeline, llm=llm if not pipeline.models.reranker_model else None)
-        return cls(model, pipeline, llm=llm, embedder=embedder, reranker=reranker, intent=intent, max_question_chars=max_question_chars)
+        return cls(model, models.build_all(), max_question_chars=max_question_chars)
+
+    @classmethod
+    def from_config(
+        cls, config: str | Path | None = None, *, reranker: str | None = None, intent: IntentMode = "llm", max_question_chars: int = MAX_QUESTION_CHARS
+    ) -> QGMemPredictor:
+        """A predictor answering with the configured LLM on the text path (no exported model): the YAML ``config``'s
+        ``pipeline:`` section (default: the bundled CPU models), ``reranker`` a kind over the configured one."""
+        from qgmem_train.config import load_pipeline_config
+
+        models = PipelineModels(load_pipeline_config(config), reranker=reranker, intent=intent)
+        return cls(None, models.build_all(), max_question_chars=max_question_chars)
 
     def memory(self, namespace: str, store_dir: str | Path) -> PredictorMemory:
         """A handle on ``namespace`` of the persistent store in ``store_dir`` (created when missing)."""

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from qgmem_train.errors import InputError
-from qgmem_train.memory.types import Conversation, MemoryUnit, Session, Turn, session_fingerprint
-from qgmem_train.predictor.results import AskResult, EvidenceUnit, SearchResult, SourceTurn
+from qgmem_train.memory.types import Conversation, Session, Turn, session_fingerprint
+from qgmem_train.pipeline.answer import answer_text_path
+from qgmem_train.pipeline.results import AskResult, SearchResult
+from qgmem_train.pipeline.search import NamespaceIndex, Retrieval, search
 
 if TYPE_CHECKING:
-    from qgmem_train.answer.evidence import AnswerEvidence
     from qgmem_train.llm.schemas import AnswerOutput
     from qgmem_train.memory.construct import BuildReport
-    from qgmem_train.memory.store import MemoryStore, NamespaceMemory
+    from qgmem_train.memory.store import MemoryStore
     from qgmem_train.predictor.base import Predictor
-    from qgmem_train.retrieval.activation import ActivationIndex
 
 
 class PredictorMemory:
@@ -34,7 +33,8 @@ class PredictorMemory:
         self.predictor = predictor
         self.namespace = namespace
         self.store = store
-        self._loaded: tuple[tuple[int, int], NamespaceMemory, ActivationIndex] | None = None
+        self.index = NamespaceIndex(store, namespace, predictor.models)
+        """The namespace's search index, kept while the namespace is unchanged."""
 
     def close(self) -> None:
         """Close the store."""
@@ -71,32 +71,17 @@ class PredictorMemory:
         session = Session(session_id, session_time(time, f"{where}: time"), [_turn(t, session_id, n, where) for n, t in enumerate(turns, start=1)])
         predictor = self.predictor
         cfg = predictor.pipeline
-        llm = predictor.llm if cfg.construction.units == "llm" or cfg.construction.traces else None
+        llm = predictor.models.construction_llm
         with predictor.frozen_pipeline():
-            report = build_conversation(
+                return build_conversation(
                 self.store, Conversation(self.namespace, [session]), cfg, predictor.embedder, namespace=self.namespace, llm=llm, whole=whole
             )
-        self._loaded = None
-        return report
-
-    def _activation_state(self) -> tuple[NamespaceMemory, ActivationIndex]:
-        """The namespace and its search index, reloaded only when the store's content changed."""
-        from qgmem_train.retrieval.activation import ActivationIndex
-
-        version = (self.store.generation(self.namespace), self.store.deletions)
-        if self._loaded is None or self._loaded[0] != version:
-            memory = self.store.load_namespace(
-                self.namespace, embedder_id=self.predictor.embedder.model_id, sentences=self.predictor.pipeline.retrieval.sentence_vectors
-            )
-            self._loaded = (version, memory, ActivationIndex(memory, self.predictor.pipeline.retrieval, self.predictor.embedder))
-        return self._loaded[1], self._loaded[2]
 
     def search(self, question: str, question_time: str | None = None) -> SearchResult:
         """The working memory for ``question`` and its MEMORY_CONTEXT, without answering (for callers with their own LLM)."""
         found = self._retrieve(question, question_time)
         seconds = {**found.seconds, "total": time.perf_counter() - found.started}
-        units = self._evidence_units(found, set())
-        return SearchResult(question, question_time, found.evidence.context.text, units, {"context": found.evidence.context.n_tokens}, seconds)
+        return SearchResult(question, question_time, found.evidence.context.text, found.evidence_units(), {"context": found.evidence.context.n_tokens}, seconds)
 
     def ask(self, question: str, question_time: str | None = None) -> AskResult:
         """Activate the working memory for ``question`` and answer it with the model, citing units and turns."""
@@ -104,30 +89,15 @@ class PredictorMemory:
 
     def _retrieve(self, question: str, question_time: str | None) -> Retrieval:
         """Check the question, activate its working memory and serialize it as the answerer reads it."""
-        from qgmem_train.answer.evidence import answer_evidence
-        from qgmem_train.retrieval.activation import activate
-
         checked_text(question, "question")
         if len(question) > self.predictor.max_question_chars:
             raise InputError("question", f"{len(question)} characters, more than the {self.predictor.max_question_chars} a question may have (max_question_chars)")
         if question_time is not None:
             checked_text(question_time, "question_time")
-        predictor = self.predictor
-        cfg = predictor.pipeline
         started = time.perf_counter()
-        memory, index = self._activation_state()
-        seconds = {"memory": time.perf_counter() - started}
-        with predictor.frozen_pipeline():
-            wm = activate(
-                question, question_time, memory, cfg=cfg.retrieval, llm=predictor.llm if predictor.intent == "llm" else None,
-                embedder=predictor.embedder, reranker=predictor.reranker, index=index,
-            )  # fmt: skip
-            seconds.update(wm.timings)
-            start = time.perf_counter()
-            evidence = answer_evidence(wm.units, memory, predictor.llm, max_edges=cfg.retrieval.k, attribute_edges=cfg.graph.attribute_edges,
-                                       time_edges=cfg.graph.time_edges)
-            seconds["serialize"] = time.perf_counter() - start
-        return Retrieval(question, question_time, memory, list(wm.units), list(wm.scores), evidence, seconds, started)
+        memory, index = self.index.current()
+        with self.predictor.frozen_pipeline():
+            return search(question, question_time, memory, index, self.predictor.models, seconds={"memory": time.perf_counter() - started})
 
     def _answer(self, found: Retrieval, generated: str, parsed: AnswerOutput | None, prompt_tokens: int, generated_tokens: int) -> AskResult:
         """The result of one retrieval answered with ``generated`` (parsed), its cited units marked."""
@@ -136,41 +106,13 @@ class PredictorMemory:
         model = self.predictor.model
         text_path = model is None or model.prompt_args.text_path
         cited = set(cited_units(parsed.reasoning_path, found.evidence, text_path=text_path)) if parsed else set()
-        units = self._evidence_units(found, cited)
+        units = found.evidence_units(cited)
         seconds = {**found.seconds, "total": time.perf_counter() - found.started}
         return AskResult(
             question=found.question, question_time=found.question_time, answer=parsed.answer if parsed else None,
             reasoning_path=parsed.reasoning_path if parsed else None, generated=generated, path=self.predictor.path, units=units,
             tokens={"context": found.evidence.context.n_tokens, "prompt": prompt_tokens, "generated": generated_tokens}, seconds=seconds,
         )  # fmt: skip
-
-    def _evidence_units(self, found: Retrieval, cited: set[str]) -> list[EvidenceUnit]:
-        """The working memory of ``found`` with labels, scores and source turns, the ``cited`` ids marked."""
-        label_of = {uid: label for label, uid in found.evidence.context.labels.items()}
-        return [
-            EvidenceUnit(u.id, label_of.get(u.id, ""), u.fact_text, score, u.id in cited, [self._source_turn(found.memory, t) for t in u.source_turn_ids])
-            for u, score in zip(found.units, found.scores)
-        ]
-
-    @staticmethod
-    def _source_turn(memory: NamespaceMemory, turn_id: str) -> SourceTurn:
-        turn = memory.turns.get(turn_id)
-        return SourceTurn(turn_id, turn.speaker if turn else None, turn.text if turn else None, memory.turn_time.get(turn_id))
-
-
-@dataclass
-class Retrieval:
-    """One question's working memory as the answerer reads it, with the seconds spent so far."""
-
-    question: str
-    question_time: str | None
-    memory: NamespaceMemory
-    units: list[MemoryUnit]
-    scores: list[float]
-    evidence: AnswerEvidence
-    seconds: dict[str, float]
-    started: float
-    """``time.perf_counter()`` when the question was taken."""
 
 
 def ask_batch(asks: Sequence[tuple[PredictorMemory, str, str | None]]) -> list[AskResult]:
@@ -224,20 +166,9 @@ def _generate_graph(predictor: Predictor, found: Sequence[Retrieval]) -> list[tu
 
 
 def _generate_text(predictor: Predictor, found: Sequence[Retrieval]) -> list[tuple[str, AnswerOutput | None, int, int]]:
-    """Text path (API backbones): the frozen LLM answers the batch's final-answer chats, schema-checked."""
-    from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
-
-    llm = predictor.llm
-    chats = [frozen_answer_chat(item.question, item.question_time, item.evidence) for item in found]
-    start = time.perf_counter()
-    answers = answer_chats(llm, chats, max_new_tokens=predictor.pipeline.generation.max_new_tokens)
-    seconds = time.perf_counter() - start
-    outputs = []
-    for item, chat, parsed in zip(found, chats, answers):
-        item.seconds["generate"] = seconds
-        generated = parsed.model_dump_json() if parsed is not None else ""
-        outputs.append((generated, parsed, chat_tokens(llm, chat), llm.count_tokens(generated) if generated else 0))
-    return outputs
+    """Text path (API backbones): the frozen LLM answers the batch's final-answer chats, schema-checked (:mod:`qgmem_train.pipeline.answer`)."""
+    answers = answer_text_path(predictor.llm, found, max_new_tokens=predictor.pipeline.generation.max_new_tokens)
+    return [(a.generated, a.parsed, a.prompt_tokens, a.generated_tokens) for a in answers]
 
 
 def _turn(value: Turn | Mapping[str, Any], session_id: str, number: int, where: str) -> Turn:

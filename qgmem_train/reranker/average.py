@@ -35,7 +35,7 @@ def read_record(folder: Path, name: str) -> dict[str, Any]:
 
 def check_same_training(folders: list[Path]) -> list[dict[str, Any]]:
     """The ``training.json`` of each folder, refusing folders of another architecture or training split than the first."""
-    from qgmem_train.reranker.cli import TRAINING_RECORD
+    from qgmem_train.retrieval.cross_encoder import TRAINING_RECORD
 
     configs = [{k: v for k, v in read_record(f, "config.json").items() if k != CONFIG_NAME_KEY} for f in folders]
     records = [read_record(f, TRAINING_RECORD) for f in folders]
@@ -65,7 +65,7 @@ def average(folders: list[Path], out: Path) -> dict[str, Any]:
     """Write the mean of ``folders`` to ``out`` (tokenizer and config of the first) and return its training record."""
     from safetensors.torch import save_file
 
-    from qgmem_train.reranker.cli import TRAINING_RECORD
+    from qgmem_train.retrieval.cross_encoder import TRAINING_RECORD
 
     records = check_same_training(folders)
     state = mean_weights([f / WEIGHTS for f in folders])

@@ -25,10 +25,9 @@ from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.memory.store_uri import shown_store
 from qgmem_train.reranker.datamodule import RerankDataModule
 from qgmem_train.reranker.module import CrossEncoderModule
-from qgmem_train.retrieval.cross_encoder import trained_document_layout
+from qgmem_train.retrieval.cross_encoder import TRAINING_RECORD, trained_document_layout
 
 DEFAULT_OUT = "checkpoints/reranker-cpu/model"
-TRAINING_RECORD = "training.json"
 """File written beside the CrossEncoder weights: how and on what the model was trained."""
 
 

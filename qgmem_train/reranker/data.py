@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -32,8 +31,6 @@ from qgmem_train.retrieval.rerank import Reranker
 
 HARD_TOP = 50
 """Pool ranks above this count as the hard half of the negatives."""
-TURNS_STORE_CONFIG = "pipeline:\n  models:\n    embedder: {embedder}\n  construction:\n    units: turns\n    traces: false\n"
-"""Pipeline settings of a turns-mode store: every turn one unit, no LLM, no traces."""
 DATA_VERSION = 1
 
 
@@ -41,18 +38,20 @@ def ensure_turns_store(input_path: Path, store: Path, *, dataset: str = "locomo"
                        conversations: Sequence[str] | None = None) -> None:
     """Build, or extend, a turns-mode store (no LLM, no traces) of every conversation of the input, or of ``conversations``.
 
-    ``build`` resumes: conversations already stored are left as they are, so a complete store costs
-    only the check.
+    The build resumes: conversations already stored are left as they are, so a complete store costs only the check.
     """
-    from qgmem_train.build import main as build
+    from qgmem_train.config import ConstructionConfig, ModelsConfig
+    from qgmem_train.memory.loaders import load_conversations
+    from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.pipeline.construction import build_conversations
+    from qgmem_train.pipeline.models import PipelineModels
 
-    with tempfile.TemporaryDirectory(prefix="qgmem-turns-") as folder:
-        settings = Path(folder) / "turns.yaml"
-        settings.write_text(TURNS_STORE_CONFIG.format(embedder=json.dumps(embedder)))
-        only = ["--conversation", *conversations] if conversations else []
-        code = build(["--dataset", dataset, "--input", str(input_path), "--store", str(store), "--units", "turns", "--config", str(settings), *only])
-    if code:
-        raise InputError(str(store), f"building the turns-mode store failed (exit code {code})")
+    found = load_conversations(dataset, str(input_path), list(conversations) if conversations else None)
+    if not found:
+        raise InputError(str(input_path), "no conversations found")
+    cfg = PipelineConfig(models=ModelsConfig(embedder=embedder), construction=ConstructionConfig(units="turns", traces=False))
+    with MemoryStore.open(store, create=True) as memory_store:
+        build_conversations(memory_store, found, PipelineModels(cfg))
 
 
 @dataclass

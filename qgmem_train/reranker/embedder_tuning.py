@@ -34,6 +34,7 @@ from qgmem_train.fileio import read_text, replace_folder, staging_beside
 from qgmem_train.logging_setup import is_quiet
 from qgmem_train.memory.store_uri import shown_store
 from qgmem_train.reranker.data import HARD_TOP, RerankData, ensure_turns_store
+from qgmem_train.retrieval.cross_encoder import TRAINING_RECORD
 
 if TYPE_CHECKING:
     from qgmem_train.reranker.datamodule import RerankDataModule
@@ -202,8 +203,6 @@ def main(argv: list[str]) -> int:
             "train_triples": len(train["anchor"]), "val_triples": len(val["anchor"]), **losses,
             "held_out": comparison, "improves": improves(comparison), "seconds": round(time.perf_counter() - started, 1),
         }
-        from qgmem_train.reranker.cli import TRAINING_RECORD  # imports Lightning: not for --help or a bad config
-
         (staging / "model" / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         replace_folder(staging / "model", args.out)
     base_row, tuned_row = comparison["base"], comparison["tuned"]

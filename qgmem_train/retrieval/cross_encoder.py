@@ -15,6 +15,8 @@ UNRECORDED_LAYOUT = "fields"
 """The layout of a reranker that records none (every model trained before layouts) and the default of a document."""
 LAYOUT_CONFIG_KEY = "qgmem_document_layout"
 """Key of a trained CrossEncoder's ``config.json`` naming its document layout; folders without it read ``fields``."""
+TRAINING_RECORD = "training.json"
+"""What ``fit-reranker`` (and ``average-rerankers``, ``fit-embedder``) write beside a trained model: its data, settings and scores."""
 
 
 def check_layout(layout: str, where: str) -> str:

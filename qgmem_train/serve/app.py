@@ -17,8 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qgmem_train.ask import ask_record
 from qgmem_train.errors import InputError, ModelUnavailableError
+from qgmem_train.pipeline.results import ask_record
 from qgmem_train.serve import schemas
 from qgmem_train.serve.limits import Limits, RateLimiter
 from qgmem_train.serve.service import MemoryService, NamespaceNotFound

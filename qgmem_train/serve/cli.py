@@ -40,7 +40,6 @@ def main(argv: list[str]) -> int:
     """Check the options and tenants, load the model, serve until interrupted."""
     import uvicorn
 
-    from qgmem_train.ask import text_path_predictor
     from qgmem_train.predictor import QGMemPredictor
     from qgmem_train.serve.app import create_app
     from qgmem_train.serve.service import MemoryService
@@ -57,7 +56,7 @@ def main(argv: list[str]) -> int:
     if args.model is not None:
         predictor = QGMemPredictor.from_pretrained(args.model, intent=args.intent)
     else:
-        predictor = text_path_predictor(args.config, args.reranker, args.intent)
+        predictor = QGMemPredictor.from_config(args.config, reranker=args.reranker, intent=args.intent)
     service = MemoryService(predictor, args.store, max_batch=limits.max_batch)
     try:
         uvicorn.run(create_app(service, tenants, limits), host=args.host, port=args.port, log_level="info", server_header=False)

@@ -7,7 +7,7 @@ from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from qgmem_train.predictor.results import AskResult, EvidenceUnit, SearchResult
+from qgmem_train.pipeline.results import AskResult, EvidenceUnit, SearchResult
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 """A namespace in a URL: letters, digits and ``. _ : @ -``, at most 128 characters."""

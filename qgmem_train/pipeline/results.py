@@ -1,4 +1,5 @@
-"""What :meth:`PredictorMemory.ask` and ``search`` return: the answer, the working memory behind it, token counts and timings."""
+"""What a search and an answer return (``PredictorMemory.search`` and ``ask``, ``serve``): the answer, the working memory
+behind it, token counts and timings, and :func:`ask_record`, the JSON object ``ask --json`` prints and ``serve`` returns."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ class AskResult:
     tokens: dict[str, int] = field(default_factory=dict)
     """``context`` (serialized memory), ``prompt`` (what the LLM read, graph tokens included), ``generated``."""
     seconds: dict[str, float] = field(default_factory=dict)
-    """Seconds per stage: memory load, activation steps, serialization, graph, generation, total."""
+    """Seconds per stage: memory load, activation steps, serialization, graph, generation (the question's share of its
+    batch's call), total."""
 
     @property
     def cited(self) -> list[EvidenceUnit]:
@@ -94,3 +96,8 @@ class SearchResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready record."""
         return asdict(self)
+
+
+def ask_record(result: AskResult) -> dict[str, Any]:
+    """The JSON object of an answer: every field of the result (``units`` is the working memory) plus ``cited``, the cited units."""
+    return {**result.to_dict(), "cited": [asdict(unit) for unit in result.cited]}

@@ -1,12 +1,15 @@
-"""What the studies share: paired bootstrap intervals over questions (how far a difference between two rankings or
-variants could be chance), the t interval over seeds, the commit a report was made at, and a report's tail: written
-as JSON and markdown, or its markdown made again from the saved JSON (``--report-only``). The machine it ran on is
-:mod:`bench.machine`, shared with the benchmarks."""
+"""What the benchmarks (``bench/``) and the studies (``experiments/``) record beside their figures, in one place both
+import: the machine a run was on (:func:`machine_info`: cores, CPU, torch threads, load average), the commit
+(:func:`git_state`), paired bootstrap intervals over questions (how far a difference between two rankings or variants
+could be chance), the t interval over seeds, and a report's tail: written as JSON and markdown, or its markdown made
+again from the saved JSON (``--report-only``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,6 +22,29 @@ from qgmem_train.fileio import atomic_output, write_report_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository, whose commit a report records."""
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo, else the platform's processor string."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor() or "unknown")
+
+
+def machine_info() -> dict[str, object]:
+    """Cores, CPU model, Python and torch versions, and the load average when the run started."""
+    info: dict[str, object] = {"cores": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version()}
+    try:
+        import torch
+
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+    except ImportError:
+        pass
+    if hasattr(os, "getloadavg"):
+        info["load_average_1m"] = round(os.getloadavg()[0], 2)
+    return info
 
 
 def paired_bootstrap(first: dict[str, float], second: dict[str, float], resamples: int, seed: int) -> dict[str, Any]:
@@ -108,7 +134,7 @@ def remake_reports(files: list[Path], markdown: Markdown, check: bool = False) -
 
 
 def machine_text(machine: dict[str, Any]) -> str:
-    """One line of :func:`bench.machine.machine_info`'s record, as the reports print it."""
+    """One line of :func:`machine_info`'s record, as the reports print it."""
     return (f"{machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} ({machine.get('torch_threads')} threads), "
             f"load average {machine.get('load_average_1m')} at the start")
 

@@ -1,0 +1,147 @@
+"""Search a namespace: its index kept while the namespace lives, a question's working memory and its MEMORY_CONTEXT.
+
+:class:`NamespaceIndex` loads a namespace and builds its :class:`~qgmem_train.retrieval.activation.ActivationIndex`
+once, keyed by the namespace's own version (:meth:`~qgmem_train.memory.store.MemoryStore.version`: its incarnation
+and write count), so another namespace's writes or delete leave it in place. :func:`search` walks one question:
+activation (intent, channels, RRF, rerank) over that index, then the evidence the answerer reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from qgmem_train.config import RetrievalConfig
+from qgmem_train.pipeline.models import PipelineModels
+from qgmem_train.pipeline.results import EvidenceUnit, SourceTurn
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from qgmem_train.answer.evidence import AnswerEvidence
+    from qgmem_train.llm.structured import ParseStats
+    from qgmem_train.memory.store import MemoryStore, NamespaceMemory
+    from qgmem_train.memory.types import MemoryUnit
+    from qgmem_train.retrieval.activation import ActivationIndex, WorkingMemory
+    from qgmem_train.retrieval.intent import QueryIntent
+
+
+class NamespaceIndex:
+    """One namespace's loaded memory and search index, rebuilt only when the namespace itself changed.
+
+    ``traces`` False serializes every unit as a plain fact (the evaluation's ablation).
+    """
+
+    def __init__(self, store: MemoryStore, namespace: str, models: PipelineModels, *, retrieval: RetrievalConfig | None = None,
+                 traces: bool = True) -> None:  # fmt: skip
+        self.store = store
+        self.namespace = namespace
+        self.models = models
+        self.retrieval = retrieval or models.cfg.retrieval
+        self.traces = traces
+        self._loaded: tuple[tuple[str, int] | None, NamespaceMemory, ActivationIndex] | None = None
+
+    def current(self) -> tuple[NamespaceMemory, ActivationIndex]:
+        """The namespace and its index as stored now: those already built while the namespace's version holds."""
+        from qgmem_train.retrieval.activation import ActivationIndex
+
+        version = self.store.version(self.namespace)
+        if self._loaded is None or version is None or self._loaded[0] != version:
+            embedder = self.models.embedder
+            memory = self.store.load_namespace(self.namespace, embedder_id=embedder.model_id, sentences=self.retrieval.sentence_vectors)
+            if not self.traces:
+                memory = dataclasses.replace(memory, traces=[], trace_of={})
+            self._loaded = (version, memory, ActivationIndex(memory, self.retrieval, embedder))
+        return self._loaded[1], self._loaded[2]
+
+
+@dataclass
+class Retrieval:
+    """One question's working memory as the answerer reads it, with the seconds spent so far."""
+
+    question: str
+    question_time: str | None
+    memory: NamespaceMemory
+    working: WorkingMemory
+    evidence: AnswerEvidence
+    seconds: dict[str, float]
+    started: float
+    """``time.perf_counter()`` when the question was taken."""
+
+    @property
+    def units(self) -> list[MemoryUnit]:
+        """The working memory, best first."""
+        return list(self.working.units)
+
+    def evidence_units(self, cited: Collection[str] = ()) -> list[EvidenceUnit]:
+        """The working memory with labels, scores and source turns, the ``cited`` ids marked."""
+        label_of = {uid: label for label, uid in self.evidence.context.labels.items()}
+        return [
+            EvidenceUnit(u.id, label_of.get(u.id, ""), u.fact_text, score, u.id in cited, [source_turn(self.memory, t) for t in u.source_turn_ids])
+            for u, score in zip(self.working.units, self.working.scores)
+        ]
+
+
+def source_turn(memory: NamespaceMemory, turn_id: str) -> SourceTurn:
+    """The stored turn ``turn_id`` with its time (speaker and text ``None`` when the store lacks it)."""
+    turn = memory.turns.get(turn_id)
+    return SourceTurn(turn_id, turn.speaker if turn else None, turn.text if turn else None, memory.turn_time.get(turn_id))
+
+
+def activate_question(
+    question: str, question_time: str | None, memory: NamespaceMemory, index: ActivationIndex, models: PipelineModels, *,
+    retrieval: RetrievalConfig | None = None, intent: QueryIntent | None = None, query_vectors: np.ndarray | None = None,
+    rerank: bool = True,
+) -> WorkingMemory:  # fmt: skip
+    """The working memory of one question with the models' intent parser (:func:`question_intents`), embedder and reranker
+    (``rerank`` False: the RRF order); ``intent`` and ``query_vectors`` made beforehand (batched) are used as given."""
+    from qgmem_train.retrieval.activation import activate
+
+    parse_seconds = None
+    if intent is None:
+        start = time.perf_counter()
+        intent = question_intents(models, [(question, question_time)])[0]
+        parse_seconds = time.perf_counter() - start
+    wm = activate(
+        question, question_time, memory, cfg=retrieval or models.cfg.retrieval, llm=None, embedder=models.embedder,
+        reranker=models.reranker if rerank else None, index=index, intent=intent, query_vectors=query_vectors,
+    )  # fmt: skip
+    if parse_seconds is not None:
+        wm.timings["intent"] = parse_seconds
+    return wm
+
+
+def search(
+    question: str, question_time: str | None, memory: NamespaceMemory, index: ActivationIndex, models: PipelineModels, *,
+    retrieval: RetrievalConfig | None = None, intent: QueryIntent | None = None, query_vectors: np.ndarray | None = None,
+    seconds: dict[str, float] | None = None,
+) -> Retrieval:  # fmt: skip
+    """Activate the working memory for ``question`` and serialize it (MEMORY_CONTEXT and local graph) as the answerer reads it.
+
+    ``seconds`` are stages already spent on the question (loading the namespace); activation and serialization join them.
+    """
+    from qgmem_train.answer.evidence import answer_evidence
+
+    started = time.perf_counter() - sum((seconds or {}).values())
+    seconds = dict(seconds or {})
+    wm = activate_question(question, question_time, memory, index, models, retrieval=retrieval, intent=intent, query_vectors=query_vectors)
+    seconds.update(wm.timings)
+    start = time.perf_counter()
+    cfg = models.cfg
+    k = (retrieval or cfg.retrieval).k
+    evidence = answer_evidence(wm.units, memory, models.llm, max_edges=k, attribute_edges=cfg.graph.attribute_edges, time_edges=cfg.graph.time_edges)
+    seconds["serialize"] = time.perf_counter() - start
+    return Retrieval(question, question_time, memory, wm, evidence, seconds, started)
+
+
+def question_intents(models: PipelineModels, pairs: Sequence[tuple[str, str | None]], *, stats: ParseStats | None = None) -> list[QueryIntent]:
+    """The intents of (question, question time) pairs: parsed by the LLM in one batch, or by the rules."""
+    from qgmem_train.retrieval.intent import INTENT_MAX_NEW_TOKENS, parse_intent_rules, parse_intents
+
+    if models.intent_llm is None:
+        return [parse_intent_rules(*pair) for pair in pairs]
+    budget = min(INTENT_MAX_NEW_TOKENS, models.cfg.generation.max_new_tokens)
+    return parse_intents(list(pairs), models.intent_llm, max_new_tokens=budget, stats=stats)
