@@ -29,6 +29,7 @@ from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.launch_checks import ValidationOnStepBoundaries, refuse_stale_requeue_checkpoints, refuse_true_precision
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
+from qgmem_train.model.rank_exit import ExitOnFault
 from qgmem_train.model.requeue import StepBoundaryRequeue
 from qgmem_train.model.settings import FLAT_NAMES, grouped_hparams, new_key
 
@@ -108,8 +109,9 @@ def refuse_flat_model_keys(argv: list[str]) -> None:
 
 def always_on_callbacks() -> list[Callback]:
     """Callbacks every run gets whatever its config lists: checkpoints only at optimizer-step boundaries (Slurm's
-    requeue signal handled at the next one, validation refused inside an accumulation window)."""
-    return [StepBoundaryRequeue(), ValidationOnStepBoundaries()]
+    requeue signal handled at the next one, validation refused inside an accumulation window), and every rank ending on
+    a fault (loader workers shut down on an exception, a stalled rank ended by the watchdog)."""
+    return [StepBoundaryRequeue(), ValidationOnStepBoundaries(), ExitOnFault()]
 
 
 def summary(subcommand: str, trainer: Trainer) -> str | None:
