@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         f"consecutive variant rounds, and the first variant of each round {ORDER_EFFECT:.0%} slower. False difference: "
         "identical variants reported different; miss: a true 10% slowdown reported as no difference.\n\n"
         f"| rule | rounds | false difference | miss (10% slower) |\n|---|---|---|---|\n{table}\n\n"
-        f"The check gives no verdict under {MIN_ROUNDS} rounds (``too few rounds``); the 3-round rows of the new rule show why.\n\n"
+        f"The check gives no verdict under {MIN_ROUNDS} rounds (`too few rounds`); the 3-round rows of the new rule show why.\n\n"
         "Made with `cd bench && python gpu_verdict_simulation.py` (pure Python, no GPU; seconds on a CPU).\n"
     )
     print(table)
