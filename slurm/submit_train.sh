@@ -12,15 +12,8 @@ while [[ $# -gt 0 && "$1" == -* ]]; do
   options+=("$1")
   shift
 done
-if [[ $# -lt 1 ]]; then
-  sed -n '4,7p' "$0" | sed 's/^# \{0,1\}//' >&2
-  exit 2
-fi
-if [[ ! -f "$1" ]]; then
-  echo "error: $1: no such config file" >&2
-  exit 2
-fi
-LOG_DIR=${LOG_DIR:-logs}
-mkdir -p "$LOG_DIR"
-job=$(sbatch --parsable --output="$LOG_DIR/%x-%j.out" "${options[@]}" "$(dirname "$0")/train.sbatch" "$@")
+[[ $# -ge 1 ]] || { sed -n '4,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[[ -f "$1" ]] || { echo "error: $1: no such config file" >&2; exit 2; }
+mkdir -p "${LOG_DIR:=logs}"
+job=$(sbatch --parsable --output="$LOG_DIR/%x-%j.out" ${options[@]+"${options[@]}"} "$(dirname "$0")/train.sbatch" "$@")
 echo "${job%%;*}"
