@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-tokens", type=int, help="model.prompt.max_context_tokens (default 1000; smoke 32)")
     parser.add_argument("--steps", type=int, help="timed steps of each variant a round (default 8; smoke 1)")
     parser.add_argument("--warmup-steps", type=int, help="untimed steps of each variant before them, every round (default 2; smoke 0)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds the variants of a timed part alternate for")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds the variants of a timed part alternate for (a verdict needs 5)")
     parser.add_argument("--cache-tokens", type=int, help="prefix_cache: tokens a sequence (default 600; smoke 360)")
     parser.add_argument("--logit-layers", type=int, help="prefix_cache: decoder layers of the fp32 logits check (default 4; smoke all)")
     parser.add_argument("--predict-fit-steps", type=int, help="training steps before predict (default 20; smoke 1)")

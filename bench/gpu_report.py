@@ -43,12 +43,15 @@ def status_line(record: dict[str, Any] | None) -> str:
 
 
 def comparison_line(comparison: dict[str, Any], label: str) -> str:
-    """A :func:`gpu_timing.compare` result in words: the ratio with its range across rounds, or "within noise" when the
-    variants' rounds overlap (then no faster or slower is claimed)."""
+    """A :func:`gpu_timing.compare` result in words: the mean ratio with its 90% interval and the rounds' range, claimed
+    as a difference only on that verdict (no faster or slower is claimed otherwise)."""
     spread = f"rounds ×{comparison['low']:.2f} to ×{comparison['high']:.2f}"
-    if comparison["within_noise"]:
-        return f"{label}, device time a step: within noise (×{comparison['ratio']:.2f}; {spread} overlap)"
-    return f"{label}, device time a step: ×{comparison['ratio']:.2f} ({spread})"
+    low, high = comparison["interval"]
+    if comparison["verdict"] == "too few rounds":
+        return f"{label}, device time a step: no verdict from {len(comparison['per_round'])} rounds (at least {comparison['min_rounds']}; ×{comparison['ratio']:.2f}, {spread})"
+    if comparison["verdict"] == "no difference":
+        return f"{label}, device time a step: no difference of {comparison['min_effect']:.0%} or more shown (×{comparison['ratio']:.2f}, 90% interval ×{low:.2f} to ×{high:.2f}; {spread})"
+    return f"{label}, device time a step: ×{comparison['ratio']:.2f} (90% interval ×{low:.2f} to ×{high:.2f}; {spread})"
 
 
 VARIANT_HEADER = [

@@ -15,6 +15,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, Trainer
@@ -29,6 +30,7 @@ from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.launch_checks import ValidationOnStepBoundaries, refuse_stale_requeue_checkpoints, refuse_true_precision
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.model.prediction_writer import JsonlPredictionWriter
+from qgmem_train.model.rank_exit import ExitOnFault
 from qgmem_train.model.requeue import StepBoundaryRequeue
 from qgmem_train.model.settings import FLAT_NAMES, grouped_hparams, new_key
 
@@ -84,11 +86,28 @@ class QGMemCLI(LightningCLI):
             self.config = self.parser.parse_object({subcommand: {"model": grouped_hparams(hparams)}}, self.config)
 
     def before_instantiate_classes(self) -> None:
-        """Refuse, before any model loads, a ``*-true`` half precision and (fit) a stale Slurm requeue checkpoint."""
+        """Refuse, before any model loads, a ``*-true`` half precision and (fit) a stale Slurm requeue checkpoint; move the
+        config's loggers to a run folder given on the command line (:func:`follow_run_folder`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         refuse_true_precision(config["trainer"]["precision"])
+        follow_run_folder(config)
         if self.subcommand == "fit":
             refuse_stale_requeue_checkpoints(config["trainer"]["default_root_dir"] or os.getcwd(), config["ckpt_path"])
+
+
+def follow_run_folder(config: Any) -> None:
+    """Loggers whose ``save_dir`` lies under the config file's ``trainer.default_root_dir`` move under the one the command
+    line gives (``slurm/train.sbatch``'s ``RUN_DIR``), so two runs of one config never write one log folder."""
+    files = [Path(str(path)) for path in config.get("config") or []]
+    written = [((read_yaml(path).get("trainer") or {}).get("default_root_dir")) for path in files]
+    old, new = next((root for root in reversed(written) if root), None), config["trainer"]["default_root_dir"]
+    if not old or not new or Path(old) == Path(new):
+        return
+    loggers = config["trainer"]["logger"]
+    for logger in loggers if isinstance(loggers, list) else []:
+        save_dir = getattr(getattr(logger, "init_args", None), "save_dir", None)
+        if save_dir is not None and Path(save_dir).is_relative_to(old):
+            logger.init_args.save_dir = str(Path(new) / Path(save_dir).relative_to(old))
 
 
 def refuse_flat_model_keys(argv: list[str]) -> None:
@@ -108,8 +127,9 @@ def refuse_flat_model_keys(argv: list[str]) -> None:
 
 def always_on_callbacks() -> list[Callback]:
     """Callbacks every run gets whatever its config lists: checkpoints only at optimizer-step boundaries (Slurm's
-    requeue signal handled at the next one, validation refused inside an accumulation window)."""
-    return [StepBoundaryRequeue(), ValidationOnStepBoundaries()]
+    requeue signal handled at the next one, validation refused inside an accumulation window), and every rank ending on
+    a fault (loader workers shut down on an exception, a stalled rank ended by the watchdog)."""
+    return [StepBoundaryRequeue(), ValidationOnStepBoundaries(), ExitOnFault()]
 
 
 def summary(subcommand: str, trainer: Trainer) -> str | None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of training on one CUDA GPU (bench/gpu_check.py): the CUDA-marked tests; training steps of SmolLM2 with
-# gradient checkpointing off vs on (bf16), bf16 vs NF4, NF4 without vs with LoRA, each pair alternated for 3 rounds in
-# one process with device time from CUDA events; the prefix cache timed on a random Qwen3-8B-shaped decoder at 600
+# gradient checkpointing off vs on (bf16), bf16 vs NF4, NF4 without vs with LoRA, each pair alternated for 5 rounds (order reversed every other round) in
+# one process with device time from CUDA events, a difference claimed only from paired round ratios past 5%; the prefix cache timed on a random Qwen3-8B-shaped decoder at 600
 # tokens, batch 4 and 1 (off, explicit mask, bottom-right bias; fp32 logits check); and predict. Writes
 # bench/results/gpu.md and gpu.json. Each part runs in its own process under its own limit (they add up to 7 minutes at
 # most, about 5 expected: half the device's 15, so a rerun fits); a part over its limit is killed and recorded as timed out.

@@ -81,3 +81,11 @@ def test_alignment_configs_shape_the_graph_path_as_their_task_config(align: str,
     assert aligned.model.diagnostics.shuffle_gap, "the shuffle gap on held-out graphs is what the stage is judged by"
     assert aligned.checkpoint.dirpath != tasked.checkpoint.dirpath
     assert "/align/" in aligned.data.path, "the folder `python -m data_prep align` writes"
+
+
+def test_the_loggers_follow_a_run_folder_given_on_the_command_line(tmp_path: Path) -> None:
+    """``RUN_DIR`` (``--trainer.default_root_dir``) moves the shipped config's CSV and TensorBoard logs with it."""
+    config = _parse("fit", "--config", "configs/qwen3-8b.yaml", "--trainer.default_root_dir", str(tmp_path / "run"))
+    assert [logger.init_args.save_dir for logger in config.trainer.logger] == [str(tmp_path / "run")] * 2
+    config = _parse("fit", "--config", "configs/qwen3-8b.yaml")
+    assert [logger.init_args.save_dir for logger in config.trainer.logger] == ["checkpoints/qwen3-8b"] * 2

@@ -284,3 +284,23 @@ def test_dtype_and_quantization_are_part_of_the_config_hash(llm_dir, data) -> No
     base = _module(llm_dir, data).checkpoint_metadata()["config_hash"]
     assert _module(llm_dir, data, dtype="bfloat16").checkpoint_metadata()["config_hash"] != base
     assert _module(llm_dir, data, quantization="4bit").checkpoint_metadata()["config_hash"] != base
+
+
+def test_each_rank_loads_the_frozen_llm_straight_onto_its_device(llm_dir, monkeypatch) -> None:
+    """No CPU copy first: the weights go where the rank runs (the meta device stands in for its GPU here)."""
+    from transformers import AutoModelForCausalLM
+
+    from qgmem_train.llm.resolver import load_causal_lm
+
+    asked: list[object] = []
+    real = AutoModelForCausalLM.from_pretrained
+
+    def spy(*args: object, **kwargs: object) -> object:
+        asked.append(kwargs.get("device_map"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    model, _ = load_causal_lm(str(llm_dir), device="meta", dtype="float32")
+    assert asked == ["meta"] and {p.device.type for p in model.parameters()} == {"meta"}
+    model, _ = load_causal_lm(str(llm_dir), device="cpu", dtype="float32")
+    assert asked[-1] is None and {p.device.type for p in model.parameters()} == {"cpu"}

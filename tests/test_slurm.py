@@ -76,6 +76,7 @@ BAD_SUBMISSIONS = {
         "--gpu-bind=single:1 (SLURM_GPU_BIND) changes",
     ),
     "missing training config": (["slurm/train.sbatch", "nope.yaml"], {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2"}, "nope.yaml"),
+    "submit_train.sh: missing config": (["slurm/submit_train.sh", "--partition=gpu", "nope.yaml"], {}, "nope.yaml: no such config file"),
     "missing resume checkpoint": (
         ["slurm/train.sbatch", "configs/demo-cpu.yaml"], {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "RESUME": "nope.ckpt"},
         "RESUME=nope.ckpt: no such checkpoint",
@@ -150,18 +151,48 @@ def test_train_srun_leaves_every_task_all_gpus_of_its_node(tmp_path: Path, gpus:
         assert f"{gpus} GPUs per node, each task sees all of them (CUDA_VISIBLE_DEVICES=0,1)" in result.stdout
 
 
-@pytest.mark.parametrize("cpus", ["8", None])
-def test_train_srun_gives_each_task_the_jobs_cpus_per_task(tmp_path: Path, cpus: str | None) -> None:
-    """From Slurm 22.05 srun does not inherit ``--cpus-per-task`` from sbatch: the launch line must pass it on."""
+@pytest.mark.parametrize(("cpus_per_task", "cpus_on_node", "expected"), [("8", "64", "8"), (None, "64", "32"), (None, None, "1")])
+def test_train_srun_gives_each_task_its_share_of_the_nodes_cpus(tmp_path: Path, cpus_per_task: str | None, cpus_on_node: str | None, expected: str) -> None:
+    """From Slurm 22.05 srun does not inherit ``--cpus-per-task`` from sbatch: the launch line passes it on, and without
+    one the node's CPUs (``SLURM_CPUS_ON_NODE`` of the whole-node allocation) are shared by its tasks, not a fixed 8."""
     slurm = {"SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "7"}
-    if cpus:
-        slurm["SLURM_CPUS_PER_TASK"] = cpus
+    if cpus_per_task:
+        slurm["SLURM_CPUS_PER_TASK"] = cpus_per_task
+    if cpus_on_node:
+        slurm["SLURM_CPUS_ON_NODE"] = cpus_on_node
     env = fake_slurm_env(tmp_path, RUN_DIR=str(tmp_path / "run"), RESUME="none", PYTHON="python3", **slurm)
+    env.pop("OMP_NUM_THREADS", None)
     result = subprocess.run(["bash", "slurm/train.sbatch", "configs/demo-cpu.yaml"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     (call,) = fake_slurm_calls(tmp_path)
     launcher = call["argv"][: call["argv"].index("python3")]
-    assert [a for a in launcher if a.startswith("--cpus-per-task")] == ([f"--cpus-per-task={cpus}"] if cpus else []), launcher
+    assert [a for a in launcher if a.startswith("--cpus-per-task")] == [f"--cpus-per-task={expected}"], launcher
+    assert f"{expected} CPUs a task" in result.stdout
+
+
+def test_train_sbatch_takes_whole_nodes_and_dumps_stacks_on_a_fault() -> None:
+    """No fixed cores or memory a task: the node's memory (--mem=0) and CPUs (--exclusive); stacks on a fatal signal."""
+    script = (ROOT / "slurm" / "train.sbatch").read_text()
+    directives = [line.split()[1] for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert "--mem=0" in directives and "--exclusive" in directives
+    assert not [d for d in directives if d.startswith("--cpus-per-task")], directives
+    assert "export PYTHONFAULTHANDLER=${PYTHONFAULTHANDLER:-1}" in script
+
+
+def test_submit_train_makes_the_log_folder_before_sbatch_opens_it(tmp_path: Path) -> None:
+    """sbatch opens ``--output`` before the job's script runs: the wrapper makes the folder and points the log there."""
+    logs = tmp_path / "job-logs"
+    env = fake_slurm_env(tmp_path, LOG_DIR=str(logs))
+    result = subprocess.run(
+        ["bash", "slurm/submit_train.sh", "--partition=gpu", "configs/demo-cpu.yaml", "--trainer.max_steps", "5"], env=env, cwd=ROOT,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert logs.is_dir()
+    (call,) = fake_slurm_calls(tmp_path)
+    assert call["command"] == "sbatch"
+    assert call["argv"][:3] == ["--parsable", f"--output={logs}/%x-%j.out", "--partition=gpu"]
+    assert call["argv"][3].endswith("slurm/train.sbatch") and call["argv"][4:] == ["configs/demo-cpu.yaml", "--trainer.max_steps", "5"]
 
 
 @pytest.mark.parametrize(("config", "fetched"), [("configs/demo-cpu.yaml", False), ("configs/qwen3-8b.yaml", True)])
@@ -379,3 +410,23 @@ def test_fetch_lists_the_hub_models_of_a_config_and_its_overrides(tmp_path: Path
     assert hub_models(model_settings("configs/qwen3-8b.yaml", [])) == [("Qwen/Qwen3-8B", None), ("BAAI/bge-base-en-v1.5", None)]
     assert hub_models(model_settings("configs/qwen3-8b.yaml", overrides)) == [("Qwen/Qwen3-0.6B", "main")]
     assert hub_models(model_settings("configs/demo-cpu.yaml", [])) == []
+
+
+def test_fetch_refuses_at_once_in_one_line_when_the_hub_is_unreachable_and_nothing_is_cached(tmp_path: Path) -> None:
+    """A compute node without network: one line and exit 2 from the probe, not the download's retries; a cached model
+    needs no Hub (the probe is skipped)."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9", "PYTHONPATH": str(ROOT)}
+    env.pop("HF_HUB_OFFLINE", None)
+    env.pop("TRANSFORMERS_OFFLINE", None)
+    fetch = [sys.executable, "-m", "qgmem_train", "fetch", "configs/demo-cpu.yaml"]
+    result = subprocess.run([*fetch, "--pipeline.models.llm", "Qwen/Qwen3-8B"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: Qwen/Qwen3-8B: not in the Hugging Face cache") and "http://127.0.0.1:9" in line and "HF_HUB_OFFLINE=1" in line
+    cached = subprocess.run(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from tests.tiny_decoder import *; print(publish_to_hub_cache(save_tiny_decoder(Path(sys.argv[1]), fixture_corpus())))",
+         str(tmp_path / "tiny")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+    ).stdout.strip()  # fmt: skip
+    result = subprocess.run([*fetch, "--pipeline.models.llm", cached], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith(f"{cached}: ")

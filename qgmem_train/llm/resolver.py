@@ -179,7 +179,11 @@ def load_causal_lm(
     cache_dir: str | os.PathLike | None = None,
     trust_remote_code: bool = False,
 ) -> tuple[Any, Any]:
-    """A ready (eval-mode) causal LM and its tokenizer for ``ref``; sizes come from the loaded model."""
+    """A ready (eval-mode) causal LM and its tokenizer for ``ref``; sizes come from the loaded model.
+
+    The weights load straight onto ``device`` (``device_map``): loaded on the CPU first, an 8B model would take 16 GB of
+    host memory in each of a node's 8 ranks at once.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = pick_device(device)
@@ -192,13 +196,11 @@ def load_causal_lm(
             folder,
             dtype=torch_dtype,
             quantization_config=quant,
-            device_map=device if quant is not None else None,
+            device_map=None if device == "cpu" else device,
             use_safetensors=True,
             trust_remote_code=trust_remote_code,
         )
     except (OSError, ValueError) as exc:
         raise ModelUnavailableError(f"cannot load model {ref!r} from {folder}: {str(exc).splitlines()[0]}") from None
-    if quant is None:
-        model.to(device)
     model.eval()
     return model, tokenizer

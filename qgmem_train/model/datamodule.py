@@ -9,7 +9,9 @@ its question's embedding (``question_embedding``, read by the ``query`` readout)
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from functools import partial
@@ -88,13 +90,23 @@ class FirstDrawDataLoader(DataLoader):
 
 
 def ignore_sigterm(worker_id: int) -> None:
-    """DataLoader worker start-up: ignore SIGTERM, which Slurm sends to every process of a step on ``scancel`` or preemption.
+    """DataLoader worker start-up: ignore the SIGTERM that Slurm sends to every process of a step (``scancel``, preemption),
+    but end on one from the training process.
 
     PyTorch's workers die on a SIGTERM that their parent did not send, so the training process would fail on its next
-    batch instead of reaching the step boundary where it saves (:mod:`qgmem_train.model.requeue`); the workers still
-    end with the training process.
+    batch instead of reaching the step boundary where it saves (:mod:`qgmem_train.model.requeue`). The training process
+    itself ends workers it could not stop otherwise with SIGTERM (``multiprocessing`` does so at exit, then joins them):
+    ignored, that exit would wait forever. So the signal is blocked and a thread reads each one with its sender.
     """
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_end_on_sigterm_from, args=(os.getppid(),), name="sigterm-from-parent", daemon=True).start()
+
+
+def _end_on_sigterm_from(parent: int) -> None:
+    """Wait for SIGTERMs (blocked in every thread of the worker); end the worker quietly at the first that ``parent`` sent."""
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != parent:
+        pass
+    os._exit(0)
 
 
 class TrajectoryDataModule(L.LightningDataModule):

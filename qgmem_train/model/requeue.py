@@ -8,7 +8,7 @@ after each optimizer step, and after each validation batch that every rank runs,
 whether any of them was signalled, and if so all save the same checkpoint. On the requeue signal rank 0 then
 requeues the job and every rank waits for Slurm to stop it; on SIGTERM (``scancel``, preemption) the fit ends.
 A validation pass changes no weights, so a save in it holds the step boundary the pass started from; resuming
-from it trains on from there.
+from it runs that pass again from its start, then trains on.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from qgmem_train.model.rank_exit import ExitOnFault
+
 log = logging.getLogger(__name__)
 
 REQUEUE, TERMINATE = 1, 2
@@ -44,6 +46,8 @@ class StepBoundaryRequeue(L.Callback):
         self._pid: int | None = None
         self._originals: dict[int, Any] = {}
         self._shared_val_batches = 0
+        self.stopped_validation_at: int | None = None
+        """The step whose validation pass a signal stopped and saved in (kept in the checkpoint): run it again on resume."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Install the requeue signal's handler before Lightning's signal set-up, which then leaves that signal alone."""
@@ -66,6 +70,25 @@ class StepBoundaryRequeue(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._install_sigterm()
+        if self.stopped_validation_at is not None:
+            self._validate_again(trainer)
+
+    def _validate_again(self, trainer: L.Trainer) -> None:
+        """Resumed from a checkpoint saved in a stopped validation pass: run that pass again before training on."""
+        if trainer.is_global_zero:
+            log.warning(f"resuming: the validation at step {self.stopped_validation_at} was stopped by a signal; running it again")
+        self.stopped_validation_at = None
+        epoch_loop = trainer.fit_loop.epoch_loop
+        epoch_loop.val_loop.restarting = False
+        trainer.validating = True
+        epoch_loop.val_loop.run()
+        trainer.training = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stopped_validation_at": self.stopped_validation_at}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.stopped_validation_at = state_dict.get("stopped_validation_at")
 
     def _note_requeue(self, signum: int, frame: FrameType | None) -> None:
         """Record the requeue signal in the training process; a forked DataLoader worker inherits this handler and does nothing."""
@@ -104,7 +127,9 @@ class StepBoundaryRequeue(L.Callback):
         path = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
         for logger in trainer.loggers:
             logger.finalize("finished")
+        self.stopped_validation_at = trainer.global_step if trainer.validating else None
         trainer.save_checkpoint(path)
+        self.stopped_validation_at = None
         if decision == TERMINATE:
             log.info(f"saved {path} at step {trainer.global_step} on SIGTERM: ending the fit")
             raise SIGTERMException(128 + signal.SIGTERM)
@@ -113,6 +138,9 @@ class StepBoundaryRequeue(L.Callback):
             self.requested = 0
             return
         log.info(f"saved {path} at step {trainer.global_step} and requeued the job: waiting for Slurm to stop this step")
+        for callback in trainer.callbacks:
+            if isinstance(callback, ExitOnFault):
+                callback.beat("the wait for Slurm to stop the requeued job")
         while True:
             time.sleep(1)
 
