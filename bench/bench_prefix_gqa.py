@@ -25,13 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from machine import machine_info
+from qgmem_train.reports import machine_info
 
 import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
 from transformers import AttentionInterface, Qwen3Config, Qwen3ForCausalLM
 from transformers.masking_utils import AttentionMaskInterface
 
+from bench.gpu_prefix_timing import QWEN3_8B
 from qgmem_train.fileio import write_report_atomic
 from qgmem_train.model.prefix_attention import IMPLEMENTATION, bottom_right_mask, grouped_attention
 from qgmem_train.model.prefix_cache import PrefixKV, compute_prefix
@@ -40,7 +41,6 @@ ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.prefix_gqa")
 REPEATING = "sdpa_bottom_right_repeating"
 """The prefix cache's attention as it was: the bottom-right mask, transformers' SDPA attention (which repeats)."""
-QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
 
 AttentionInterface.register(REPEATING, hf_sdpa.sdpa_attention_forward)
 AttentionMaskInterface.register(REPEATING, bottom_right_mask)
@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def eight_b_layer() -> Any:
     """A Qwen3 causal LM of one decoder layer at Qwen3-8B's widths and a vocabulary of 16 (random weights, float32)."""
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=16, num_hidden_layers=1, max_position_embeddings=8192, **QWEN3_8B)
+    config = Qwen3Config(**{**QWEN3_8B, "vocab_size": 16, "num_hidden_layers": 1, "max_position_embeddings": 8192})
     return Qwen3ForCausalLM(config).eval().requires_grad_(False)
 
 

@@ -14,11 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.machine import machine_info  # noqa: E402
-from tests.tiny_decoder import fixture_corpus, save_tiny_decoder  # noqa: E402
-from tests.two_ranks import ROOT, run_two_ranks  # noqa: E402
+from qgmem_train.reports import machine_info
+from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
+from tests.two_ranks import ROOT, run_two_ranks
 
 CASES = (("sigterm", "train"), ("sigterm", "validation"), ("raise", "validation"))
 

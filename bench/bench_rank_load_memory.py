@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpu_prefix_timing import QWEN3_8B
-from machine import machine_info
+from bench.gpu_prefix_timing import QWEN3_8B
+from qgmem_train.reports import machine_info
 
 CHILD = """
 import json, sys
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         f"|---|---|---|---|---|\n{rows}\n\n"
         "The meta device stands in for the rank's GPU (none here). On the CPU path the weights are read once, as the move to "
         "the GPU read them; file-backed pages are the safetensors file mapped (page cache, which a node's ranks share when "
-        "the file's dtype is the one loaded), anonymous ones the process's own. Made with `cd bench && python "
-        f"bench_rank_load_memory.py --layers {args.layers}`.\n"
+        "the file's dtype is the one loaded), anonymous ones the process's own. Made with `python -m "
+        f"bench.bench_rank_load_memory --layers {args.layers}`.\n"
     )
     print(json.dumps(growth))
     return 0

@@ -5,7 +5,7 @@ from one variant's round to the next (:data:`DRIFT`), ``order`` a slowdown of wh
 (:data:`ORDER_EFFECT`), ``noise`` lognormal per step (:data:`STEP_NOISE`). The rounds are run by the check's own
 :func:`gpu_timing.alternate` and judged by its :func:`gpu_timing.compare`; the former rule (the same order every round,
 a difference whenever the two variants' round medians do not overlap, no minimum effect) is judged on rounds in the
-fixed order for comparison. ``python bench/gpu_verdict_simulation.py`` writes ``results/gpu_verdict_simulation.{json,md}``.
+fixed order for comparison. ``python -m bench.gpu_verdict_simulation`` writes ``results/gpu_verdict_simulation.{json,md}``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_timing import MIN_EFFECT, MIN_ROUNDS, alternate, compare
+from bench.gpu_timing import MIN_EFFECT, MIN_ROUNDS, alternate, compare
 
 DRIFT = 0.02
 """Standard deviation of the machine's log speed change from one variant's round to the next."""
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         "identical variants reported different; miss: a true 10% slowdown reported as no difference.\n\n"
         f"| rule | rounds | false difference | miss (10% slower) |\n|---|---|---|---|\n{table}\n\n"
         f"The check gives no verdict under {MIN_ROUNDS} rounds (`too few rounds`); the 3-round rows of the new rule show why.\n\n"
-        "Made with `cd bench && python gpu_verdict_simulation.py` (pure Python, no GPU; seconds on a CPU).\n"
+        "Made with `python -m bench.gpu_verdict_simulation` (pure Python, no GPU; seconds on a CPU).\n"
     )
     print(table)
     return 0

@@ -18,6 +18,7 @@ import pytest
 
 from bench.gpu_report import comparison_line
 from bench.gpu_timing import alternate, compare
+from bench.gpu_verdict_simulation import rates
 from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,11 +224,6 @@ def test_alternate_reverses_the_order_of_the_variants_every_other_round() -> Non
 def test_the_verdict_rule_keeps_its_error_rates_on_seeded_simulations(effect: float, expected: str) -> None:
     """Identical variants are called the same, and a true 10% slowdown is found, in at least 95% of 300 simulations of 5
     rounds with drift, an order effect and step noise (``bench/gpu_verdict_simulation.py``)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from gpu_verdict_simulation import rates
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
     found = rates(effect, rounds=5, trials=300, seed=0)
     assert (1 - found if expected == "no difference" else found) >= 0.95, found
 
