@@ -26,6 +26,7 @@ from export.hub import PushError, push_folder
 from export.package import export_model, unsafe_files, write_checksums
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM, load_pipeline_config
 from qgmem_train.errors import InputError
+from qgmem_train.fileio import OUTPUT_MARKER
 from qgmem_train.model.checkpoint import trainable_state_dict
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
@@ -314,6 +315,7 @@ def cross_encoder_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("reranker") / "model"
     save_cross_encoder(load_cross_encoder(BUNDLED_EMBEDDER, max_length=64), folder, "context")
+    (folder / OUTPUT_MARKER).write_text("written by fit-reranker\n")
     return folder
 
 
