@@ -44,11 +44,20 @@ def test_tenants_come_from_a_file_or_the_environment_with_tokens_in_variables(tm
         ({"tenants": [{"name": "a", "token": TOKEN, "prefix": ["a-"]}]}, "tenant 1.prefix: unknown field"),
         ({"tenants": [{"name": "a", "token": TOKEN}]}, "may touch nothing"),
         ({"users": []}, "expected `tenants:`"),
+        ({"tenants": [{"name": "acme", "token": TOKEN, "prefixes": ["acme-"]}, {"name": "acme-eu", "token": TOKEN[::-1], "prefixes": ["acme-eu-"]}]},
+         "tenants 'acme' and 'acme-eu' overlap (prefix 'acme-' of 'acme' covers prefix 'acme-eu-' of 'acme-eu')"),
+        ({"tenants": [{"name": "eu", "token": TOKEN, "prefixes": ["acme-eu-"]}, {"name": "acme", "token": TOKEN[::-1], "prefixes": ["acme-"]}]},
+         "tenants 'eu' and 'acme' overlap (prefix 'acme-' of 'acme' covers prefix 'acme-eu-' of 'eu')"),
+        ({"tenants": [{"name": "a", "token": TOKEN, "prefixes": ["team-"]}, {"name": "b", "token": TOKEN[::-1], "namespaces": ["team-b"]}]},
+         "tenants 'a' and 'b' overlap (prefix 'team-' of 'a' covers namespace 'team-b' of 'b')"),
+        ({"tenants": [{"name": "a", "token": TOKEN, "namespaces": ["x", "shared"]}, {"name": "b", "token": TOKEN[::-1], "namespaces": ["shared"]}]},
+         "tenants 'a' and 'b' overlap (both list namespace 'shared')"),
+        (f"tenants:\n- name: a\n  token: {TOKEN}\n  namespaces: [{'9' * 5000}]\n", "not YAML or JSON: Exceeds the limit (4300 digits)"),
     ],
 )
 def test_a_bad_tenants_file_is_one_line_without_the_token(tmp_path, capsys, tenants, needle) -> None:
     path = tmp_path / "tenants.yaml"
-    path.write_text(yaml.safe_dump(tenants))
+    path.write_text(tenants if isinstance(tenants, str) else yaml.safe_dump(tenants))
     assert main(["serve", "--store", str(tmp_path / "store"), "--tenants", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and TOKEN not in err[0] and "short-secret" not in err[0]

@@ -71,7 +71,7 @@ class Tenants:
             raise InputError("--tenants", f"no tenants: give a tenants file or set {TENANTS_ENV} (see docs/serve.md)")
         try:
             document = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer past Python's digit limit
             raise InputError(where, f"not YAML or JSON: {str(exc).splitlines()[0]}") from None
         return cls.from_records(document, where, environ)
 
@@ -91,7 +91,32 @@ class Tenants:
                 raise InputError(f"{where}: tenant {tenant.name}", f"same token as tenant {by_token[token].name}")
             names.add(tenant.name)
             by_token[token] = tenant
+        _refuse_shared_namespaces(list(by_token.values()), where)
         return cls(by_token)
+
+
+def _refuse_shared_namespaces(tenants: list[Tenant], where: str) -> None:
+    """Refuse two tenants that could both touch some namespace: one's prefix starting the other's prefix or name, or
+    the same name listed by both. Each namespace belongs to one tenant; a shared one would let each read and delete
+    the other's memories."""
+    for number, first in enumerate(tenants):
+        for second in tenants[number + 1:]:
+            shared = _shared_grant(first, second) or _shared_grant(second, first)
+            if shared:
+                raise InputError(where, f"tenants {first.name!r} and {second.name!r} overlap ({shared}): give each tenant namespaces no other tenant may touch")
+
+
+def _shared_grant(owner: Tenant, other: Tenant) -> str | None:
+    """How ``owner``'s grants cover one of ``other``'s (its prefix, or a name ``owner`` also lists), or None."""
+    for prefix in owner.prefixes:
+        for covered in other.prefixes:
+            if covered.startswith(prefix):
+                return f"prefix {prefix!r} of {owner.name!r} covers prefix {covered!r} of {other.name!r}"
+        for covered in sorted(other.namespaces):
+            if covered.startswith(prefix):
+                return f"prefix {prefix!r} of {owner.name!r} covers namespace {covered!r} of {other.name!r}"
+    both = sorted(owner.namespaces & other.namespaces)
+    return f"both list namespace {both[0]!r}" if both else None
 
 
 def _tenant(record: Any, where: str, environ: Mapping[str, str]) -> tuple[str, Tenant]:
