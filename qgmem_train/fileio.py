@@ -62,6 +62,8 @@ def parse_json(text: str | bytes, where: str) -> Any:
         raise InputError(where, f"not valid JSON: {exc}") from None
     except RecursionError:
         raise InputError(where, "not readable JSON: nested too deeply") from None
+    except ValueError:  # an integer past Python's limit on digits in a conversion
+        raise InputError(where, f"not readable JSON: a number longer than {sys.get_int_max_str_digits()} digits") from None
 
 
 def fsync_dir(path: Path) -> None:
