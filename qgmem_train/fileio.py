@@ -242,12 +242,14 @@ def seal_folder(folder: Path) -> None:
             os.chmod(path, stat.S_IMODE(path.lstat().st_mode) & ~0o022)
 
 
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB blocks."""
+def file_sha256(path: Path, keep: bytearray | None = None) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks; each block is also appended to ``keep`` when given (the bytes as hashed)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
+            if keep is not None:
+                keep += block
     return digest.hexdigest()
 
 

@@ -389,6 +389,7 @@ MALFORMED: dict[str, tuple[Callable[[Path], None], str]] = {
     "not JSON": (_raw('{"format": '), "config.json: not valid JSON"),
     "bytes that are not UTF-8": (lambda folder: (folder / CONFIG_FILE).write_bytes(b'{"format": "\xff"}'), "not valid UTF-8"),
     "not an object": (_raw("[]"), "config.json: format"),
+    "an integer of 5,000 digits": (_raw('{"format": ' + "9" * 5000 + "}"), "config.json: not readable JSON: a number longer than 4300 digits"),
     "module not a mapping": (_edited(lambda c: c.update(module="big")), "config.json: module"),
     "an unknown module setting": (_edited(lambda c: c["module"].update(dropout_everywhere=0.5)), "module.dropout_everywhere"),
     "a module setting of the wrong type": (_edited(lambda c: c["module"].update(gnn_hidden="wide")), "module.gnn_hidden"),
@@ -685,6 +686,8 @@ def test_config_and_adapters_are_read_from_the_bytes_that_were_verified(clean_ex
 
     def swapped_after_the_check(*args: Any, **kwargs: Any) -> Any:
         verified = verify(*args, **kwargs)
+        if "graph_adapter.safetensors" not in args[1]:  # config.json is verified (and parsed) before the files it names
+            return verified
         config = json.loads((folder / CONFIG_FILE).read_text())
         config["pipeline"]["retrieval"]["k"] = 7
         (folder / CONFIG_FILE).write_text(json.dumps(config))
@@ -1164,3 +1167,28 @@ def test_a_cached_bundled_reranker_others_can_write_is_not_used(clean_export, cr
         return
     QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(cache))
     assert all(not path.stat().st_mode & 0o022 for path in [entry, *entry.iterdir()])
+
+
+@pytest.mark.parametrize(("name", "refusal"), [("notes.txt", None), ("extra.json", "more than the 16777216 a JSON file of an export may hold"),
+                                               (CONFIG_FILE, "more than the 16777216 a JSON file of an export may hold")])
+def test_a_large_listed_file_is_hashed_in_blocks_and_a_large_json_refused_unread(clean_export, tmp_path, name, refusal) -> None:
+    """A listed file of 256 MiB (sparse) never sits in memory: peak Python allocations stay a few MiB while it is checked."""
+    import tracemalloc
+
+    from qgmem_train.predictor import read_export
+
+    folder = _hostile(clean_export, tmp_path / "export")
+    with (folder / name).open("ab") as handle:
+        handle.truncate(256 << 20)
+    _write_sums(folder)
+    tracemalloc.start()
+    try:
+        if refusal is None:
+            read_export(folder)
+        else:
+            with pytest.raises(InputError, match=re.escape(refusal)):
+                read_export(folder)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"peak {peak >> 20} MiB while checking a 256 MiB file"
