@@ -365,3 +365,14 @@ def test_an_export_whose_bundled_reranker_files_are_missing_is_refused(trained, 
     (out / CHECKSUM_FILE).write_text("\n".join(sums) + "\n")
     with pytest.raises(InputError, match="reranker.model.safetensors"):
         QGMemPredictor.from_pretrained(out, intent="rules", device="cpu")
+
+
+@pytest.mark.slow
+def test_a_model_cache_without_the_converted_llm_converts_it_before_the_size_check(trained, tmp_path, monkeypatch) -> None:
+    """The bundled SmolLM2 is converted into the cache before the module's sizes are checked on the meta device, where a
+    conversion cannot run (a group-writable entry is converted again by the same path)."""
+    cache = tmp_path / "fresh-cache"
+    monkeypatch.setenv("QGMEM_CACHE", str(cache))
+    QGMemPredictor.from_pretrained(trained[3], intent="rules", device="cpu")
+    [entry] = (cache / "converted").iterdir()
+    assert (entry / "config.json").is_file() and not entry.stat().st_mode & 0o022

@@ -70,7 +70,7 @@ def load_exported_module(
     arguments = {**module_arguments(export), **(base_model or {})}
     adapter = export.folder / export.graph_adapter
     state, metadata = read_adapter(export.adapters[export.graph_adapter], adapter)
-    _check_sizes(export, arguments, state)
+    _check_sizes(export, arguments, state, cache_dir)
     model = GraphAugmentedLM(**grouped_hparams(arguments), cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     model.load_backbone(None if device == "auto" else device)
     expected = trainable_state_dict(model)
@@ -88,14 +88,16 @@ def load_exported_module(
     return model
 
 
-def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[str, Any], cache_dir: str | None) -> None:
     """Refuse module settings whose parameters differ from the adapters' tensors before any parameter is allocated
     (config.json's sizes could ask for terabytes): the graph path is built on the meta device and compared, and
-    ``lora_r`` is compared with the LoRA adapter's rank."""
+    ``lora_r`` is compared with the LoRA adapter's rank. The base model's folder is resolved first, on the real device:
+    a bundled model converted into the cache then, or its cache entry refused, is reported as that, not as sizes."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load
 
+    from qgmem_train.llm.resolver import resolve_model_dir
     from qgmem_train.model.checkpoint import trainable_state_dict
     from qgmem_train.model.module import GraphAugmentedLM
     from qgmem_train.model.settings import grouped_hparams
@@ -108,9 +110,11 @@ def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[st
             raise _not_an_adapter(path, exc) from None
         if arguments.get("lora_r") not in ranks:
             raise InputError(f"{export.folder / CONFIG_FILE}: module.lora_r", f"is {arguments.get('lora_r')}, but the LoRA adapter's rank is {', '.join(map(str, ranks))}")
+    if isinstance(arguments.get("llm"), str):
+        resolve_model_dir(arguments["llm"], cache_dir, revision=arguments.get("llm_revision"))
     try:
         with torch.device("meta"):
-            shell = GraphAugmentedLM(**grouped_hparams(arguments))
+            shell = GraphAugmentedLM(**grouped_hparams(arguments), cache_dir=cache_dir)
     except (RuntimeError, ValueError, OverflowError) as exc:
         why = first_line(exc)
         raise InputError(f"{export.folder / CONFIG_FILE}: module", f"its sizes make a module no adapter fits ({why})") from None
