@@ -3,7 +3,9 @@ and a real uvicorn server process on 127.0.0.1 answering over HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import socket
@@ -131,3 +133,75 @@ def test_a_real_server_process_on_loopback_adds_searches_and_asks(tmp_path) -> N
     text = log.read_text()
     assert "Uvicorn running on http://127.0.0.1" in text and '"POST /v1/namespaces/acme-alex/ask HTTP/1.1" 200' in text
     assert TOKEN not in text and "wrong-token" not in text
+
+
+async def _echo_app(scope, receive, send) -> None:
+    """A plain ASGI app: reads the whole body, answers 200 with its length."""
+    if scope["type"] != "http":
+        return
+    size, more = 0, True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        size, more = size + len(message.get("body", b"")), message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": str(size).encode()})
+
+
+@contextlib.contextmanager
+def _guarded_server(guards):
+    """serve's uvicorn settings over :func:`_echo_app`, listening on loopback in a thread."""
+    import threading
+
+    import uvicorn
+
+    from qgmem_train.serve.cli import server_config
+
+    port = _free_port()
+    server = uvicorn.Server(server_config(_echo_app, "127.0.0.1", port, guards))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.05)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def test_silent_connections_past_the_cap_make_room_and_another_client_is_answered(caplog) -> None:
+    """Three times the cap of connections that send nothing (their deadline far off): the one waiting longest is closed
+    for each new one, another client is answered, and the log holds a few throttled lines, no traceback."""
+    from qgmem_train.serve.connections import ConnectionLimits
+
+    caplog.set_level(logging.INFO)
+    with _guarded_server(ConnectionLimits(header_timeout_s=600, body_timeout_s=600, max_connections=8)) as port:
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(24)]
+        try:
+            answer = httpx.post(f"http://127.0.0.1:{port}/", content=b"hello", timeout=30)
+            assert answer.status_code == 200 and answer.text == "5"
+        finally:
+            for sock in silent:
+                sock.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "qgmem_train.serve"]
+    assert lines and len(lines) <= 3 and all("closed the connection waiting longest" in line for line in lines), lines
+    assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.exc_info]
+
+
+@pytest.mark.parametrize("sent", [b"", b"GET / HTTP/1.1\r\nHost: x\r\n", b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12"])
+def test_a_request_head_or_body_not_sent_in_time_closes_the_connection(caplog, sent: bytes) -> None:
+    """Nothing, half a head, or two bytes of a ten-byte body: the server closes the connection at its deadline."""
+    from qgmem_train.serve.connections import ConnectionLimits
+
+    caplog.set_level(logging.INFO)
+    with _guarded_server(ConnectionLimits(header_timeout_s=0.5, body_timeout_s=0.5)) as port:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(sent)
+            sock.settimeout(60)
+            assert sock.recv(1024) == b"", "the server closed the connection"
+    phase = "body" if b"Content-Length" in sent else "head"
+    assert any(f"request {phase} did not arrive within 0.5 s" in r.getMessage() for r in caplog.records), caplog.text
