@@ -22,11 +22,12 @@ from qgmem_train.__main__ import main
 from qgmem_train.serve.tenants import TENANTS_ENV, Tenants
 
 TOKEN = "acme-token-0123456789abcdef"
+OTHER_TOKEN = "Vq3xN0c8rTz1LmP5yWb7Ke"
 ROOT = Path(__file__).parent.parent
 
 
 def test_tenants_come_from_a_file_or_the_environment_with_tokens_in_variables(tmp_path) -> None:
-    document = {"tenants": [{"name": "acme", "token_env": "ACME_TOKEN", "prefixes": ["acme-"]}, {"name": "b", "token": "b" * 16, "namespaces": ["b1"]}]}
+    document = {"tenants": [{"name": "acme", "token_env": "ACME_TOKEN", "prefixes": ["acme-"]}, {"name": "b", "token": OTHER_TOKEN, "namespaces": ["b1"]}]}
     path = tmp_path / "tenants.yaml"
     path.write_text(yaml.safe_dump(document))
     from_file = Tenants.load(path, {"ACME_TOKEN": TOKEN})
@@ -34,13 +35,16 @@ def test_tenants_come_from_a_file_or_the_environment_with_tokens_in_variables(tm
     for tenants in (from_file, from_env):
         acme = tenants.authenticate(TOKEN)
         assert acme is not None and acme.name == "acme" and acme.may("acme-x") and not acme.may("b1")
-        assert tenants.authenticate("b" * 16).may("b1") and tenants.authenticate("b" * 15) is None and tenants.authenticate(None) is None
+        assert tenants.authenticate(OTHER_TOKEN).may("b1") and tenants.authenticate(OTHER_TOKEN[:-1]) is None and tenants.authenticate(None) is None
 
 
 @pytest.mark.parametrize(
     "tenants,needle",
     [
-        ({"tenants": [{"name": "a", "token": "short-secret", "prefixes": ["a-"]}]}, "tenant 1 (a).token: expected a string of at least 16"),
+        ({"tenants": [{"name": "a", "token": "short-secret", "prefixes": ["a-"]}]}, "tenant 1 (a).token: expected a random string of at least 128 bits"),
+        ({"tenants": [{"name": "a", "token": "b" * 64, "prefixes": ["a-"]}]}, "make one with python -c 'import secrets; print(secrets.token_urlsafe(32))'"),
+        ({"tenants": [{"name": "a", "token": "0f" * 32, "prefixes": ["a-"]}]}, "tenant 1 (a).token: expected a random string of at least 128 bits"),
+        ({"tenants": [{"name": "a", "token": "0123456789abcde", "prefixes": ["a-"]}]}, "tenant 1 (a).token: expected a random string of at least 128 bits"),
         ({"tenants": [{"name": "a", "token": TOKEN, "prefixes": ["a-"]}, {"name": "b", "token": TOKEN, "namespaces": ["b"]}]}, "same token as tenant a"),
         ({"tenants": [{"name": "a", "token_env": "QGMEM_TEST_UNSET_TOKEN", "prefixes": ["a-"]}]}, "variable QGMEM_TEST_UNSET_TOKEN is not set"),
         ({"tenants": [{"name": "a", "token": TOKEN, "prefix": ["a-"]}]}, "tenant 1.prefix: unknown field"),

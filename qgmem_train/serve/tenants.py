@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +25,12 @@ from qgmem_train.errors import InputError
 
 TENANTS_ENV = "QGMEM_SERVE_TENANTS"
 """Environment variable holding the tenants file's text, when no file is given."""
-MIN_TOKEN_CHARS = 16
-"""Shortest token accepted: a shorter one is guessable."""
+MIN_TOKEN_BITS = 128
+"""Least randomness a token must be able to hold: 32 hex or 22 base64url characters."""
+TOKEN_ALPHABETS = ((16, frozenset(string.hexdigits)), (64, frozenset(string.ascii_letters + string.digits + "-_+/=")),
+                   (94, frozenset(string.printable[:94])))  # fmt: skip
+"""The usual alphabets of generated tokens, smallest first, with their sizes."""
+MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 @dataclass(frozen=True)
@@ -138,8 +144,9 @@ def _tenant(record: Any, where: str, environ: Mapping[str, str]) -> tuple[str, T
             raise InputError(f"{where}.token_env", f"variable {record['token_env']} is not set")
     else:
         token = record["token"]
-    if not isinstance(token, str) or len(token) < MIN_TOKEN_CHARS or token != token.strip():
-        raise InputError(f"{where}.token", f"expected a string of at least {MIN_TOKEN_CHARS} characters without surrounding spaces")
+    if not isinstance(token, str) or token_bits(token) < MIN_TOKEN_BITS:
+        raise InputError(f"{where}.token", f"expected a random string of at least {MIN_TOKEN_BITS} bits (32 hex or 22 base64url characters, "
+                         f"not a word or a repeated pattern); make one with {MAKE_TOKEN}")
     lists = {}
     for key in ("namespaces", "prefixes"):
         value = record.get(key, [])
@@ -149,6 +156,14 @@ def _tenant(record: Any, where: str, environ: Mapping[str, str]) -> tuple[str, T
     if not lists["namespaces"] and not lists["prefixes"]:
         raise InputError(where, "may touch nothing: give namespaces or prefixes")
     return token, Tenant(name, frozenset(lists["namespaces"]), tuple(lists["prefixes"]))
+
+
+def token_bits(token: str) -> float:
+    """An upper bound on the bits of randomness of ``token``: its length times the bits of a character of the smallest
+    usual alphabet holding it, counting at most four characters for each distinct one (``aaaa…`` or ``abab…`` is no
+    stronger for being long); 0 for a token outside every alphabet (spaces, other characters)."""
+    size = next((size for size, alphabet in TOKEN_ALPHABETS if set(token) <= alphabet), 0)
+    return min(len(token), 4 * len(set(token))) * math.log2(size) if size else 0.0
 
 
 def _digest(token: str) -> bytes:
