@@ -52,6 +52,8 @@ from qgmem_train.retrieval.rerank import build_command, names_missing_folder
 log = logging.getLogger(__name__)
 GRAPH_PREFIXES = ("encoder.", "projector.")
 """State-dict prefixes of the graph adapter; every other trainable parameter is LoRA inside ``llm.``."""
+MACHINE_REPORT_KEYS = ("input", "store")
+"""Fields of an eval report that name a file or database of the machine it ran on: never shown in a model card."""
 LIBRARIES = ("qgmem", "torch", "lightning", "transformers", "peft", "torch_geometric", "sentence-transformers")
 
 
@@ -320,7 +322,8 @@ def name_lora_base_model(folder: Path, llm: str) -> None:
 
 
 def read_eval_report(path: str | os.PathLike | None) -> dict[str, Any] | None:
-    """Flat scalar metrics from an evaluation's ``metrics.json`` (nested values are left out)."""
+    """Flat scalar metrics from an evaluation's ``metrics.json`` (nested values are left out, and so are the
+    :data:`MACHINE_REPORT_KEYS`)."""
     if path is None:
         return None
     path = Path(path)
@@ -332,7 +335,7 @@ def read_eval_report(path: str | os.PathLike | None) -> dict[str, Any] | None:
         raise InputError(str(path), f"not valid JSON: {exc}") from None
     if not isinstance(report, dict):
         raise InputError(str(path), "expected a JSON object of metrics")
-    return {k: v for k, v in report.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    return {k: v for k, v in report.items() if k not in MACHINE_REPORT_KEYS and (isinstance(v, (int, float, str, bool)) or v is None)}
 
 
 def publish_export(staging: Path, out: Path) -> None:

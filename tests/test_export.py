@@ -23,7 +23,7 @@ import yaml
 
 from export.__main__ import main as export_main
 from export.hub import PushError, push_folder
-from export.package import export_model, unsafe_files, write_checksums
+from export.package import export_model, read_eval_report, unsafe_files, write_checksums
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM, load_pipeline_config
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import OUTPUT_MARKER
@@ -376,3 +376,9 @@ def test_a_model_cache_without_the_converted_llm_converts_it_before_the_size_che
     QGMemPredictor.from_pretrained(trained[3], intent="rules", device="cpu")
     [entry] = (cache / "converted").iterdir()
     assert (entry / "config.json").is_file() and not entry.stat().st_mode & 0o022
+
+
+def test_the_model_card_shows_no_input_file_or_store_of_the_machine_the_evaluation_ran_on(tmp_path) -> None:
+    report = tmp_path / "metrics.json"
+    report.write_text(json.dumps({"recall@10": 0.25, "dataset": "locomo", "input": "/home/alice/private/locomo10.json", "store": "/home/alice/stores/s"}))
+    assert read_eval_report(report) == {"recall@10": 0.25, "dataset": "locomo"}
