@@ -852,14 +852,20 @@ def test_redact_url_masks_every_place_a_url_carries_a_token(url, secret) -> None
     assert secret not in shown and "api.example.com" in shown
 
 
-def test_the_cli_warns_once_when_a_config_sends_the_key_over_plain_http(tmp_path, monkeypatch, capsys, minilm) -> None:
+def test_the_cli_refuses_a_config_sending_the_key_over_plain_http_unless_it_allows_it(tmp_path, monkeypatch, capsys, minilm) -> None:
+    """Refused in one line, no request sent; with ``allow_insecure_http: true`` one warning line per host."""
     monkeypatch.setenv(SECRET_ENV, SECRET)
     config = tmp_path / "api.yaml"
     models = {"backend": "openai", "base_url": "http://192.0.2.7:9/v1", "api_key_env": SECRET_ENV, "reranker": "none", "timeout_s": 0.2, "max_retries": 0}
     config.write_text(yaml.safe_dump({"pipeline": {"models": models, "construction": {"units": "turns", "traces": False}}}))
     _store(tmp_path, minilm)
+    ask = ["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--config", str(config), QUESTION]
+    assert main(ask) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "plain http to another machine" in err and "allow_insecure_http: true" in err and SECRET not in err
+    config.write_text(yaml.safe_dump({"pipeline": {"models": {**models, "allow_insecure_http": True}, "construction": {"units": "turns", "traces": False}}}))
     for _ in range(2):
-        main(["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--config", str(config), QUESTION])
+        main(ask)
     err = capsys.readouterr().err
     assert err.count("plain http to another machine") == 1 and SECRET not in err
 

@@ -50,7 +50,7 @@ MAX_JSON_BYTES = 16 << 20
 """Largest JSON file an export may list: its configs are kilobytes, a bundled reranker's tokenizer a few megabytes;
 a larger one is refused before it is read (parsed JSON takes several times its size in memory)."""
 
-CALLER_MODELS = ("backend", "base_url", "api_key_env", "trust_remote_code")
+CALLER_MODELS = ("backend", "base_url", "api_key_env", "trust_remote_code", "allow_insecure_http")
 """``pipeline.models`` settings that decide what runs, which server is called and which key it gets: the caller's alone."""
 CALLER_MODULE = ("trust_remote_code",)
 """Module hyperparameters that decide what runs: the caller's alone."""
@@ -68,6 +68,7 @@ _HOW_TO_PASS = {
     "base_url": "models={'base_url': ...}",
     "api_key_env": "models={'api_key_env': ...}",
     "trust_remote_code": "trust_remote_code=True",
+    "allow_insecure_http": "allow_insecure_http=True",
 }
 
 

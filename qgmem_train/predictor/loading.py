@@ -198,7 +198,7 @@ class QGMemPredictor(Predictor):
         reranker_dir = bundled_reranker_folder(export, cache_dir)
         if reranker_dir is not None:
             values["models"]["reranker_model"] = str(reranker_dir)
-        values["models"].update({"device": device, "cache_dir": cache_dir, **caller})
+        values["models"].update({"device": device, "cache_dir": cache_dir, "allow_insecure_http": allow_insecure_http, **caller})
         exported_reranker = values["models"]["reranker_model"] and reranker_dir is None and "reranker_model" not in caller
         values["models"]["trust_remote_code"] = trusted and "embedder" in caller and not exported_reranker
         pipeline = pipeline_from_dict(values, "from_pretrained: pipeline")
