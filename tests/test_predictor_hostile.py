@@ -729,6 +729,18 @@ def test_a_bundled_reranker_config_that_does_not_fit_its_weights_is_one_line(cle
     assert "\n" not in str(refusal.value)
 
 
+def test_a_bundled_reranker_config_of_another_architecture_than_its_weights_is_refused(clean_export, cross_encoder, tmp_path) -> None:
+    """``model_type: gpt2`` over BERT weights: transformers would initialise every parameter anew and the reranker rank at random."""
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder)
+    config = json.loads((folder / "reranker.config.json").read_text())
+    config.update(model_type="gpt2", architectures=["GPT2ForSequenceClassification"])
+    (folder / "reranker.config.json").write_text(json.dumps(config))
+    _write_sums(folder)
+    with pytest.raises(InputError, match=r"config.json: builds a model its weights do not fit: \d+ parameter\(s\) not in model.safetensors") as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
+    assert "\n" not in str(refusal.value)
+
+
 PANICKING_REGEX = r"(?:.|.)*\b\B"
 """A pre-tokenizer pattern that never matches and backtracks past Oniguruma's retry limit on a question: the tokenizers
 library panics (pyo3's ``PanicException``, a ``BaseException`` that ``except Exception`` misses)."""
