@@ -209,3 +209,26 @@ def test_a_request_head_or_body_not_sent_in_time_closes_the_connection(caplog, s
             assert sock.recv(1024) == b"", "the server closed the connection"
     phase = "body" if b"Content-Length" in sent else "head"
     assert any(f"request {phase} did not arrive within 0.5 s" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.parametrize(("client", "public", "shown"), [("127.0.0.1", False, True), ("203.0.113.7", False, False), ("203.0.113.7", True, True)])
+def test_metrics_and_docs_answer_another_machine_only_when_switched_on(client: str, public: bool, shown: bool) -> None:
+    """The operators' pages need no token: by default only a client on this machine sees them; the API is unaffected."""
+    import asyncio
+
+    from fastapi import FastAPI
+
+    from qgmem_train.serve.operations import operators_pages
+
+    api = FastAPI()
+    api.get("/metrics")(lambda: {"requests": 1})
+    api.get("/health")(lambda: {"status": "ok"})
+    app = operators_pages(api, public_metrics=public, public_docs=public)
+
+    async def statuses() -> dict[str, int]:
+        transport = httpx.ASGITransport(app=app, client=(client, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://serve") as http:
+            return {path: (await http.get(path)).status_code for path in ("/metrics", "/docs", "/openapi.json", "/health")}
+
+    expected = 200 if shown else 404
+    assert asyncio.run(statuses()) == {"/metrics": expected, "/docs": expected, "/openapi.json": expected, "/health": 200}

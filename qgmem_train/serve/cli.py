@@ -17,6 +17,7 @@ from qgmem_train.errors import InputError
 from qgmem_train.memory.store_uri import store_location
 from qgmem_train.serve.connections import ConnectionLimits, guarded_protocol
 from qgmem_train.serve.limits import Limits
+from qgmem_train.serve.operations import operators_pages
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--header-timeout", type=float, default=guards.header_timeout_s, help="seconds a client has to send a request's head")
     parser.add_argument("--body-timeout", type=float, default=guards.body_timeout_s, help="seconds a client has to send a request's body")
     parser.add_argument("--max-connections", type=int, help="most open connections (default: the open-file limit less 256, at most 4096)")
+    parser.add_argument("--public-metrics", action="store_true", help="answer /metrics to every client (default: this machine's only)")
+    parser.add_argument("--public-docs", action="store_true", help="answer /docs, /redoc and /openapi.json to every client (default: this machine's only)")
     return parser
 
 
@@ -71,7 +74,8 @@ def main(argv: list[str]) -> int:
         predictor = text_path_predictor(args.config, args.reranker, args.intent)
     service = MemoryService(predictor, args.store, max_batch=limits.max_batch)
     try:
-        uvicorn.Server(server_config(create_app(service, tenants, limits), args.host, args.port, guards)).run()
+        app = operators_pages(create_app(service, tenants, limits), public_metrics=args.public_metrics, public_docs=args.public_docs)
+        uvicorn.Server(server_config(app, args.host, args.port, guards)).run()
     finally:
         service.close()
     return 0
