@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from qgmem_train.errors import InputError, ModelUnavailableError
+from qgmem_train.fileio import refuse_foreign_folder
 from qgmem_train.logging_setup import setup_output
 
 
@@ -61,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg, pipeline = load_data_prep_config(args.config)
+        out = (args.out or str(Path(cfg.out) / "align")) if args.command == "align" else cfg.out
+        refuse_foreign_folder(Path(out) / "dataset")  # before the work: the dataset is written last
         if args.command == "align":
             from data_prep.align import build_alignment_data
 
-            out = args.out or str(Path(cfg.out) / "align")
             print(json.dumps(build_alignment_data(cfg, pipeline, out, args.pseudo_queries, args.split_from)))
             return 0
         if args.command == "run":

@@ -102,9 +102,18 @@ def _items(case: dict, where: str) -> tuple[str, list]:
     return key, items
 
 
-def _question(item: Any, where: str) -> CaseQuestion:
+def _item_conversations(item: Any, where: str) -> list:
+    """The ``conversations`` of an evidence item (every item's, not only the questions kept); none when it has none."""
     if not isinstance(item, dict):
         raise InputError(where, "expected an evidence-item object")
+    conversations = item.get("conversations") or []
+    if not isinstance(conversations, list):
+        raise InputError(f"{where}.conversations", "must be a list")
+    return conversations
+
+
+def _question(item: Any, where: str) -> CaseQuestion:
+    conversations = _item_conversations(item, where)
     for name in ("question", "answer"):
         if not isinstance(item.get(name), (str, int, float)) or not str(item.get(name)).strip():
             raise InputError(f"{where}.{name}", "missing or empty")
@@ -112,7 +121,7 @@ def _question(item: Any, where: str) -> CaseQuestion:
     if not isinstance(evidences, list):
         raise InputError(f"{where}.message_evidences", "must be a list")
     texts = [str(e.get("text", "")) for e in evidences if isinstance(e, dict)]
-    sessions = [str(c.get("id")) for c in item.get("conversations") or [] if isinstance(c, dict) and c.get("id")]
+    sessions = [str(c.get("id")) for c in conversations if isinstance(c, dict) and c.get("id")]
     return CaseQuestion(str(item["question"]), str(item["answer"]), texts, sessions)
 
 
@@ -128,7 +137,7 @@ def load_case(root: Path, ref: CaseRef, *, max_questions: int | None, max_sessio
     questions = [_question(item, f"{where}: {key}[{i}]") for i, item in enumerate(items[:max_questions] if max_questions else items)]
     raw = case.get("conversations")
     if raw is None:
-        raw = [c for item in items for c in (item.get("conversations") or [])]
+        raw = [c for i, item in enumerate(items) for c in _item_conversations(item, f"{where}: {key}[{i}]")]
     if not isinstance(raw, list):
         raise InputError(f"{where}: conversations", "must be a list")
     sessions: list[Session] = convomem_sessions(raw, f"{where}: conversations")

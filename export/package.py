@@ -28,7 +28,7 @@ import torch
 
 from qgmem_train.config import PipelineConfig, load_pipeline_config
 from qgmem_train.errors import InputError, first_line
-from qgmem_train.fileio import replace_folder
+from qgmem_train.fileio import OUTPUT_MARKER, refuse_foreign_folder, replace_folder
 from qgmem_train.llm.prompts import ALL_PROMPTS, JSON_RETRY, PROMPTS_VERSION, RERANK
 from qgmem_train.model.checkpoint import ADAPTER_FILE, METADATA_KEY, config_hash, save_adapter
 from qgmem_train.predictor.artifact import (
@@ -52,6 +52,8 @@ from qgmem_train.retrieval.rerank import build_command, names_missing_folder
 log = logging.getLogger(__name__)
 GRAPH_PREFIXES = ("encoder.", "projector.")
 """State-dict prefixes of the graph adapter; every other trainable parameter is LoRA inside ``llm.``."""
+MACHINE_REPORT_KEYS = ("input", "store")
+"""Fields of an eval report that name a file or database of the machine it ran on: never shown in a model card."""
 LIBRARIES = ("qgmem", "torch", "lightning", "transformers", "peft", "torch_geometric", "sentence-transformers")
 
 
@@ -241,7 +243,7 @@ def bundle_reranker(cfg: PipelineConfig, staging: Path) -> dict[str, Any]:
     nested = [p.name for p in entries if not p.is_file()]
     if nested:
         raise InputError(str(folder), f"a cross-encoder folder to bundle must be flat; it holds {nested}")
-    for path in entries:
+    for path in (p for p in entries if p.name != OUTPUT_MARKER):
         shutil.copyfile(path, staging / f"{RERANKER_PREFIX}{path.name}")
     return {"kind": kind, "model": None, "bundled": True}
 
@@ -320,7 +322,8 @@ def name_lora_base_model(folder: Path, llm: str) -> None:
 
 
 def read_eval_report(path: str | os.PathLike | None) -> dict[str, Any] | None:
-    """Flat scalar metrics from an evaluation's ``metrics.json`` (nested values are left out)."""
+    """Flat scalar metrics from an evaluation's ``metrics.json`` (nested values are left out, and so are the
+    :data:`MACHINE_REPORT_KEYS`)."""
     if path is None:
         return None
     path = Path(path)
@@ -332,16 +335,24 @@ def read_eval_report(path: str | os.PathLike | None) -> dict[str, Any] | None:
         raise InputError(str(path), f"not valid JSON: {exc}") from None
     if not isinstance(report, dict):
         raise InputError(str(path), "expected a JSON object of metrics")
-    return {k: v for k, v in report.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    return {k: v for k, v in report.items() if k not in MACHINE_REPORT_KEYS and (isinstance(v, (int, float, str, bool)) or v is None)}
 
 
 def publish_export(staging: Path, out: Path) -> None:
     """Swap the finished ``staging`` folder in as ``out``; an existing export (or empty folder) there is replaced, anything else refused."""
-    if out.exists():
-        if not (out / CONFIG_FILE).is_file() or EXPORT_FORMAT not in (out / CONFIG_FILE).read_text(encoding="utf-8", errors="replace"):
-            if not out.is_dir() or any(out.iterdir()):
-                raise InputError(str(out), "exists and is not a QGMem export; choose a new folder")
+    check_export_target(out)
     replace_folder(staging, out)
+
+
+def check_export_target(out: Path) -> None:
+    """Refuse ``out`` unless it is missing, empty or an earlier export: anything else is the user's."""
+    refuse_foreign_folder(out, is_export_folder, "a QGMem export")
+
+
+def is_export_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds an export's config.json: a folder ``export`` may replace."""
+    config = folder / CONFIG_FILE
+    return config.is_file() and EXPORT_FORMAT in config.read_text(encoding="utf-8", errors="replace")
 
 
 def export_model(
@@ -361,6 +372,7 @@ def export_model(
     from export.model_card import render_model_card
 
     config_path, out = Path(config_path), Path(out).expanduser().resolve()
+    check_export_target(out)
     checkpoint = read_checkpoint(checkpoint_path)
     where = str(checkpoint_path)  # a folder stands for its last.ckpt
     hparams = module_hyperparameters(checkpoint, where)

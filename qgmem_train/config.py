@@ -54,6 +54,8 @@ class ModelsConfig:
     """Base URL of the OpenAI-compatible server, e.g. ``http://localhost:8000/v1``."""
     api_key_env: str = "OPENAI_API_KEY"
     """Name of the environment variable holding the API key; the key itself is never configured."""
+    allow_insecure_http: bool = False
+    """Send the API key to a plain-http ``base_url`` on another machine (unencrypted); refused unless set."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype of local models (auto: bfloat16 on CUDA, float32 on CPU)."""
     quantization: Literal["none", "4bit", "8bit"] = "none"

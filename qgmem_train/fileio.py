@@ -96,6 +96,8 @@ def parse_json(text: str | bytes, where: str) -> Any:
         raise InputError(where, f"not valid JSON: {exc}") from None
     except RecursionError:
         raise InputError(where, "not readable JSON: nested too deeply") from None
+    except ValueError:  # an integer past Python's limit on digits in a conversion
+        raise InputError(where, f"not readable JSON: a number longer than {sys.get_int_max_str_digits()} digits") from None
 
 
 def fsync_dir(path: Path) -> None:
@@ -179,6 +181,33 @@ def replace_folder(staging: Path, path: Path) -> None:
     fsync_dir(path.parent)
 
 
+OUTPUT_MARKER = ".qgmem-output"
+"""File a command writes into every output folder it publishes: the proof that a later run may replace that folder."""
+
+
+def holds_output_marker(folder: Path) -> bool:
+    """Whether ``folder`` holds :data:`OUTPUT_MARKER`, so a command of this project wrote it."""
+    return (folder / OUTPUT_MARKER).is_file()
+
+
+def refuse_foreign_folder(path: Path, ours: Callable[[Path], bool] = holds_output_marker, what: str = f"an output folder of QGMem (it holds no {OUTPUT_MARKER})") -> None:
+    """Refuse ``path`` as an output folder unless it is missing, an empty folder, or one ``ours`` recognises as written
+    by this project: replacing it would delete the user's files. Called before the work and again before publishing."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_dir() and not path.is_symlink() and (ours(path) or not any(path.iterdir())):
+        return
+    raise InputError(str(path), f"exists and is not {what}; choose a new folder, or remove it yourself")
+
+
+def publish_output_folder(staging: Path, path: Path, command: str) -> None:
+    """Publish ``staging`` as the output folder ``path`` of ``command`` (:func:`replace_folder`), marked as written by it;
+    a folder there that no command of this project wrote is refused and left as it is."""
+    refuse_foreign_folder(path)
+    (staging / OUTPUT_MARKER).write_text(f"written by {command}; a later run may replace this folder\n", encoding="utf-8")
+    replace_folder(staging, path)
+
+
 @contextmanager
 def staging_beside(path: Path) -> Iterator[Path]:
     """A new empty folder beside ``path`` (the same filesystem, so :func:`replace_folder` or a rename can publish it),
@@ -247,12 +276,14 @@ def seal_folder(folder: Path) -> None:
             os.chmod(path, stat.S_IMODE(path.lstat().st_mode) & ~0o022)
 
 
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB blocks."""
+def file_sha256(path: Path, keep: bytearray | None = None) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks; each block is also appended to ``keep`` when given (the bytes as hashed)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
+            if keep is not None:
+                keep += block
     return digest.hexdigest()
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import datasets
 
 from qgmem_train.errors import InputError
-from qgmem_train.fileio import replace_folder, staging_beside
+from qgmem_train.fileio import publish_output_folder, staging_beside
 from qgmem_train.graph.local_graph import LocalGraph
 
 SCHEMA_VERSION = 1
@@ -119,8 +119,8 @@ def split_of_case(case_id: str, validation_fraction: float, test_fraction: float
 def write_trajectory_dataset(splits: Mapping[str, list[TrajectoryExample]], path: str | os.PathLike) -> Path:
     """Save the non-empty splits of ``{split: examples}`` as a DatasetDict folder at ``path``.
 
-    The folder is written beside ``path`` and then swapped in (:func:`replace_folder`): a reader, or a
-    crash, finds the previous dataset or the new one, never none.
+    The folder is written beside ``path`` and then swapped in (:func:`publish_output_folder`): a reader, or a
+    crash, finds the previous dataset or the new one, never none; a folder there that data prep did not write is refused.
     """
     path = Path(path)
     with staging_beside(path) as staging:
@@ -130,7 +130,7 @@ def write_trajectory_dataset(splits: Mapping[str, list[TrajectoryExample]], path
             {name: datasets.Dataset.from_list(rows, features=TRAJECTORY_FEATURES) for name, rows in table.items()}
         )
         dataset.save_to_disk(str(staging))
-        replace_folder(staging, path)
+        publish_output_folder(staging, path, "data prep")
     return path
 
 

@@ -98,3 +98,23 @@ def test_malformed_case_names_file_record_and_field(tmp_path: Path) -> None:
     convomem._read.cache_clear()
     with pytest.raises(InputError, match=r"bad\.json: not valid JSON"):
         discover_cases(tmp_path, ["user_evidence"])
+
+
+@pytest.mark.parametrize(
+    ("second_item", "needle"),
+    [
+        ({"question": "Q2?", "answer": "A2", "conversations": 5}, r"bad\.json: evidenceItems\[1\]\.conversations: must be a list"),
+        ("not an item", r"bad\.json: evidenceItems\[1\]: expected an evidence-item object"),
+    ],
+)
+def test_a_bad_item_past_the_question_cap_is_one_line(tmp_path: Path, second_item: object, needle: str) -> None:
+    """Items past ``max_questions`` still lend their conversations to the haystack, so they are checked as well."""
+    raw = json.loads((SAMPLE / "category_2_temporal" / "dataset_0.json").read_text())
+    first = raw["evidenceItems"][0]
+    folder = tmp_path / "user_evidence"
+    folder.mkdir()
+    (folder / "bad.json").write_text(json.dumps({"evidenceItems": [first, second_item]}))
+    (ref,) = discover_cases(tmp_path, ["user_evidence"])["user_evidence"]
+    with pytest.raises(InputError, match=needle) as refusal:
+        load_case(tmp_path, ref, max_questions=1, max_sessions=None)
+    assert "\n" not in str(refusal.value)

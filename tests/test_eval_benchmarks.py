@@ -99,3 +99,40 @@ def test_conversations_export_round_trips_through_the_plain_loader(tmp_path: Pat
     out = tmp_path / "lme.jsonl"
     assert main(["eval", "conversations", "--benchmark", "longmemeval", "--input", str(LME), "--out", str(out)]) == 0
     assert load_conversations("jsonl", out) == load_benchmark("longmemeval", LME).conversations
+
+
+def _beam_with_a_long_id(tmp_path: Path) -> list[str]:
+    chat = tmp_path / "beam" / "1" / "chat.json"
+    chat.parent.mkdir(parents=True)
+    chat.write_text((ROOT / "samples" / "beam" / "1" / "chat.json").read_text().replace('"id": 0,', f'"id": {"9" * 5000},', 1))
+    return ["eval", "conversations", "--benchmark", "beam", "--input", str(chat.parent.parent), "--out", str(tmp_path / "beam.jsonl")]
+
+
+def _locomo_with_a_long_session_key(tmp_path: Path) -> list[str]:
+    data = json.loads((ROOT / "samples" / "locomo_sample.json").read_text())
+    data[0]["conversation"]["session_" + "9" * 5000] = []
+    path = tmp_path / "locomo.json"
+    path.write_text(json.dumps(data))
+    return ["eval", "conversations", "--benchmark", "locomo", "--input", str(path), "--out", str(tmp_path / "locomo.jsonl")]
+
+
+def _report_folder_that_is_a_file(tmp_path: Path) -> list[str]:
+    (tmp_path / "report").write_text("a file of the user's")
+    return ["eval", "retrieval", "--dataset", "locomo", "--input", str(ROOT / "samples" / "locomo_sample.json"), "--store", str(tmp_path / "no-store"),
+            "--out", str(tmp_path / "report"), "--intent", "rules"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (_beam_with_a_long_id, "beam/1/chat.json: not readable JSON: a number longer than 4300 digits"),
+        (_locomo_with_a_long_session_key, "locomo.json: sample conv-26.conversation.session_999999999999...: a session number longer than 9 digits"),
+        (_report_folder_that_is_a_file, "report: exists and is not a folder: --out names the report folder"),
+    ],
+)
+def test_hostile_input_to_eval_is_one_line_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str], make, needle: str) -> None:
+    from qgmem_train.__main__ import main
+
+    assert main(make(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and needle in err and "Traceback" not in err, err[-500:]

@@ -23,9 +23,10 @@ import yaml
 
 from export.__main__ import main as export_main
 from export.hub import PushError, push_folder
-from export.package import export_model, unsafe_files, write_checksums
+from export.package import export_model, read_eval_report, unsafe_files, write_checksums
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM, load_pipeline_config
 from qgmem_train.errors import InputError
+from qgmem_train.fileio import OUTPUT_MARKER
 from qgmem_train.model.checkpoint import trainable_state_dict
 from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
@@ -314,6 +315,7 @@ def cross_encoder_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("reranker") / "model"
     save_cross_encoder(load_cross_encoder(BUNDLED_EMBEDDER, max_length=64), folder, "context")
+    (folder / OUTPUT_MARKER).write_text("written by fit-reranker\n")
     return folder
 
 
@@ -363,3 +365,20 @@ def test_an_export_whose_bundled_reranker_files_are_missing_is_refused(trained, 
     (out / CHECKSUM_FILE).write_text("\n".join(sums) + "\n")
     with pytest.raises(InputError, match="reranker.model.safetensors"):
         QGMemPredictor.from_pretrained(out, intent="rules", device="cpu")
+
+
+@pytest.mark.slow
+def test_a_model_cache_without_the_converted_llm_converts_it_before_the_size_check(trained, tmp_path, monkeypatch) -> None:
+    """The bundled SmolLM2 is converted into the cache before the module's sizes are checked on the meta device, where a
+    conversion cannot run (a group-writable entry is converted again by the same path)."""
+    cache = tmp_path / "fresh-cache"
+    monkeypatch.setenv("QGMEM_CACHE", str(cache))
+    QGMemPredictor.from_pretrained(trained[3], intent="rules", device="cpu")
+    [entry] = (cache / "converted").iterdir()
+    assert (entry / "config.json").is_file() and not entry.stat().st_mode & 0o022
+
+
+def test_the_model_card_shows_no_input_file_or_store_of_the_machine_the_evaluation_ran_on(tmp_path) -> None:
+    report = tmp_path / "metrics.json"
+    report.write_text(json.dumps({"recall@10": 0.25, "dataset": "locomo", "input": "/home/alice/private/locomo10.json", "store": "/home/alice/stores/s"}))
+    assert read_eval_report(report) == {"recall@10": 0.25, "dataset": "locomo"}

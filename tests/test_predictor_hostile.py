@@ -392,6 +392,7 @@ MALFORMED: dict[str, tuple[Callable[[Path], None], str]] = {
     "not JSON": (_raw('{"format": '), "config.json: not valid JSON"),
     "bytes that are not UTF-8": (lambda folder: (folder / CONFIG_FILE).write_bytes(b'{"format": "\xff"}'), "not valid UTF-8"),
     "not an object": (_raw("[]"), "config.json: format"),
+    "an integer of 5,000 digits": (_raw('{"format": ' + "9" * 5000 + "}"), "config.json: not readable JSON: a number longer than 4300 digits"),
     "module not a mapping": (_edited(lambda c: c.update(module="big")), "config.json: module"),
     "an unknown module setting": (_edited(lambda c: c["module"].update(dropout_everywhere=0.5)), "module.dropout_everywhere"),
     "a module setting of the wrong type": (_edited(lambda c: c["module"].update(gnn_hidden="wide")), "module.gnn_hidden"),
@@ -688,6 +689,8 @@ def test_config_and_adapters_are_read_from_the_bytes_that_were_verified(clean_ex
 
     def swapped_after_the_check(*args: Any, **kwargs: Any) -> Any:
         verified = verify(*args, **kwargs)
+        if "graph_adapter.safetensors" not in args[1]:  # config.json is verified (and parsed) before the files it names
+            return verified
         config = json.loads((folder / CONFIG_FILE).read_text())
         config["pipeline"]["retrieval"]["k"] = 7
         (folder / CONFIG_FILE).write_text(json.dumps(config))
@@ -725,6 +728,18 @@ def test_a_bundled_reranker_config_that_does_not_fit_its_weights_is_one_line(cle
     (folder / "reranker.config.json").write_text(json.dumps(config))
     _write_sums(folder)
     with pytest.raises(InputError, match="the cross-encoder does not load: .*ignore_mismatched_sizes") as refusal:
+        QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
+    assert "\n" not in str(refusal.value)
+
+
+def test_a_bundled_reranker_config_of_another_architecture_than_its_weights_is_refused(clean_export, cross_encoder, tmp_path) -> None:
+    """``model_type: gpt2`` over BERT weights: transformers would initialise every parameter anew and the reranker rank at random."""
+    folder = _bundle(_hostile(clean_export, tmp_path / "export"), cross_encoder)
+    config = json.loads((folder / "reranker.config.json").read_text())
+    config.update(model_type="gpt2", architectures=["GPT2ForSequenceClassification"])
+    (folder / "reranker.config.json").write_text(json.dumps(config))
+    _write_sums(folder)
+    with pytest.raises(InputError, match=r"config.json: builds a model its weights do not fit: \d+ parameter\(s\) not in model.safetensors") as refusal:
         QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(tmp_path / "cache"))
     assert "\n" not in str(refusal.value)
 
@@ -852,14 +867,20 @@ def test_redact_url_masks_every_place_a_url_carries_a_token(url, secret) -> None
     assert secret not in shown and "api.example.com" in shown
 
 
-def test_the_cli_warns_once_when_a_config_sends_the_key_over_plain_http(tmp_path, monkeypatch, capsys, minilm) -> None:
+def test_the_cli_refuses_a_config_sending_the_key_over_plain_http_unless_it_allows_it(tmp_path, monkeypatch, capsys, minilm) -> None:
+    """Refused in one line, no request sent; with ``allow_insecure_http: true`` one warning line per host."""
     monkeypatch.setenv(SECRET_ENV, SECRET)
     config = tmp_path / "api.yaml"
     models = {"backend": "openai", "base_url": "http://192.0.2.7:9/v1", "api_key_env": SECRET_ENV, "reranker": "none", "timeout_s": 0.2, "max_retries": 0}
     config.write_text(yaml.safe_dump({"pipeline": {"models": models, "construction": {"units": "turns", "traces": False}}}))
     _store(tmp_path, minilm)
+    ask = ["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--config", str(config), QUESTION]
+    assert main(ask) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "plain http to another machine" in err and "allow_insecure_http: true" in err and SECRET not in err
+    config.write_text(yaml.safe_dump({"pipeline": {"models": {**models, "allow_insecure_http": True}, "construction": {"units": "turns", "traces": False}}}))
     for _ in range(2):
-        main(["ask", "--intent", "rules", "--store", str(tmp_path / "store"), "--config", str(config), QUESTION])
+        main(ask)
     err = capsys.readouterr().err
     assert err.count("plain http to another machine") == 1 and SECRET not in err
 
@@ -1234,3 +1255,28 @@ def test_a_cached_bundled_reranker_others_can_write_is_not_used(clean_export, cr
         return
     QGMemPredictor.from_pretrained(folder, intent="rules", device="cpu", cache_dir=str(cache))
     assert all(not path.stat().st_mode & 0o022 for path in [entry, *entry.iterdir()])
+
+
+@pytest.mark.parametrize(("name", "refusal"), [("notes.txt", None), ("extra.json", "more than the 16777216 a JSON file of an export may hold"),
+                                               (CONFIG_FILE, "more than the 16777216 a JSON file of an export may hold")])
+def test_a_large_listed_file_is_hashed_in_blocks_and_a_large_json_refused_unread(clean_export, tmp_path, name, refusal) -> None:
+    """A listed file of 256 MiB (sparse) never sits in memory: peak Python allocations stay a few MiB while it is checked."""
+    import tracemalloc
+
+    from qgmem_train.predictor import read_export
+
+    folder = _hostile(clean_export, tmp_path / "export")
+    with (folder / name).open("ab") as handle:
+        handle.truncate(256 << 20)
+    _write_sums(folder)
+    tracemalloc.start()
+    try:
+        if refusal is None:
+            read_export(folder)
+        else:
+            with pytest.raises(InputError, match=re.escape(refusal)):
+                read_export(folder)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"peak {peak >> 20} MiB while checking a 256 MiB file"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from qgmem_train.benchmarks.loaders import BENCHMARKS, load_benchmark, plain_conversation
 from qgmem_train.eval.answer_tasks import run_ablations, run_answers
+from qgmem_train.errors import InputError
 from qgmem_train.eval.retrieval_task import run_retrieval
 from qgmem_train.fileio import atomic_output
 from qgmem_train.memory.store_uri import store_location
@@ -109,4 +110,13 @@ def main(argv: list[str]) -> int:
     add_ablations_parser(tasks)
     add_conversations_parser(tasks)
     args = parser.parse_args(argv)
+    check_out(args.out, folder=args.task != "conversations")
     return args.run(args)
+
+
+def check_out(out: Path, *, folder: bool) -> None:
+    """Refuse an ``--out`` of the wrong kind before any work: a report folder that is a file, or a JSONL file that is a folder."""
+    if folder and out.exists() and not out.is_dir():
+        raise InputError(str(out), "exists and is not a folder: --out names the report folder (metrics.json and the rest go inside)")
+    if not folder and out.is_dir():
+        raise InputError(str(out), "is a folder: --out names the JSONL file to write")

@@ -54,7 +54,7 @@ def _make_llm(ref: str, revision: str | None, m: ModelsConfig, g: GenerationConf
         if not m.base_url:
             raise ModelUnavailableError("models.backend is openai but models.base_url is not set")
         return OpenAICompatibleLLM(
-            m.base_url, ref, api_key_env=m.api_key_env, max_concurrency=m.max_concurrency, timeout_s=m.timeout_s,
+            m.base_url, ref, api_key_env=m.api_key_env, allow_insecure_http=m.allow_insecure_http, max_concurrency=m.max_concurrency, timeout_s=m.timeout_s,
             max_retries=m.max_retries, deadline_s=m.deadline_s, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
             constrained=g.constrained,
         )  # fmt: skip

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 
-from qgmem_train.errors import ModelUnavailableError
+from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.llm.base import Chat, ChatLLM
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ class OpenAICompatibleLLM(ChatLLM):
         model: str,
         *,
         api_key_env: str = "OPENAI_API_KEY",
+        allow_insecure_http: bool = False,
         max_concurrency: int = 8,
         timeout_s: float = 120.0,
         max_retries: int = 4,
@@ -84,7 +85,7 @@ class OpenAICompatibleLLM(ChatLLM):
         key = os.environ.get(api_key_env, "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         if key:
-            warn_plain_http(self.base_url, api_key_env)
+            check_plain_http(self.base_url, api_key_env, allow_insecure_http)
         self._client = httpx.Client(
             timeout=timeout_s, headers=headers, limits=httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
         )
@@ -264,12 +265,16 @@ def is_loopback_host(host: str) -> bool:
 _WARNED_HOSTS: set[str] = set()
 
 
-def warn_plain_http(base_url: str, api_key_env: str) -> None:
-    """One warning line per process and host when the API key would travel over plain http to another machine."""
+def check_plain_http(base_url: str, api_key_env: str, allowed: bool) -> None:
+    """Refuse to send the API key over plain http to another machine unless ``allowed``; then one warning line per
+    process and host."""
     parts = urlsplit(base_url)
     host = parts.hostname or ""
     if parts.scheme != "http" or is_loopback_host(host) or host in _WARNED_HOSTS:
         return
+    if not allowed:
+        raise InputError("pipeline.models.base_url", f"{redact_url(base_url)} is plain http to another machine: the API key in ${api_key_env} "
+                         "would travel unencrypted; use https, or set pipeline.models.allow_insecure_http: true")
     _WARNED_HOSTS.add(host)
     log.warning("warning: models.base_url %s is plain http to another machine: the API key in $%s travels unencrypted; use https", redact_url(base_url), api_key_env)
 

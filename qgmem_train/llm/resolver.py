@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from qgmem_train.errors import ModelUnavailableError
+from qgmem_train.errors import ModelUnavailableError, first_line
 from qgmem_train.fileio import file_sha256, publish_folder_once
 
 PACKAGE_PREFIX = "pkg:"
@@ -93,7 +93,10 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
 def convert_gguf(gguf_path: Path, cache_dir: str | os.PathLike | None = None) -> Path:
     """Dequantize a GGUF model once into ``<cache>/converted/<name>-<sha>``; safe under concurrent callers."""
     final = default_cache_dir(cache_dir) / "converted" / f"{gguf_path.stem}-{file_sha256(gguf_path)[:16]}"
-    return publish_folder_once(final, lambda staging: _write_hf_folder(gguf_path, staging))
+    try:
+        return publish_folder_once(final, lambda staging: _write_hf_folder(gguf_path, staging))
+    except (OSError, ValueError, RuntimeError) as exc:  # unreadable GGUF, full disk, transformers' own errors
+        raise ModelUnavailableError(f"cannot convert {gguf_path} into the model cache {final}: {first_line(exc)}") from None
 
 
 def _write_hf_folder(gguf_path: Path, target: Path) -> None:

@@ -63,6 +63,9 @@ def load_locomo(path: Path) -> list[Conversation]:
         sample_id = require_field(sample, "sample_id", str, where)
         where = f"{path}: sample {sample_id}"
         body = require_field(sample, "conversation", dict, where)
+        for key in body:
+            if re.fullmatch(r"session_\d{10,}", key):
+                raise InputError(f"{where}.conversation.{key[:20]}...", "a session number longer than 9 digits")
         numbers = sorted(int(m[1]) for key in body if (m := re.fullmatch(r"session_(\d+)", key)))
         if not numbers:
             raise InputError(f"{where}.conversation", "no session_N lists")

@@ -46,8 +46,11 @@ EXPORT_FILE_TYPES = (".safetensors", ".json", *TEXT_FILE_TYPES)
 """Files a bundled cross-encoder cannot load without (names inside its own folder)."""
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", CHECKSUM_FILE]
 """Files fetched when loading from the Hub: never anything pickled."""
+MAX_JSON_BYTES = 16 << 20
+"""Largest JSON file an export may list: its configs are kilobytes, a bundled reranker's tokenizer a few megabytes;
+a larger one is refused before it is read (parsed JSON takes several times its size in memory)."""
 
-CALLER_MODELS = ("backend", "base_url", "api_key_env", "trust_remote_code")
+CALLER_MODELS = ("backend", "base_url", "api_key_env", "trust_remote_code", "allow_insecure_http")
 """``pipeline.models`` settings that decide what runs, which server is called and which key it gets: the caller's alone."""
 CALLER_MODULE = ("trust_remote_code",)
 """Module hyperparameters that decide what runs: the caller's alone."""
@@ -65,6 +68,7 @@ _HOW_TO_PASS = {
     "base_url": "models={'base_url': ...}",
     "api_key_env": "models={'api_key_env': ...}",
     "trust_remote_code": "trust_remote_code=True",
+    "allow_insecure_http": "allow_insecure_http=True",
 }
 
 
@@ -133,11 +137,13 @@ def read_checksums(folder: Path) -> dict[str, str]:
 
 def verify_checksums(folder: Path) -> dict[str, str]:
     """Check that the checksum file lists every file of the folder and that each matches; one error otherwise."""
-    return _verify_files(folder, hold=lambda name: False)[0]
+    sums = _listed_files(folder)
+    _verify_files(folder, sums, hold=lambda name: False)
+    return sums
 
 
-def _verify_files(folder: Path, hold: Callable[[str], bool]) -> tuple[dict[str, str], dict[str, bytes]]:
-    """:func:`verify_checksums`, also returning the bytes of the files ``hold`` names, exactly as they were hashed."""
+def _listed_files(folder: Path) -> dict[str, str]:
+    """The checksum file's ``{name: digest}``, refusing an export that lacks a required file or holds one it does not list."""
     sums = read_checksums(folder)
     for required in (CONFIG_FILE, PROMPTS_FILE):
         if required not in sums:
@@ -146,20 +152,26 @@ def _verify_files(folder: Path, hold: Callable[[str], bool]) -> tuple[dict[str, 
         name = path.relative_to(folder).as_posix()
         if name != CHECKSUM_FILE and name not in sums and not (path.is_dir() and not path.is_symlink()):
             raise InputError(str(path), f"not listed in the checksum file: an export holds only the files {CHECKSUM_FILE} lists")
+    return sums
+
+
+def _verify_files(folder: Path, sums: Mapping[str, str], hold: Callable[[str], bool]) -> dict[str, bytes]:
+    """Check each file of ``sums`` against its digest, read in blocks; return the bytes of those ``hold`` names, exactly as
+    they were hashed. A JSON file past :data:`MAX_JSON_BYTES` is refused before it is read."""
     held: dict[str, bytes] = {}
     for name, expected in sums.items():
         path = folder / name
         if not path.is_file():
             raise InputError(str(path), "listed in the checksum file but missing")
         _refuse_outside_link(path, folder)
-        if hold(name):
-            held[name] = path.read_bytes()
-            digest = hashlib.sha256(held[name]).hexdigest()
-        else:
-            digest = file_sha256(path)
-        if digest != expected:
+        if name.endswith(".json") and path.stat().st_size > MAX_JSON_BYTES:
+            raise InputError(str(path), f"{path.stat().st_size} bytes, more than the {MAX_JSON_BYTES} a JSON file of an export may hold")
+        kept = bytearray() if hold(name) else None
+        if file_sha256(path, kept) != expected:
             raise InputError(str(path), "SHA-256 differs from the checksum file: the file changed after export; refusing to load it")
-    return sums, held
+        if kept is not None:
+            held[name] = bytes(kept)
+    return held
 
 
 def _check_file_type(name: str, where: str) -> None:
@@ -208,8 +220,12 @@ def locate_export(ref: str | Path, *, revision: str | None = None) -> Path:
 
 
 def read_export(folder: Path) -> Export:
-    """Verify the folder's checksums, then read and check its config.json; anything malformed is one :class:`InputError`."""
-    listed, held = _verify_files(folder, hold=lambda name: True)  # parsed from the bytes hashed, never read again
+    """Verify the folder's checksums, then read and check its config.json; anything malformed is one :class:`InputError`.
+
+    config.json is verified and parsed first, so only the files it names (adapters, a bundled reranker) are kept in
+    memory while they are verified; every other listed file is only hashed, block by block."""
+    listed = _listed_files(folder)
+    held = _verify_files(folder, {CONFIG_FILE: listed[CONFIG_FILE]}, hold=lambda name: True)  # parsed from the bytes hashed
     path = folder / CONFIG_FILE
     config = parse_json(decode_text(held[CONFIG_FILE], str(path)), str(path))
     if not isinstance(config, dict) or config.get("format") != EXPORT_FORMAT:
@@ -230,6 +246,11 @@ def read_export(folder: Path) -> Export:
     adapter = _section(config, "adapter", path)
     graph = _adapter_file(adapter.get("graph"), "graph", listed, path)
     lora = _adapter_file(adapter["lora"], "lora", listed, path) if adapter.get("lora") is not None else None
+    reranker = config.get("reranker")
+    bundled = isinstance(reranker, dict) and reranker.get("bundled") is True
+    used = {graph, lora} | {name for name in listed if bundled and name.startswith(RERANKER_PREFIX)}
+    rest = {name: digest for name, digest in listed.items() if name != CONFIG_FILE}
+    held.update(_verify_files(folder, rest, hold=used.__contains__))  # what the loader uses, from the bytes hashed
     adapters = {name: held[name] for name in (graph, lora) if name is not None}
     return Export(folder, config, portable, portable_module(module), graph, lora, _bundled_reranker_files(config, held, path), adapters)
 

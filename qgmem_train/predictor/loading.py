@@ -71,7 +71,7 @@ def load_exported_module(
     arguments = {**module_arguments(export), **(base_model or {})}
     adapter = export.folder / export.graph_adapter
     state, metadata = read_adapter(export.adapters[export.graph_adapter], adapter)
-    _check_sizes(export, arguments, state)
+    _check_sizes(export, arguments, state, cache_dir)
     model = GraphAugmentedLM(**grouped_hparams(arguments), cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     model.load_backbone(None if device == "auto" else device)
     expected = trainable_state_dict(model)
@@ -89,14 +89,16 @@ def load_exported_module(
     return model
 
 
-def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[str, Any], cache_dir: str | None) -> None:
     """Refuse module settings whose parameters differ from the adapters' tensors before any parameter is allocated
     (config.json's sizes could ask for terabytes): the graph path is built on the meta device and compared, and
-    ``lora_r`` is compared with the LoRA adapter's rank."""
+    ``lora_r`` is compared with the LoRA adapter's rank. The base model's folder is resolved first, on the real device:
+    a bundled model converted into the cache then, or its cache entry refused, is reported as that, not as sizes."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load
 
+    from qgmem_train.llm.resolver import resolve_model_dir
     from qgmem_train.model.checkpoint import trainable_state_dict
     from qgmem_train.model.module import GraphAugmentedLM
     from qgmem_train.model.settings import grouped_hparams
@@ -109,9 +111,11 @@ def _check_sizes(export: Export, arguments: Mapping[str, Any], state: Mapping[st
             raise _not_an_adapter(path, exc) from None
         if arguments.get("lora_r") not in ranks:
             raise InputError(f"{export.folder / CONFIG_FILE}: module.lora_r", f"is {arguments.get('lora_r')}, but the LoRA adapter's rank is {', '.join(map(str, ranks))}")
+    if isinstance(arguments.get("llm"), str):
+        resolve_model_dir(arguments["llm"], cache_dir, revision=arguments.get("llm_revision"))
     try:
         with torch.device("meta"):
-            shell = GraphAugmentedLM(**grouped_hparams(arguments))
+            shell = GraphAugmentedLM(**grouped_hparams(arguments), cache_dir=cache_dir)
     except (RuntimeError, ValueError, OverflowError) as exc:
         why = first_line(exc)
         raise InputError(f"{export.folder / CONFIG_FILE}: module", f"its sizes make a module no adapter fits ({why})") from None
@@ -195,7 +199,7 @@ class QGMemPredictor(Predictor):
         reranker_dir = bundled_reranker_folder(export, cache_dir)
         if reranker_dir is not None:
             values["models"]["reranker_model"] = str(reranker_dir)
-        values["models"].update({"device": device, "cache_dir": cache_dir, **caller})
+        values["models"].update({"device": device, "cache_dir": cache_dir, "allow_insecure_http": allow_insecure_http, **caller})
         exported_reranker = values["models"]["reranker_model"] and reranker_dir is None and "reranker_model" not in caller
         values["models"]["trust_remote_code"] = trusted and "embedder" in caller and not exported_reranker
         pipeline = pipeline_from_dict(values, "from_pretrained: pipeline")

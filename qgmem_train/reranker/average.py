@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from qgmem_train.errors import InputError
-from qgmem_train.fileio import parse_json, read_text, replace_folder, staging_beside
+from qgmem_train.fileio import parse_json, publish_output_folder, read_text, refuse_foreign_folder, staging_beside
 
 WEIGHTS = "model.safetensors"
 SAME_TRAINING = ("train_conversations", "val_conversations", "document_layout", "input_sha256", "store")
@@ -79,7 +79,7 @@ def average(folders: list[Path], out: Path) -> dict[str, Any]:
         shutil.copytree(folders[0], staging, dirs_exist_ok=True)
         save_file(state, staging / WEIGHTS, metadata={"format": "pt"})
         (staging / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-        replace_folder(staging, out)
+        publish_output_folder(staging, out, "average-rerankers")
     return record
 
 
@@ -87,10 +87,11 @@ def main(argv: list[str]) -> int:
     """Average the named folders into ``--out`` and print one line."""
     parser = argparse.ArgumentParser(prog="python -m qgmem_train average-rerankers", description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="trained CrossEncoder folders (fit-reranker --out), two or more")
-    parser.add_argument("--out", type=Path, required=True, help="folder for the averaged CrossEncoder (replaced atomically)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the averaged CrossEncoder: new, empty or an earlier output (replaced atomically)")
     args = parser.parse_args(argv)
     if len(args.folders) < 2:
         raise InputError("folders", "name two or more trained folders to average")
+    refuse_foreign_folder(args.out)
     for folder in args.folders:
         if not (folder / WEIGHTS).is_file():
             raise InputError(str(folder), f"no {WEIGHTS}: not a trained CrossEncoder folder (fit-reranker --out)")

@@ -20,7 +20,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from qgmem_train.fileio import replace_folder, staging_beside
+from qgmem_train.fileio import publish_output_folder, refuse_foreign_folder, staging_beside
 from qgmem_train.logging_setup import is_quiet, route_to_root
 from qgmem_train.memory.store_uri import shown_store
 from qgmem_train.reranker.datamodule import RerankDataModule
@@ -35,7 +35,7 @@ class RerankerCLI(LightningCLI):
     """LightningCLI with ``--out``, the folder the trained CrossEncoder goes to."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument("--out", default=DEFAULT_OUT, help="folder for the trained CrossEncoder (replaced atomically)")
+        parser.add_argument("--out", default=DEFAULT_OUT, help="folder for the trained CrossEncoder: new, empty or an earlier output (replaced atomically)")
 
 
 class LastValidation(Callback):
@@ -94,6 +94,8 @@ def main(argv: list[str]) -> int:
         trainer_defaults = {"enable_model_summary": False, "enable_checkpointing": False} if is_quiet() else {"enable_checkpointing": False}
         cli = RerankerCLI(CrossEncoderModule, RerankDataModule, args=argv, run=False, save_config_callback=None, trainer_defaults=trainer_defaults)
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    out = Path(cli.config.out)
+    refuse_foreign_folder(out)
     check_teacher_layout(model, data)
     last_validation = LastValidation()
     trainer.callbacks.append(last_validation)
@@ -103,12 +105,11 @@ def main(argv: list[str]) -> int:
     if last_validation.step != trainer.global_step:
         trainer.validate(model, datamodule=data, verbose=False)
     after = _metrics(trainer)
-    out = Path(cli.config.out)
     with staging_beside(out) as staging:
         model.save(staging, data.document_layout)
         record = training_record(cli, before, after, time.perf_counter() - started)
         (staging / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-        replace_folder(staging, out)
+        publish_output_folder(staging, out, "fit-reranker")
     print(f"fit-reranker: {record['steps']} steps in {record['seconds'] / 60:.1f} min, val/loss {before.get('val/loss')} -> "
           f"{after.get('val/loss')}, val/top1 {before.get('val/top1')} -> {after.get('val/top1')}; saved {out}")
     return 0

@@ -30,7 +30,7 @@ import yaml
 
 from qgmem_train.config import ModelsConfig, PipelineConfig
 from qgmem_train.errors import InputError
-from qgmem_train.fileio import read_text, replace_folder, staging_beside
+from qgmem_train.fileio import publish_output_folder, read_text, refuse_foreign_folder, staging_beside
 from qgmem_train.logging_setup import is_quiet
 from qgmem_train.memory.store_uri import shown_store
 from qgmem_train.reranker.data import HARD_TOP, RerankData, ensure_turns_store
@@ -167,7 +167,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line: the reranker config, where to save, and the training settings."""
     parser = argparse.ArgumentParser(prog="python -m qgmem_train fit-embedder", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("--config", type=Path, required=True, help="reranker config (configs/reranker-cpu.yaml): its data section names the pairs")
-    parser.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="folder for the tuned embedder (replaced atomically)")
+    parser.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="folder for the tuned embedder: new, empty or an earlier output (replaced atomically)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32, help="triples a step; the other triples' facts are in-batch negatives")
     parser.add_argument("--learning-rate", type=float, default=2e-5)
@@ -179,6 +179,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     """Build the triples, fine-tune, compare on the held-out conversations, publish the folder and print one summary line."""
     args = parse_args(argv)
+    refuse_foreign_folder(args.out)
     started = time.perf_counter()
     data_module = rerank_data_module(args.config)
     data_module.setup()
@@ -204,7 +205,7 @@ def main(argv: list[str]) -> int:
             "held_out": comparison, "improves": improves(comparison), "seconds": round(time.perf_counter() - started, 1),
         }
         (staging / "model" / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-        replace_folder(staging / "model", args.out)
+        publish_output_folder(staging / "model", args.out, "fit-embedder")
     base_row, tuned_row = comparison["base"], comparison["tuned"]
     print(f"fit-embedder: {len(train['anchor'])} triples in {record['seconds'] / 60:.1f} min, val loss {losses['val_loss_before']} -> "
           f"{losses['val_loss_after']}; held out: dense recall@10 {base_row['dense/recall@10']} -> {tuned_row['dense/recall@10']}, "

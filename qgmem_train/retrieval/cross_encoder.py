@@ -33,9 +33,27 @@ def load_cross_encoder(folder: Path, ref: str, device: str) -> Any:
 
     try:
         with tokenizer_panics_refused(ref):
-            return CrossEncoder(str(folder), device=device)
+            cross_encoder = CrossEncoder(str(folder), device=device)
     except (RuntimeError, ValueError) as exc:
         raise InputError(ref, f"the cross-encoder does not load: {first_line(exc)}") from None
+    check_weights_fit(cross_encoder, Path(folder) / "model.safetensors", ref)
+    return cross_encoder
+
+
+def check_weights_fit(cross_encoder: Any, weights: Path, ref: str) -> None:
+    """Refuse a cross-encoder whose config builds a model its saved weights do not fill exactly (``model_type: gpt2``
+    over BERT weights loads with every parameter newly initialised, and ranks at random)."""
+    from safetensors import safe_open
+
+    if not weights.is_file():
+        return
+    with safe_open(str(weights), framework="pt") as handle:
+        saved = set(handle.keys())  # noqa: SIM118
+    expected = set(cross_encoder.model.state_dict())
+    missing, unused = sorted(expected - saved), sorted(saved - expected)
+    if missing or unused:
+        raise InputError(f"{ref}: config.json", f"builds a model its weights do not fit: {len(missing)} parameter(s) not in {weights.name} "
+                         f"(e.g. {missing[:2]}), {len(unused)} of its tensors unused (e.g. {unused[:2]}); it would rank with new random weights")
 
 
 def tokenizer_panics_refused(ref: str) -> AbstractContextManager[None]:

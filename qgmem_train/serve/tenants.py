@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +25,12 @@ from qgmem_train.errors import InputError
 
 TENANTS_ENV = "QGMEM_SERVE_TENANTS"
 """Environment variable holding the tenants file's text, when no file is given."""
-MIN_TOKEN_CHARS = 16
-"""Shortest token accepted: a shorter one is guessable."""
+MIN_TOKEN_BITS = 128
+"""Least randomness a token must be able to hold: 32 hex or 22 base64url characters."""
+TOKEN_ALPHABETS = ((16, frozenset(string.hexdigits)), (64, frozenset(string.ascii_letters + string.digits + "-_+/=")),
+                   (94, frozenset(string.printable[:94])))  # fmt: skip
+"""The usual alphabets of generated tokens, smallest first, with their sizes."""
+MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ class Tenants:
             raise InputError("--tenants", f"no tenants: give a tenants file or set {TENANTS_ENV} (see docs/serve.md)")
         try:
             document = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer past Python's digit limit
             raise InputError(where, f"not YAML or JSON: {str(exc).splitlines()[0]}") from None
         return cls.from_records(document, where, environ)
 
@@ -91,7 +97,32 @@ class Tenants:
                 raise InputError(f"{where}: tenant {tenant.name}", f"same token as tenant {by_token[token].name}")
             names.add(tenant.name)
             by_token[token] = tenant
+        _refuse_shared_namespaces(list(by_token.values()), where)
         return cls(by_token)
+
+
+def _refuse_shared_namespaces(tenants: list[Tenant], where: str) -> None:
+    """Refuse two tenants that could both touch some namespace: one's prefix starting the other's prefix or name, or
+    the same name listed by both. Each namespace belongs to one tenant; a shared one would let each read and delete
+    the other's memories."""
+    for number, first in enumerate(tenants):
+        for second in tenants[number + 1:]:
+            shared = _shared_grant(first, second) or _shared_grant(second, first)
+            if shared:
+                raise InputError(where, f"tenants {first.name!r} and {second.name!r} overlap ({shared}): give each tenant namespaces no other tenant may touch")
+
+
+def _shared_grant(owner: Tenant, other: Tenant) -> str | None:
+    """How ``owner``'s grants cover one of ``other``'s (its prefix, or a name ``owner`` also lists), or None."""
+    for prefix in owner.prefixes:
+        for covered in other.prefixes:
+            if covered.startswith(prefix):
+                return f"prefix {prefix!r} of {owner.name!r} covers prefix {covered!r} of {other.name!r}"
+        for covered in sorted(other.namespaces):
+            if covered.startswith(prefix):
+                return f"prefix {prefix!r} of {owner.name!r} covers namespace {covered!r} of {other.name!r}"
+    both = sorted(owner.namespaces & other.namespaces)
+    return f"both list namespace {both[0]!r}" if both else None
 
 
 def _tenant(record: Any, where: str, environ: Mapping[str, str]) -> tuple[str, Tenant]:
@@ -113,8 +144,9 @@ def _tenant(record: Any, where: str, environ: Mapping[str, str]) -> tuple[str, T
             raise InputError(f"{where}.token_env", f"variable {record['token_env']} is not set")
     else:
         token = record["token"]
-    if not isinstance(token, str) or len(token) < MIN_TOKEN_CHARS or token != token.strip():
-        raise InputError(f"{where}.token", f"expected a string of at least {MIN_TOKEN_CHARS} characters without surrounding spaces")
+    if not isinstance(token, str) or token_bits(token) < MIN_TOKEN_BITS:
+        raise InputError(f"{where}.token", f"expected a random string of at least {MIN_TOKEN_BITS} bits (32 hex or 22 base64url characters, "
+                         f"not a word or a repeated pattern); make one with {MAKE_TOKEN}")
     lists = {}
     for key in ("namespaces", "prefixes"):
         value = record.get(key, [])
@@ -124,6 +156,14 @@ def _tenant(record: Any, where: str, environ: Mapping[str, str]) -> tuple[str, T
     if not lists["namespaces"] and not lists["prefixes"]:
         raise InputError(where, "may touch nothing: give namespaces or prefixes")
     return token, Tenant(name, frozenset(lists["namespaces"]), tuple(lists["prefixes"]))
+
+
+def token_bits(token: str) -> float:
+    """An upper bound on the bits of randomness of ``token``: its length times the bits of a character of the smallest
+    usual alphabet holding it, counting at most four characters for each distinct one (``aaaa…`` or ``abab…`` is no
+    stronger for being long); 0 for a token outside every alphabet (spaces, other characters)."""
+    size = next((size for size, alphabet in TOKEN_ALPHABETS if set(token) <= alphabet), 0)
+    return min(len(token), 4 * len(set(token))) * math.log2(size) if size else 0.0
 
 
 def _digest(token: str) -> bytes:
