@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,6 +204,55 @@ class MemoryStore:
     def namespaces(self) -> list[str]:
         """Names of the namespaces in the store."""
         return [r[0] for r in self._db.execute("SELECT name FROM namespaces ORDER BY name")]
+
+    def has_namespace(self, namespace: str) -> bool:
+        """Whether ``namespace`` is in the store (one row looked up)."""
+        return self._db.execute("SELECT 1 FROM namespaces WHERE name = ?", (namespace,)).fetchone() is not None
+
+    def namespaces_page(self, names: Collection[str], prefixes: Sequence[str], after: str | None, limit: int) -> list[str]:
+        """At most ``limit`` namespaces named in ``names`` or starting with one of ``prefixes``, in name order after
+        ``after`` (a key cursor: the last name of the page before)."""
+        if not names and not prefixes:
+            return []
+        matches = ["name IN (" + ", ".join("?" * len(names)) + ")"] if names else []
+        matches += ["substr(name, 1, ?) = ?"] * len(prefixes)
+        params: list[object] = [*names, *(value for prefix in prefixes for value in (len(prefix), prefix))]
+        query = f"SELECT name FROM namespaces WHERE ({' OR '.join(matches)}) AND name > ? ORDER BY name LIMIT ?"
+        return [r[0] for r in self._db.execute(query, (*params, after or "", limit))]
+
+    def units_page(self, namespace: str, offset: int, limit: int) -> list[MemoryUnit]:
+        """At most ``limit`` units of ``namespace`` from ``offset``, in the order of their segments then ids: only the
+        segments holding them are read, without vectors."""
+        with self.snapshot() as db:
+            keys = db.execute("SELECT id, seq FROM unit_keys WHERE namespace = ? ORDER BY seq, id LIMIT ? OFFSET ?", (namespace, limit, offset)).fetchall()
+            if not keys:
+                return []
+            table = segments.read_units(db, namespace, self.dim or 0, (), min(seq for _, seq in keys), max(seq for _, seq in keys))
+        row_of = {unit_id: row for row, unit_id in enumerate(table.ids.tolist())}
+        view = UnitView(table)
+        return [view[row_of[unit_id]] for unit_id, _ in keys]
+
+    def count_sessions(self, namespace: str) -> int:
+        """Number of sessions with turns stored in ``namespace``."""
+        return int(self._db.execute("SELECT COUNT(DISTINCT session_id) FROM turns WHERE namespace = ?", (namespace,)).fetchone()[0])
+
+    def sessions_page(self, namespace: str, offset: int, limit: int) -> list[dict[str, object]]:
+        """At most ``limit`` sessions of ``namespace`` from ``offset`` in id order: ``{session_id, turns, time}`` each."""
+        query = "SELECT session_id, COUNT(*), MIN(time) FROM turns WHERE namespace = ? GROUP BY session_id ORDER BY session_id LIMIT ? OFFSET ?"
+        return [{"session_id": r[0], "turns": int(r[1]), "time": r[2]} for r in self._db.execute(query, (namespace, limit, offset))]
+
+    def session_summary(self, namespace: str, session_id: str) -> dict[str, object] | None:
+        """``{session_id, turns, time}`` of one session, or None when it has no turns in ``namespace``."""
+        row = self._db.execute("SELECT COUNT(*), MIN(time) FROM turns WHERE namespace = ? AND session_id = ?", (namespace, session_id)).fetchone()
+        return {"session_id": session_id, "turns": int(row[0]), "time": row[1]} if row[0] else None
+
+    def session_turns(self, namespace: str, session_id: str, offset: int = 0, limit: int | None = None) -> list[dict[str, str | None]]:
+        """The turns of one session in order (``{id, speaker, text, time}``): ``limit`` of them from ``offset``, or all (None)."""
+        query = "SELECT id, speaker, text, time FROM turns WHERE namespace = ? AND session_id = ? ORDER BY position"
+        params: tuple[object, ...] = (namespace, session_id)
+        if limit is not None:
+            query, params = f"{query} LIMIT ? OFFSET ?", (*params, limit, offset)
+        return [{"id": r[0], "speaker": r[1], "text": r[2], "time": r[3]} for r in self._db.execute(query, params)]
 
     def ensure_namespace(
         self, namespace: str, units_mode: str, embedder_id: str, dim: int, *, window: int | None = None, overlap: int | None = None
