@@ -9,8 +9,10 @@ answer through graph tokens; API backbones through the text path, with the local
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +25,14 @@ if TYPE_CHECKING:
     from qgmem_train.llm.schemas import AnswerOutput
     from qgmem_train.memory.construct import BuildReport
     from qgmem_train.memory.store import MemoryStore, NamespaceMemory
+    import numpy as np
+
     from qgmem_train.predictor.base import Predictor
     from qgmem_train.retrieval.activation import ActivationIndex
+    from qgmem_train.retrieval.intent import QueryIntent
+
+UnitFilter = Callable[["NamespaceMemory", MemoryUnit], bool]
+"""Whether a unit of a loaded namespace may enter a working memory (a search's speaker, session or time filter)."""
 
 
 class PredictorMemory:
@@ -35,6 +43,8 @@ class PredictorMemory:
         self.namespace = namespace
         self.store = store
         self._loaded: tuple[tuple[int, int], NamespaceMemory, ActivationIndex] | None = None
+        self._loading = threading.Lock()
+        """Held while the index loads, so that concurrent searches of one handle build it once."""
 
     def close(self) -> None:
         """Close the store."""
@@ -84,16 +94,30 @@ class PredictorMemory:
         from qgmem_train.retrieval.activation import ActivationIndex
 
         version = (self.store.generation(self.namespace), self.store.deletions)
-        if self._loaded is None or self._loaded[0] != version:
-            memory = self.store.load_namespace(
-                self.namespace, embedder_id=self.predictor.embedder.model_id, sentences=self.predictor.pipeline.retrieval.sentence_vectors
-            )
-            self._loaded = (version, memory, ActivationIndex(memory, self.predictor.pipeline.retrieval, self.predictor.embedder))
-        return self._loaded[1], self._loaded[2]
+        with self._loading:
+            if self._loaded is None or self._loaded[0] != version:
+                memory = self.store.load_namespace(
+                    self.namespace, embedder_id=self.predictor.embedder.model_id, sentences=self.predictor.pipeline.retrieval.sentence_vectors
+                )
+                self._loaded = (version, memory, ActivationIndex(memory, self.predictor.pipeline.retrieval, self.predictor.embedder))
+            return self._loaded[1], self._loaded[2]
 
-    def search(self, question: str, question_time: str | None = None) -> SearchResult:
-        """The working memory for ``question`` and its MEMORY_CONTEXT, without answering (for callers with their own LLM)."""
-        found = self._retrieve(question, question_time)
+    def search(
+        self,
+        question: str,
+        question_time: str | None = None,
+        *,
+        top_k: int | None = None,
+        keep: UnitFilter | None = None,
+        intent: QueryIntent | None = None,
+        query_vectors: np.ndarray | None = None,
+    ) -> SearchResult:
+        """The working memory for ``question`` and its MEMORY_CONTEXT, without answering (for callers with their own LLM).
+
+        ``top_k`` replaces ``retrieval.k``; ``keep`` drops units of the fused pool before the k best are taken;
+        ``intent`` and ``query_vectors`` are a parse and an embedding made beforehand (batched with other questions).
+        """
+        found = self._retrieve(question, question_time, top_k=top_k, keep=keep, intent=intent, query_vectors=query_vectors)
         seconds = {**found.seconds, "total": time.perf_counter() - found.started}
         units = self._evidence_units(found, set())
         return SearchResult(question, question_time, found.evidence.context.text, units, {"context": found.evidence.context.n_tokens}, seconds)
@@ -102,8 +126,17 @@ class PredictorMemory:
         """Activate the working memory for ``question`` and answer it with the model, citing units and turns."""
         return ask_batch([(self, question, question_time)])[0]
 
-    def _retrieve(self, question: str, question_time: str | None) -> Retrieval:
-        """Check the question, activate its working memory and serialize it as the answerer reads it."""
+    def _retrieve(
+        self,
+        question: str,
+        question_time: str | None,
+        *,
+        top_k: int | None = None,
+        keep: UnitFilter | None = None,
+        intent: QueryIntent | None = None,
+        query_vectors: np.ndarray | None = None,
+    ) -> Retrieval:
+        """Check the question, activate its working memory and serialize it as the answerer reads it (see :meth:`search`)."""
         from qgmem_train.answer.evidence import answer_evidence
         from qgmem_train.retrieval.activation import activate
 
@@ -117,17 +150,20 @@ class PredictorMemory:
         started = time.perf_counter()
         memory, index = self._activation_state()
         seconds = {"memory": time.perf_counter() - started}
+        k = top_k or cfg.retrieval.k
+        retrieval_cfg = dataclasses.replace(cfg.retrieval, k=max(k, cfg.retrieval.n) if keep is not None else k)
         with predictor.frozen_pipeline():
             wm = activate(
-                question, question_time, memory, cfg=cfg.retrieval, llm=predictor.llm if predictor.intent == "llm" else None,
-                embedder=predictor.embedder, reranker=predictor.reranker, index=index,
+                question, question_time, memory, cfg=retrieval_cfg, llm=predictor.llm if predictor.intent == "llm" else None,
+                embedder=predictor.embedder, reranker=predictor.reranker, index=index, intent=intent, query_vectors=query_vectors,
             )  # fmt: skip
             seconds.update(wm.timings)
+            kept = [(u, score) for u, score in zip(wm.units, wm.scores) if keep is None or keep(memory, u)][:k]
+            units, scores = [u for u, _ in kept], [score for _, score in kept]
             start = time.perf_counter()
-            evidence = answer_evidence(wm.units, memory, predictor.llm, max_edges=cfg.retrieval.k, attribute_edges=cfg.graph.attribute_edges,
-                                       time_edges=cfg.graph.time_edges)
+            evidence = answer_evidence(units, memory, predictor.llm, max_edges=k, attribute_edges=cfg.graph.attribute_edges, time_edges=cfg.graph.time_edges)
             seconds["serialize"] = time.perf_counter() - start
-        return Retrieval(question, question_time, memory, list(wm.units), list(wm.scores), evidence, seconds, started)
+        return Retrieval(question, question_time, memory, units, scores, evidence, seconds, started)
 
     def _answer(self, found: Retrieval, generated: str, parsed: AnswerOutput | None, prompt_tokens: int, generated_tokens: int) -> AskResult:
         """The result of one retrieval answered with ``generated`` (parsed), its cited units marked."""
