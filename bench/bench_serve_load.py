@@ -102,11 +102,12 @@ def session_body(session_id: str, rng: random.Random, turns: int = 4) -> tuple[d
 class Server:
     """One ``python -m qgmem_train serve`` process on a free loopback port, its output in a log file."""
 
-    def __init__(self, store: str, tenants_file: Path, config: Path, log: Path, max_batch: int) -> None:
+    def __init__(self, store: str, tenants_file: Path, config: Path, log: Path, max_batch: int, extra: tuple[str, ...] = ()) -> None:
+        """``extra``: more options of ``serve`` (a later one overrides the same option given here)."""
         self.port, self.log = free_port(), log
         command = [sys.executable, "-m", "qgmem_train", "serve", "--store", store, "--tenants", str(tenants_file), "--config", str(config),
                    "--reranker", "none", "--intent", "rules", "--host", "127.0.0.1", "--port", str(self.port),
-                   "--rate-per-minute", "1000000", "--burst", "100000", "--max-batch", str(max_batch)]  # fmt: skip
+                   "--rate-per-minute", "1000000", "--burst", "100000", "--max-batch", str(max_batch), *extra]  # fmt: skip
         with open(log, "ab") as out:
             self.process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         self.peak_rss_mb: float | None = None
@@ -235,8 +236,18 @@ async def load_phase(bases: list[str], tenants: list[Tenant], load: Load, client
 
 
 async def listing(http: httpx.AsyncClient, base: str, namespace: str, tenant: Tenant) -> tuple[set[str], dict[str, int], int]:
-    """The namespace's listed sessions, its units counted by session (every page), and unit ids listed twice."""
+    """The namespace's listed sessions, its units counted by session (every page of both), and unit ids listed twice."""
     offset, units, seen, twice = 0, defaultdict(int), set(), 0
+    sessions: set[str] = set()
+    while True:
+        response = await http.get(f"{base}/v1/namespaces/{namespace}/sessions", params={"offset": len(sessions), "limit": 1000}, headers=auth(tenant))
+        if response.status_code == 404:
+            return set(), {}, 0
+        response.raise_for_status()
+        page = response.json()
+        sessions |= {s["session_id"] for s in page["sessions"]}
+        if len(sessions) >= page["sessions_total"] or not page["sessions"]:
+            break
     while True:
         response = await http.get(f"{base}/v1/namespaces/{namespace}/memory", params={"offset": offset, "limit": 1000}, headers=auth(tenant))
         if response.status_code == 404:
@@ -249,7 +260,7 @@ async def listing(http: httpx.AsyncClient, base: str, namespace: str, tenant: Te
             seen.add(unit["id"])
         offset += len(page["units"])
         if offset >= page["units_total"] or not page["units"]:
-            return set(page["sessions"]), dict(units), twice
+            return sessions, dict(units), twice
 
 
 async def gathered(jobs: list, limit: int) -> list:  # noqa: ANN001

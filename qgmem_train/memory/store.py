@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENTITY", "LOCATION", "STORE_FILE", "SUBJECT", "AttributeIndex", "EmbeddedUnit", "MemoryStore", "NamespaceMemory",
-    "UnitsChanged", "WindowResult", "describe_cut",
+    "SessionCut", "UnitsChanged", "WindowResult", "describe_cut",
 ]  # fmt: skip
 
 STORE_FILE = "memory.sqlite"
@@ -110,6 +110,24 @@ class WindowResult:
     index: int
     units: list[EmbeddedUnit]
     dropped: int = 0
+
+
+class SessionCut(NamedTuple):
+    """What a build records of a namespace it writes: units mode, embedder and dimension, window and overlap."""
+
+    units_mode: str
+    embedder_id: str
+    dim: int
+    window: int | None
+    overlap: int | None
+
+
+class _RolledBack(Exception):
+    """Ends :meth:`MemoryStore.plan_session`'s transaction (rolling it back) with the positions it found."""
+
+    def __init__(self, positions: dict[str, int]) -> None:
+        super().__init__("rolled back")
+        self.positions = positions
 
 
 class UnitsChanged(Exception):
@@ -263,17 +281,39 @@ class MemoryStore:
         namespace without a recorded cut takes them.
         """
         with self.transaction(namespace) as db:
-            db.execute("INSERT INTO meta VALUES ('embedder_id', ?) ON CONFLICT DO NOTHING", (embedder_id,))
-            db.execute("INSERT INTO meta VALUES ('dim', ?) ON CONFLICT DO NOTHING", (str(dim),))
-            known_embedder = self.embedder_id  # read after writing it, so that a writer of another namespace that recorded it first is seen
-            if known_embedder != embedder_id or self.dim != dim:
-                raise InputError(str(self.path), f"store was built with embedder {known_embedder} ({self.dim}-d), not {embedder_id} ({dim}-d)")
-            self._refuse_another_cut(db, namespace, units_mode, window, overlap)
-            db.execute("INSERT INTO namespaces (name, units_mode) VALUES (?, ?) ON CONFLICT DO NOTHING", (namespace, units_mode))
-            if window is not None:
-                db.execute(
-                    "UPDATE namespaces SET cut_window = ?, cut_overlap = ? WHERE name = ? AND cut_window IS NULL", (window, overlap, namespace)
-                )
+            self._ensure_namespace(db, namespace, units_mode, embedder_id, dim, window, overlap)
+
+    def _ensure_namespace(self, db: sqlite3.Connection, namespace: str, units_mode: str, embedder_id: str, dim: int, window: int | None, overlap: int | None) -> None:
+        db.execute("INSERT INTO meta VALUES ('embedder_id', ?) ON CONFLICT DO NOTHING", (embedder_id,))
+        db.execute("INSERT INTO meta VALUES ('dim', ?) ON CONFLICT DO NOTHING", (str(dim),))
+        known_embedder = self.embedder_id  # read after writing it, so that a writer of another namespace that recorded it first is seen
+        if known_embedder != embedder_id or self.dim != dim:
+            raise InputError(str(self.path), f"store was built with embedder {known_embedder} ({self.dim}-d), not {embedder_id} ({dim}-d)")
+        self._refuse_another_cut(db, namespace, units_mode, window, overlap)
+        db.execute("INSERT INTO namespaces (name, units_mode) VALUES (?, ?) ON CONFLICT DO NOTHING", (namespace, units_mode))
+        if window is not None:
+            db.execute("UPDATE namespaces SET cut_window = ?, cut_overlap = ? WHERE name = ? AND cut_window IS NULL", (window, overlap, namespace))
+
+    def plan_session(self, namespace: str, cut: SessionCut, conversation: Conversation) -> dict[str, int]:
+        """The turn positions :meth:`commit_session` will give ``conversation``'s turns, found by making its checks and
+        writes (the namespace's embedder and cut, the turns) in a transaction that is rolled back: nothing is written."""
+        try:
+            with self.transaction(namespace) as db:
+                self._ensure_namespace(db, namespace, *cut)
+                positions = self._put_turns(db, namespace, conversation)
+                raise _RolledBack(positions)
+        except _RolledBack as planned:
+            return planned.positions
+
+    def commit_session(self, namespace: str, cut: SessionCut, conversation: Conversation, results: Sequence[WindowResult], positions: dict[str, int]) -> None:
+        """The namespace (made when new), ``conversation``'s turns and the units of its windows in one transaction, so a
+        writer killed before it commits leaves no trace of the session, not even a new namespace. ``positions`` are
+        :meth:`plan_session`'s: a store that gave the turns others meanwhile is refused (the retried call builds again)."""
+        with self.transaction(namespace) as db:
+            self._ensure_namespace(db, namespace, *cut)
+            if self._put_turns(db, namespace, conversation) != positions:
+                raise InputError(f"{self.path}: namespace {namespace}", "turns were added by another writer while this session was built; send it again")
+            self._add_windows(db, namespace, results)
 
     def check_cut(self, namespace: str, units_mode: str, window: int, overlap: int) -> None:
         """Refuse, before anything is written, a build of ``namespace`` cut otherwise than the namespace was."""
@@ -342,33 +382,36 @@ class MemoryStore:
 
         A unit whose id is already stored replaces the stored one (as does a later one in ``results``).
         """
+        with self.transaction(namespace) as db:
+            self._add_windows(db, namespace, results)
+
+    def _add_windows(self, db: sqlite3.Connection, namespace: str, results: Sequence[WindowResult]) -> None:
         latest: dict[str, tuple[EmbeddedUnit, int]] = {}
         for result in results:
             for sub, item in enumerate(result.units):
                 latest.pop(item.unit.id, None)
                 latest[item.unit.id] = (item, sub)
-        with self.transaction(namespace) as db:
-            segments.remove_unused_sidecars(db)
-            if latest:
-                dim = self.dim or 0
-                table = UnitTable.from_embedded([i for i, _ in latest.values()], [sub for _, sub in latest.values()], dim).in_unit_order()
-                self._drop_units(db, namespace, list(latest), dim)
-                seq = segments.append(db, namespace, table)
-                db.executemany(
-                    "INSERT INTO unit_keys VALUES (?, ?, ?) ON CONFLICT (namespace, id) DO UPDATE SET seq = excluded.seq",
-                    [(namespace, unit_id, seq) for unit_id in latest],
-                )
-                for lo, hi in segments.merge(db, namespace, segments.UNITS, dim):
-                    db.execute("UPDATE unit_keys SET seq = ? WHERE namespace = ? AND seq BETWEEN ? AND ?", (lo, namespace, lo, hi))
+        segments.remove_unused_sidecars(db)
+        if latest:
+            dim = self.dim or 0
+            table = UnitTable.from_embedded([i for i, _ in latest.values()], [sub for _, sub in latest.values()], dim).in_unit_order()
+            self._drop_units(db, namespace, list(latest), dim)
+            seq = segments.append(db, namespace, table)
             db.executemany(
-                "INSERT INTO windows VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (namespace, session_id, idx) DO UPDATE SET units = excluded.units, dropped = excluded.dropped",
-                [(namespace, r.session_id, r.index, len(r.units), r.dropped) for r in results],
+                "INSERT INTO unit_keys VALUES (?, ?, ?) ON CONFLICT (namespace, id) DO UPDATE SET seq = excluded.seq",
+                [(namespace, unit_id, seq) for unit_id in latest],
             )
-            db.execute(
-                "UPDATE namespaces SET traces_stale = 1, generation = generation + 1, units_generation = units_generation + 1 WHERE name = ?",
-                (namespace,),
-            )
+            for lo, hi in segments.merge(db, namespace, segments.UNITS, dim):
+                db.execute("UPDATE unit_keys SET seq = ? WHERE namespace = ? AND seq BETWEEN ? AND ?", (lo, namespace, lo, hi))
+        db.executemany(
+            "INSERT INTO windows VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (namespace, session_id, idx) DO UPDATE SET units = excluded.units, dropped = excluded.dropped",
+            [(namespace, r.session_id, r.index, len(r.units), r.dropped) for r in results],
+        )
+        db.execute(
+            "UPDATE namespaces SET traces_stale = 1, generation = generation + 1, units_generation = units_generation + 1 WHERE name = ?",
+            (namespace,),
+        )
 
     @staticmethod
     def _drop_units(db: sqlite3.Connection, namespace: str, ids: list[str], dim: int) -> None:
