@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from time import perf_counter
 from typing import Any, TypeVar
 
 import torch
@@ -33,7 +34,7 @@ from qgmem_train.predictor import AskResult, PredictorMemory, SearchResult
 from qgmem_train.predictor.base import Predictor
 from qgmem_train.predictor.memory import checked_text
 from qgmem_train.retrieval.activation import encode_queries
-from qgmem_train.retrieval.intent import parse_intent_rules, parse_intents
+from qgmem_train.retrieval.intent import QueryIntent, parse_intent_rules, parse_intents
 from qgmem_train.serve.answering import ask_batch
 from qgmem_train.serve.filters import UnitFilter
 
@@ -213,15 +214,24 @@ class MemoryService:
         predictor = self.predictor
         try:
             asked = [(question, time) for _, question, time, *_ in ready]
+            started = perf_counter()
             with predictor.frozen_pipeline():
                 intents = parse_intents(asked, predictor.llm) if predictor.intent == "llm" else [parse_intent_rules(q, t) for q, t in asked]
+            parsed = perf_counter()
             vectors = encode_queries(predictor.embedder, [q for q, _ in asked], intents)
+            shared = {"intent": parsed - started, "embed": perf_counter() - parsed}
         except Exception as exc:
             for *_, future in ready:
                 future.set_exception(exc)
             return
+
+        def search(memory: PredictorMemory, question: str, time: str | None, top_k: int | None, keep: UnitFilter, intent: QueryIntent, query_vectors: Any) -> SearchResult:
+            result = memory.search(question, time, top_k=top_k, keep=keep or None, intent=intent, query_vectors=query_vectors)
+            result.seconds.update(shared, total=result.seconds["total"] + sum(shared.values()))  # the batch's parse and embedding, whole
+            return result
+
         for (memory, question, time, top_k, keep, future), intent, query_vectors in zip(ready, intents, vectors):
-            _settle(future, lambda: memory.search(question, time, top_k=top_k, keep=keep or None, intent=intent, query_vectors=query_vectors))
+            _settle(future, lambda: search(memory, question, time, top_k, keep, intent, query_vectors))
 
     async def ask(self, namespace: str, question: str, time: str | None) -> AskResult:
         """The answer with its cited units, batched with the asks waiting beside it."""
