@@ -435,3 +435,42 @@ def test_an_added_session_is_charged_to_its_tenant_by_its_turns(minilm, tmp_path
     assert limited.status_code == 429 and int(limited.headers["Retry-After"]) >= 1
     assert call(app, "GET", "/v1/namespaces", token=GLOBEX).status_code == 200
     service.close()
+
+
+class _BlockingEmbedder:
+    """MiniLM, except that encoding a text with ``SLOW`` in it waits for ``release`` (a long add, made long on purpose)."""
+
+    def __init__(self, embedder: Any) -> None:
+        self.embedder, self.model_id, self.dim = embedder, embedder.model_id, embedder.dim
+        self.blocked, self.release = threading.Event(), threading.Event()
+
+    def encode(self, texts: list[str], batch_size: int = 64) -> Any:
+        if any("SLOW" in text for text in texts):
+            self.blocked.set()
+            self.release.wait(timeout=120)
+        return self.embedder.encode(texts, batch_size)
+
+
+def test_a_search_completes_while_an_add_of_the_same_namespace_is_writing(minilm, tmp_path) -> None:
+    embedder = _BlockingEmbedder(minilm)
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM([]), embedder=embedder, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store")
+    assert call(app, "POST", "/v1/namespaces/acme-a/sessions", json={"turns": [{"speaker": "U", "text": "I adopted a cat named Miso."}]}).status_code == 200
+
+    async def body(client: httpx.AsyncClient) -> tuple[httpx.Response, bool, httpx.Response]:
+        headers = {"Authorization": f"Bearer {ACME}"}
+        slow = {"turns": [{"speaker": "U", "text": f"SLOW turn {n}"} for n in range(60)]}
+        adding = asyncio.create_task(client.post("/v1/namespaces/acme-a/sessions", json=slow, headers=headers))
+        while not embedder.blocked.is_set():
+            await asyncio.sleep(0.01)
+        try:
+            found = await asyncio.wait_for(client.post("/v1/namespaces/acme-a/search", json={"question": "Which pet?"}, headers=headers), 120)
+            add_was_writing = not adding.done() and not embedder.release.is_set()
+        finally:
+            embedder.release.set()
+        return found, add_was_writing, await adding
+
+    found, add_was_writing, added = run(app, body)
+    assert found.status_code == 200 and "Miso" in found.json()["memory_context"] and add_was_writing
+    assert added.status_code == 200 and added.json()["units"] == 60
+    service.close()

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 Namespace = Annotated[str, Path(pattern=schemas.NAMESPACE_PATTERN, description="the namespace (a user or conversation)")]
 SessionId = Annotated[str, Path(min_length=1, max_length=256, description="the session's id")]
+Offset = Annotated[int, Query(ge=0, description="items of the listing skipped")]
+Limit = Annotated[int, Query(ge=1, le=1000, description="most items in the page")]
 ERRORS = {status: {"model": schemas.ErrorOut} for status in (400, 401, 404, 413, 415, 422, 429, 503)}
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 """Request seconds observed: an ask on a CPU takes minutes, so the buckets go well past 10 s."""
@@ -222,7 +224,7 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
     @app.get("/v1/namespaces", response_model=schemas.NamespacesOut, responses=ERRORS, tags=["memory"])
     async def namespaces(
         caller: Caller,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Limit = 100,
         after: Annotated[str | None, Query(max_length=128, description="the last namespace of the page before")] = None,
     ) -> dict[str, Any]:
         """A page of the caller's namespaces that hold memory, in name order; ``next`` is the ``after`` of the next page."""
@@ -259,26 +261,19 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
         return ask_record(await service.ask(namespace, body.question, check_time(body.time, "time")))
 
     @app.get("/v1/namespaces/{namespace}/memory", response_model=schemas.MemoryOut, responses=ERRORS, tags=["memory"])
-    async def memory(
-        namespace: Namespace, caller: Caller, offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 100
-    ) -> dict[str, Any]:
+    async def memory(namespace: Namespace, caller: Caller, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
         """A page of the namespace's units with their source turn ids, and its unit and session counts."""
         allowed(caller, namespace)
         return await service.listing(namespace, offset, limit)
 
     @app.get("/v1/namespaces/{namespace}/sessions", response_model=schemas.SessionsOut, responses=ERRORS, tags=["memory"])
-    async def sessions(
-        namespace: Namespace, caller: Caller, offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 100
-    ) -> dict[str, Any]:
+    async def sessions(namespace: Namespace, caller: Caller, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
         """A page of the namespace's sessions (id, turns, date), in id order."""
         allowed(caller, namespace)
         return await service.sessions(namespace, offset, limit)
 
     @app.get("/v1/namespaces/{namespace}/sessions/{session_id}", response_model=schemas.SessionTurnsOut, responses=ERRORS, tags=["memory"])
-    async def session(
-        namespace: Namespace, session_id: SessionId, caller: Caller,
-        offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> dict[str, Any]:  # fmt: skip
+    async def session(namespace: Namespace, session_id: SessionId, caller: Caller, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
         """One session: its turn count, date and a page of its turns, in order."""
         allowed(caller, namespace)
         return await service.session(namespace, session_id, offset, limit)
