@@ -1,7 +1,7 @@
 """bench/bench_serve_load.py at its smoke size, end to end on its PostgreSQL arm (two servers over one database; the
 SQLite arm's one server runs the same code over a folder, whose kill-and-retry case tests/test_session_retry.py covers):
 real server processes, HTTP clients across tenants, a server killed with ``kill -9`` mid-write. The invariants are
-checked, never the timings."""
+checked, never the timings; bench/bench_serve_curve.py (timings only) is checked for its refusals."""
 
 from __future__ import annotations
 
@@ -64,5 +64,13 @@ def test_a_server_killed_mid_write_leaves_no_session_visible_in_part(arm: dict[s
 @pytest.mark.parametrize(("arguments", "needle"), [(["--clients", "0"], "--clients"), (["--tenants", "1"], "--tenants"), (["--mix", "add=0"], "--mix")])
 def test_bad_sizes_are_one_line_and_exit_2(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], needle: str) -> None:
     assert bench.main([*arguments, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("arguments", "needle"), [(["--clients", "0"], "--clients"), (["--rates", "0", "5"], "--rates"), (["--torch-threads", "0"], "--torch-threads")])
+def test_the_curve_refuses_bad_sizes_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], needle: str) -> None:
+    curve = importlib.import_module("bench.bench_serve_curve")
+    assert curve.main([*arguments, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and not list(tmp_path.iterdir())

@@ -1,5 +1,6 @@
 """``serve`` through a real ASGI client (httpx's ASGITransport) over the bundled models (MiniLM, SmolLM2 for ask):
-endpoints, one-line JSON errors, bounds, tenants isolated per endpoint, metrics, OpenAPI, and batched asks."""
+endpoints, one-line JSON errors, bounds, tenants isolated per endpoint, metrics, OpenAPI, batched asks, searches never
+behind an ask and batched with each other, search filters and paged listings."""
 
 from __future__ import annotations
 
@@ -86,10 +87,14 @@ def test_openapi_schema_names_every_endpoint_and_the_ask_object(served) -> None:
     assert set(schema["paths"]) == {
         "/health", "/metrics", "/v1/namespaces", "/v1/namespaces/{namespace}/sessions", "/v1/namespaces/{namespace}/search",
         "/v1/namespaces/{namespace}/ask", "/v1/namespaces/{namespace}/memory", "/v1/namespaces/{namespace}",
+        "/v1/namespaces/{namespace}/sessions/{session_id}",
     }  # fmt: skip
     ask = schema["paths"]["/v1/namespaces/{namespace}/ask"]["post"]
     assert ask["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/AskOut")
-    assert {"401", "404", "413", "429"} <= set(ask["responses"])
+    assert {"401", "404", "413", "415", "429"} <= set(ask["responses"])
+    assert schema["components"]["securitySchemes"] == {"HTTPBearer": {"type": "http", "scheme": "bearer", "description": "a tenant's token (see docs/serve.md)"}}
+    secured = {(path, method) for path, item in schema["paths"].items() for method, op in item.items() if op.get("security") == [{"HTTPBearer": []}]}
+    assert secured == {(path, method) for path, item in schema["paths"].items() for method in item if path.startswith("/v1/")}
     fields = {f.name for f in dataclasses.fields(AskResult)} | {"cited"}
     assert set(schema["components"]["schemas"]["AskOut"]["properties"]) == fields == set(schemas.AskOut.model_fields)
 
@@ -103,8 +108,9 @@ def test_add_search_list_and_delete_a_namespace(served) -> None:
     found = call(app, "POST", "/v1/namespaces/acme-bob/search", json={"question": "What is the cat called?"}).json()
     assert "Miso" in found["memory_context"] and found["units"][0]["label"] == "F1" and found["units"][0]["source_turns"][0]["speaker"] == "Bob"
     listed = call(app, "GET", "/v1/namespaces/acme-bob/memory").json()
-    assert listed["units_total"] == 1 and listed["sessions"] == [first.json()["session_id"]] and "Miso" in listed["units"][0]["fact_text"]
-    assert call(app, "GET", "/v1/namespaces").json()["namespaces"] == ["acme-alice", "acme-bob"]
+    assert listed["units_total"] == 1 and listed["sessions_total"] == 1 and "Miso" in listed["units"][0]["fact_text"]
+    assert call(app, "GET", "/v1/namespaces/acme-bob/sessions").json()["sessions"][0]["session_id"] == first.json()["session_id"]
+    assert call(app, "GET", "/v1/namespaces").json() == {"namespaces": ["acme-alice", "acme-bob"], "next": None}
     assert call(app, "DELETE", "/v1/namespaces/acme-bob").status_code == 204
     for method, url in [("GET", "/v1/namespaces/acme-bob/memory"), ("DELETE", "/v1/namespaces/acme-bob")]:
         response = call(app, method, url)
@@ -139,7 +145,11 @@ def test_a_postgresql_store_serves_add_search_ask_list_and_delete(smollm2, minil
         asked = call(app, "POST", "/v1/namespaces/acme-alice/ask", json=QUESTION)
         assert asked.status_code == 200 and asked.json()["path"] == "text" and asked.json()["tokens"]["generated"] > 0
         listed = call(app, "GET", "/v1/namespaces/acme-alice/memory").json()
-        assert listed["units_total"] == 2 and listed["sessions"] == ["S1"]
+        assert listed["units_total"] == 2 and listed["sessions_total"] == 1
+        turns = call(app, "GET", "/v1/namespaces/acme-alice/sessions/S1?offset=1").json()
+        assert turns["turns_total"] == 2 and [t["speaker"] for t in turns["turns"]] == ["Melanie"]
+        found = call(app, "POST", "/v1/namespaces/acme-alice/search", json={**QUESTION, "speaker": "Caroline"}).json()
+        assert [u["source_turns"][0]["speaker"] for u in found["units"]] == ["Caroline"]
         assert call(app, "GET", "/v1/namespaces", token=GLOBEX).json()["namespaces"] == []
         assert call(app, "POST", "/v1/namespaces/acme-alice/search", token=GLOBEX, json=QUESTION).status_code == 404
         assert call(app, "DELETE", "/v1/namespaces/acme-alice").status_code == 204
@@ -164,6 +174,25 @@ def test_a_postgresql_store_serves_add_search_ask_list_and_delete(smollm2, minil
         ("POST", "/v1/namespaces/acme-alice/sessions", ACME, {"json": {**SESSION, "time": "someday"}}, 400, "unrecognised date"),
         ("POST", "/v1/namespaces/acme-alice/sessions", ACME, {"json": {"turns": [{"speaker": "x", "text": "y" * (1 << 21)}]}}, 413, "bytes"),
         ("GET", "/v1/nowhere", ACME, {}, 404, "Not Found"),
+        ("POST", "/v1/namespaces/acme-alice/search", None, {"content": b"{not json", "headers": {"Content-Type": "application/json"}}, 401, "bearer token"),
+        ("POST", "/v1/namespaces/acme-alice/sessions", None, {"json": {"turns": []}}, 401, "bearer token"),
+        ("POST", "/v1/namespaces/acme-alice/search", ACME, {"content": b"question=hi", "headers": {"Content-Type": "application/x-www-form-urlencoded"}}, 415, "application/json"),
+        ("POST", "/v1/namespaces/acme-alice/sessions", ACME, {"content": b'{"turns": []}'}, 415, "content-type: none"),
+        ("POST", "/v1/namespaces/acme-alice/search", ACME, {"json": {**QUESTION, "time": "someday"}}, 400, "time: unrecognised date"),
+        ("POST", "/v1/namespaces/acme-alice/ask", ACME, {"json": {**QUESTION, "time": "someday"}}, 400, "time: unrecognised date"),
+        ("POST", "/v1/namespaces/acme-alice/search", ACME, {"json": {**QUESTION, "since": "last Tuesday-ish"}}, 400, "since: unrecognised date"),
+        ("POST", "/v1/namespaces/acme-alice/search", ACME, {"json": {**QUESTION, "since": "2023-06-01", "until": "2023-05-01"}}, 400, "is after until"),
+        ("POST", "/v1/namespaces/acme-alice/search", ACME, {"json": {**QUESTION, "top_k": 0}}, 422, "body.top_k"),
+        ("POST", "/v1/namespaces/acme-alice/search", ACME, {"json": {**QUESTION, "top_k": 101}}, 422, "body.top_k"),
+        ("POST", "/v1/namespaces/acme-alice/search", ACME, {"json": {**QUESTION, "speaker": ""}}, 422, "body.speaker"),
+        ("GET", "/v1/namespaces?limit=0", ACME, {}, 422, "query.limit"),
+        ("GET", "/v1/namespaces?limit=1001", ACME, {}, 422, "query.limit"),
+        ("GET", "/v1/namespaces/acme-alice/memory?offset=-1", ACME, {}, 422, "query.offset"),
+        ("GET", "/v1/namespaces/acme-alice/sessions?limit=0", ACME, {}, 422, "query.limit"),
+        ("GET", "/v1/namespaces/acme-alice/sessions/S1?offset=-1", ACME, {}, 422, "query.offset"),
+        ("GET", "/v1/namespaces/acme-alice/sessions/S9", ACME, {}, 404, "session S9: not found"),
+        ("GET", "/v1/namespaces/acme-nobody/sessions", ACME, {}, 404, "namespace acme-nobody: not found"),
+        ("GET", "/v1/namespaces/acme-nobody/sessions/S1", ACME, {}, 404, "namespace acme-nobody: not found"),
     ],
 )
 def test_bad_requests_get_one_line_json_errors(served, method, url, token, kwargs, status, needle) -> None:
@@ -198,6 +227,8 @@ def test_each_tenant_has_its_own_rate(minilm, tmp_path) -> None:
 
 ENDPOINTS = [
     ("POST", "/v1/namespaces/{ns}/sessions", {"json": SESSION}),
+    ("GET", "/v1/namespaces/{ns}/sessions", {}),
+    ("GET", "/v1/namespaces/{ns}/sessions/S1", {}),
     ("POST", "/v1/namespaces/{ns}/search", {"json": QUESTION}),
     ("POST", "/v1/namespaces/{ns}/ask", {"json": QUESTION}),
     ("GET", "/v1/namespaces/{ns}/memory", {}),
@@ -217,7 +248,7 @@ def test_a_tenant_cannot_touch_or_detect_another_tenants_namespace(served, caplo
     assert existing.json() == {"error": "namespace acme-alice: not found"} and absent.json() == {"error": "namespace acme-nobody: not found"}
     assert call(app, "GET", "/v1/namespaces/acme-alice/memory").json() == before
     assert "acme-nobody" not in service.store.namespaces()
-    assert call(app, "GET", "/v1/namespaces", token=GLOBEX).json() == {"namespaces": []}
+    assert call(app, "GET", "/v1/namespaces", token=GLOBEX).json() == {"namespaces": [], "next": None}
     assert GLOBEX not in caplog.text and ACME not in caplog.text
 
 
@@ -226,7 +257,8 @@ def test_metrics_count_requests_by_route_without_namespaces(served) -> None:
     call(app, "POST", "/v1/namespaces/acme-alice/search", json=QUESTION)
     text = call(app, "GET", "/metrics", token=None).text
     assert 'qgmem_requests_total{route="/v1/namespaces/{namespace}/search",status="200"}' in text
-    assert "qgmem_asks_pending 0.0" in text and "acme-alice" not in text
+    assert "qgmem_asks_pending 0.0" in text and "qgmem_searches_pending 0.0" in text and "acme-alice" not in text
+    assert 'qgmem_request_seconds_bucket{le="300.0",route="/v1/namespaces/{namespace}/search"}' in text
 
 
 def test_health_needs_no_token(served) -> None:
@@ -280,4 +312,165 @@ def test_an_unreachable_model_is_503_with_its_one_line(minilm, tmp_path) -> None
     assert call(app, "POST", "/v1/namespaces/acme-a/sessions", json={"turns": [{"speaker": "U", "text": "I play the cello."}]}).status_code == 200
     response = call(app, "POST", "/v1/namespaces/acme-a/ask", json={"question": "Which instrument?"})
     assert response.status_code == 503 and response.json() == {"error": "model unavailable: http://127.0.0.1:9/v1: connection refused"}
+    service.close()
+
+
+def test_a_search_completes_while_an_ask_is_generating(minilm, tmp_path) -> None:
+    """The ask's LLM blocks until released: the search sent meanwhile is answered while it still blocks (before the old
+    one-model-thread service, it waited behind the ask)."""
+    generating, release = threading.Event(), threading.Event()
+
+    def answer(chat: Any) -> str:
+        generating.set()
+        release.wait(timeout=120)
+        return json.dumps({"reasoning_path": "[F1] says it.", "answer": "Miso"})
+
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM(answer), embedder=minilm, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store")
+    assert call(app, "POST", "/v1/namespaces/acme-a/sessions", json={"turns": [{"speaker": "U", "text": "I adopted a cat named Miso."}]}).status_code == 200
+
+    async def body(client: httpx.AsyncClient) -> tuple[httpx.Response, bool, httpx.Response]:
+        headers = {"Authorization": f"Bearer {ACME}"}
+        asking = asyncio.create_task(client.post("/v1/namespaces/acme-a/ask", json={"question": "Which pet?"}, headers=headers))
+        while not generating.is_set():
+            await asyncio.sleep(0.01)
+        try:
+            found = await asyncio.wait_for(client.post("/v1/namespaces/acme-a/search", json={"question": "Which pet?"}, headers=headers), 120)
+            ask_was_generating = not asking.done() and not release.is_set()
+        finally:
+            release.set()
+        return found, ask_was_generating, await asking
+
+    found, ask_was_generating, asked = run(app, body)
+    assert found.status_code == 200 and "Miso" in found.json()["memory_context"] and ask_was_generating
+    assert asked.status_code == 200 and asked.json()["answer"] == "Miso"
+    service.close()
+
+
+def test_concurrent_searches_are_embedded_in_one_batch_and_answer_as_each_alone(minilm, tmp_path) -> None:
+    """Four searches waiting for the one worker are embedded in one batch; each result is the one that search gets alone."""
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    service = MemoryService(predictor, tmp_path / "store", workers=1)
+    app = create_app(service, Tenants.from_records(TENANTS, "test"))
+    texts = {"acme-a": ["I adopted a cat named Miso.", "Miso sleeps on the piano."], "acme-b": ["I moved to Lisbon in June.", "I play the cello on Sundays."]}
+    for name, lines in texts.items():
+        assert call(app, "POST", f"/v1/namespaces/{name}/sessions", json={"turns": [{"speaker": "U", "text": t} for t in lines]}).status_code == 200
+    searches = [("acme-a", "What is the cat called?"), ("acme-b", "Where did I move?"), ("acme-a", "Where does Miso sleep?"), ("acme-b", "Which instrument?")]
+    blocked = threading.Event()
+    service._searchers.submit(blocked.wait, 120)
+
+    async def together(client: httpx.AsyncClient) -> list[httpx.Response]:
+        headers = {"Authorization": f"Bearer {ACME}"}
+        tasks = [asyncio.create_task(client.post(f"/v1/namespaces/{ns}/search", json={"question": q, "top_k": 2}, headers=headers)) for ns, q in searches]
+        while service.pending_searches < len(searches):
+            await asyncio.sleep(0.01)
+        blocked.set()
+        return await asyncio.gather(*tasks)
+
+    batched = run(app, together)
+    metrics = call(app, "GET", "/metrics", token=None).text
+    assert "qgmem_search_batch_size_count 1.0" in metrics and "qgmem_search_batch_size_sum 4.0" in metrics
+    alone = [call(app, "POST", f"/v1/namespaces/{ns}/search", json={"question": q, "top_k": 2}) for ns, q in searches]
+    without_seconds = lambda response: {key: value for key, value in response.json().items() if key != "seconds"}  # noqa: E731
+    assert [without_seconds(r) for r in batched] == [without_seconds(r) for r in alone]
+    assert [r.json()["units"][0]["fact_text"] for r in alone[:2]] == ["U: I adopted a cat named Miso.", "U: I moved to Lisbon in June."]
+    service.close()
+
+
+def test_search_takes_top_k_and_filters_by_speaker_session_and_date(minilm, tmp_path) -> None:
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store")
+    sessions = [
+        {"session_id": "may", "time": "2023-05-08", "turns": [{"speaker": "Ann", "text": "I bought a red kite."}, {"speaker": "Bo", "text": "I bought a blue kite."}]},
+        {"session_id": "june", "time": "2023-06-10", "turns": [{"speaker": "Ann", "text": "I flew my green kite."}, {"speaker": "Bo", "text": "My kite broke."}]},
+    ]  # fmt: skip
+    for session in sessions:
+        assert call(app, "POST", "/v1/namespaces/acme-k/sessions", json=session).status_code == 200
+
+    def facts(**extra: Any) -> list[str]:
+        response = call(app, "POST", "/v1/namespaces/acme-k/search", json={"question": "Which kite?", **extra})
+        assert response.status_code == 200, response.text
+        return sorted(unit["fact_text"] for unit in response.json()["units"])
+
+    assert len(facts()) == 3 and len(facts(top_k=4)) == 4 and len(facts(top_k=1)) == 1
+    assert facts(speaker="Ann") == ["Ann: I bought a red kite.", "Ann: I flew my green kite."]
+    assert facts(session_id="june") == ["Ann: I flew my green kite.", "Bo: My kite broke."]
+    assert facts(since="2023-06-01") == facts(session_id="june") and facts(until="31 May, 2023") == facts(session_id="may")
+    assert facts(speaker="Bo", since="2023-05-01", until="2023-05-31") == ["Bo: I bought a blue kite."]
+    assert facts(speaker="Nobody") == [] and facts(session_id="july") == []
+    service.close()
+
+
+def test_namespaces_sessions_and_turns_are_listed_a_page_at_a_time(minilm, tmp_path, monkeypatch) -> None:
+    """Pages come from the store's own paging: the namespace is never loaded whole to list it."""
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store")
+    for name in ("acme-a", "acme-b", "acme-c"):
+        for session in ("S1", "S2"):
+            turns = [{"speaker": "U", "text": f"{name} {session} turn {n}"} for n in range(3)]
+            assert call(app, "POST", f"/v1/namespaces/{name}/sessions", json={"session_id": session, "turns": turns}).status_code == 200
+    service.store.ensure_namespace("globex-main", "turns", minilm.model_id, minilm.dim)
+    monkeypatch.setattr(service.store, "load_namespace", lambda *a, **k: pytest.fail("a listing loaded the namespace"))
+    first = call(app, "GET", "/v1/namespaces?limit=2").json()
+    assert first == {"namespaces": ["acme-a", "acme-b"], "next": "acme-b"}
+    assert call(app, "GET", "/v1/namespaces?limit=2&after=acme-b").json() == {"namespaces": ["acme-c"], "next": None}
+    assert call(app, "GET", "/v1/namespaces", token=GLOBEX).json() == {"namespaces": ["globex-main"], "next": None}
+    page = call(app, "GET", "/v1/namespaces/acme-b/memory?limit=1&offset=1").json()
+    assert page["units_total"] == 6 and page["sessions_total"] == 2 and page["offset"] == 1 and len(page["units"]) == 1
+    sessions = call(app, "GET", "/v1/namespaces/acme-b/sessions?offset=1&limit=5").json()
+    assert sessions == {"namespace": "acme-b", "sessions_total": 2, "offset": 1, "sessions": [{"session_id": "S2", "turns": 3, "time": None}]}
+    turns = call(app, "GET", "/v1/namespaces/acme-b/sessions/S2?offset=1&limit=1").json()
+    assert turns == {"namespace": "acme-b", "session_id": "S2", "turns_total": 3, "time": None, "offset": 1,
+                     "turns": [{"id": "S2:2", "speaker": "U", "text": "acme-b S2 turn 1"}]}  # fmt: skip
+    service.close()
+
+
+def test_an_added_session_is_charged_to_its_tenant_by_its_turns(minilm, tmp_path) -> None:
+    """One request a 2 turns: a 6-turn add spends the burst of 3; the next request waits, another tenant's does not."""
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store", Limits(rate_per_minute=1, burst=3, turns_per_request=2))
+    turns = [{"speaker": "U", "text": f"turn {n}"} for n in range(6)]
+    assert call(app, "POST", "/v1/namespaces/acme-a/sessions", json={"turns": turns}).status_code == 200
+    limited = call(app, "GET", "/v1/namespaces")
+    assert limited.status_code == 429 and int(limited.headers["Retry-After"]) >= 1
+    assert call(app, "GET", "/v1/namespaces", token=GLOBEX).status_code == 200
+    service.close()
+
+
+class _BlockingEmbedder:
+    """MiniLM, except that encoding a text with ``SLOW`` in it waits for ``release`` (a long add, made long on purpose)."""
+
+    def __init__(self, embedder: Any) -> None:
+        self.embedder, self.model_id, self.dim = embedder, embedder.model_id, embedder.dim
+        self.blocked, self.release = threading.Event(), threading.Event()
+
+    def encode(self, texts: list[str], batch_size: int = 64) -> Any:
+        if any("SLOW" in text for text in texts):
+            self.blocked.set()
+            self.release.wait(timeout=120)
+        return self.embedder.encode(texts, batch_size)
+
+
+def test_a_search_completes_while_an_add_of_the_same_namespace_is_writing(minilm, tmp_path) -> None:
+    embedder = _BlockingEmbedder(minilm)
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM([]), embedder=embedder, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store")
+    assert call(app, "POST", "/v1/namespaces/acme-a/sessions", json={"turns": [{"speaker": "U", "text": "I adopted a cat named Miso."}]}).status_code == 200
+
+    async def body(client: httpx.AsyncClient) -> tuple[httpx.Response, bool, httpx.Response]:
+        headers = {"Authorization": f"Bearer {ACME}"}
+        slow = {"turns": [{"speaker": "U", "text": f"SLOW turn {n}"} for n in range(60)]}
+        adding = asyncio.create_task(client.post("/v1/namespaces/acme-a/sessions", json=slow, headers=headers))
+        while not embedder.blocked.is_set():
+            await asyncio.sleep(0.01)
+        try:
+            found = await asyncio.wait_for(client.post("/v1/namespaces/acme-a/search", json={"question": "Which pet?"}, headers=headers), 120)
+            add_was_writing = not adding.done() and not embedder.release.is_set()
+        finally:
+            embedder.release.set()
+        return found, add_was_writing, await adding
+
+    found, add_was_writing, added = run(app, body)
+    assert found.status_code == 200 and "Miso" in found.json()["memory_context"] and add_was_writing
+    assert added.status_code == 200 and added.json()["units"] == 60
     service.close()

@@ -232,3 +232,36 @@ def test_metrics_and_docs_answer_another_machine_only_when_switched_on(client: s
 
     expected = 200 if shown else 404
     assert asyncio.run(statuses()) == {"/metrics": expected, "/docs": expected, "/openapi.json": expected, "/health": 200}
+
+
+def test_bad_worker_settings_are_one_line_and_exit_2(tmp_path, capsys) -> None:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(yaml.safe_dump({"tenants": [{"name": "a", "token": TOKEN, "prefixes": ["a-"]}]}))
+    for option in ("--workers", "--torch-threads", "--rerank-top", "--turns-per-request"):
+        assert main(["serve", "--store", str(tmp_path / "store"), "--tenants", str(tenants), option, "0"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("must be at least 1" in err[0]) and (option in err[0] or option.strip("-").replace("-", "_") in err[0]), err
+    assert not (tmp_path / "store").exists()
+
+
+def test_on_a_cpu_the_defaults_are_rule_intents_and_no_llm_reranker() -> None:
+    from qgmem_train.serve.cli import build_parser, default_reranker
+
+    assert build_parser().parse_args(["--store", "s"]).intent == "rules"
+    assert default_reranker(None, None) == "none" and default_reranker(None, "llm") == "llm" and default_reranker(None, "cross") == "cross"
+
+
+def test_an_llm_stage_on_a_cpu_is_warned_about_in_one_line_with_its_measured_cost(smollm2, minilm) -> None:
+    from qgmem_train.config import PipelineConfig
+    from qgmem_train.predictor import QGMemPredictor
+    from qgmem_train.retrieval.rerank import LLMReranker
+    from qgmem_train.serve.costs import cpu_llm_warning
+
+    cfg = PipelineConfig()
+    cfg.retrieval.rerank_top = 20
+    cheap = QGMemPredictor(None, cfg, llm=smollm2, embedder=minilm, reranker=None, intent="rules")
+    assert cpu_llm_warning(cheap) is None
+    costly = QGMemPredictor(None, cfg, llm=smollm2, embedder=minilm, reranker=LLMReranker(smollm2), intent="llm")
+    line = cpu_llm_warning(costly)
+    assert line is not None and "\n" not in line
+    assert re.search(r"the LLM intent parser \(\d+\.\d s\) and the LLM reranker \(about \d+ s: 20 pairs at \d+\.\d\d s\)", line), line

@@ -56,6 +56,24 @@ MemoryStore.add_windows = _add_windows_then_die
 """
 """Prefix of a child script: SIGKILL right after the KILL_AFTER-th window batch has committed."""
 
+_KILL_INSIDE_COMMIT = """
+import os, signal
+from qgmem_train.memory.store import MemoryStore
+
+_write = MemoryStore._add_windows
+_calls = 0
+
+def _die_before_the_units(self, db, namespace, results):
+    global _calls
+    _calls += 1
+    if _calls == KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _write(self, db, namespace, results)
+
+MemoryStore._add_windows = _die_before_the_units
+"""
+"""Prefix of a child script: SIGKILL inside the KILL_AT-th transaction writing units, after its namespace and turns."""
+
 _ADD_SESSIONS = """
 import json, sys
 from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
@@ -73,8 +91,11 @@ with predictor.memory("alex", sys.argv[1]) as memory:
 """
 
 
-def _run_killed(script: str, kill_after: int, *args: str) -> None:
-    code = textwrap.dedent(_KILL_AFTER_COMMITS).replace("KILL_AFTER", str(kill_after)) + textwrap.dedent(script).replace("TRAJECTORY", repr(TRAJECTORY))
+_WHOLE_SESSIONS = _ADD_SESSIONS.replace('memory.add_session(session["turns"], time=session["time"])', 'memory.add_session(session["turns"], time=session["time"], whole=True)')
+
+
+def _run_killed(script: str, kill_after: int, *args: str, hook: str = _KILL_AFTER_COMMITS) -> None:
+    code = textwrap.dedent(hook).replace("KILL_AFTER", str(kill_after)).replace("KILL_AT", str(kill_after)) + textwrap.dedent(script).replace("TRAJECTORY", repr(TRAJECTORY))
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
 
@@ -132,19 +153,35 @@ def test_add_session_killed_between_window_batches_then_retried_stores_each_sess
 
 
 def test_a_whole_session_add_killed_mid_write_leaves_each_session_whole_or_absent(tmp_path: Path, minilm) -> None:
-    """The server's add (``whole=True``): one transaction for every window of a session, so a kill leaves none of it."""
+    """The server's add (``whole=True``): one transaction for the turns and every window of a session, so a kill leaves none of it."""
     killed = tmp_path / "killed"
-    script = _ADD_SESSIONS.replace('memory.add_session(session["turns"], time=session["time"])', 'memory.add_session(session["turns"], time=session["time"], whole=True)')
-    _run_killed(script, 2, str(killed), json.dumps(SESSIONS))  # batches of one window, yet session 2 commits whole
+    _run_killed(_WHOLE_SESSIONS, 3, str(killed), json.dumps(SESSIONS), hook=_KILL_INSIDE_COMMIT)  # batches of one window, yet sessions commit whole
     fingerprints = [session_fingerprint(s["turns"], s["time"]) for s in SESSIONS]
     with MemoryStore.open(killed) as store:
         assert sorted(store.done_windows("alex")) == sorted((f, i) for f in fingerprints[:2] for i in range(2))
+        assert store.count_sessions("alex") == 2 and store.session_summary("alex", fingerprints[2]) is None
 
     predictor = QGMemPredictor(None, _cfg(), llm=ScriptedLLM(lambda chat: TRAJECTORY), embedder=minilm, reranker=None, intent="rules")
     with predictor.memory("alex", killed) as memory:
         reports = [memory.add_session(s["turns"], time=s["time"], whole=True) for s in SESSIONS]
         assert [r.windows_built for r in reports] == [0, 0, 2]
         assert {u.session_id for u in memory.store.load_namespace("alex").units} == set(fingerprints)
+
+
+def test_a_whole_add_killed_before_it_commits_leaves_no_namespace_and_no_turns_and_may_be_sent_again_changed(tmp_path: Path, minilm) -> None:
+    """Killed inside the first add's transaction (its namespace and turns written, its units not yet): nothing of it stays,
+    so the retry may carry other turns under the same session id."""
+    killed = tmp_path / "killed"
+    sent = [{**SESSIONS[0], "session_id": "S1"}]
+    script = _WHOLE_SESSIONS.replace('time=session["time"], whole=True', 'time=session["time"], session_id=session["session_id"], whole=True')
+    _run_killed(script, 1, str(killed), json.dumps(sent), hook=_KILL_INSIDE_COMMIT)
+    with MemoryStore.open(killed) as store:
+        assert store.namespaces() == [] and store.count_sessions("alex") == 0 and store.session_turns("alex", "S1") == []
+    changed = [{**turn, "text": f"{turn['text']} (corrected)"} for turn in SESSIONS[0]["turns"]]
+    predictor = QGMemPredictor(None, _cfg(), llm=ScriptedLLM(lambda chat: TRAJECTORY), embedder=minilm, reranker=None, intent="rules")
+    with predictor.memory("alex", killed) as memory:
+        report = memory.add_session(changed, time=SESSIONS[0]["time"], session_id="S1", whole=True)
+        assert report.windows_built == 2 and [t["text"] for t in memory.store.session_turns("alex", "S1")] == [t["text"] for t in changed]
 
 
 _BUILD = """

@@ -23,7 +23,7 @@ from qgmem_train.llm.base import ChatLLM
 from qgmem_train.llm.structured import ParseStats
 from qgmem_train.memory.extraction import extract_windows
 from qgmem_train.memory.sentences import fact_sentences
-from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, UnitsChanged, WindowResult
+from qgmem_train.memory.store import EmbeddedUnit, MemoryStore, SessionCut, UnitsChanged, WindowResult
 from qgmem_train.memory.traces import consolidate_traces
 from qgmem_train.memory.turn_units import window_turn_units
 from qgmem_train.memory.types import Conversation, MemoryUnit
@@ -121,8 +121,9 @@ def build_conversation(
 ) -> BuildReport:
     """Build or extend ``namespace`` (default: the conversation id) from ``conversation``.
 
-    Windows commit ``window_batch_size`` at a time, so a rerun of a killed build resumes it; ``whole`` commits every
-    pending window in one transaction instead (a server's add: a killed call leaves none of the session's units).
+    Windows commit ``window_batch_size`` at a time, so a rerun of a killed build resumes it; ``whole`` commits the
+    namespace, the turns and every pending window in one transaction instead (a server's add: a killed call leaves no
+    trace of the session, not its turns, nor the namespace when it was new).
 
     ``cfg.construction.units`` picks the LLM extraction or the rule-based turns mode; ``llm`` is needed
     for the former and writes trajectories in both (the rule trajectory stands in when it is ``None``).
@@ -133,9 +134,13 @@ def build_conversation(
     namespace = namespace or conversation.id
     if cc.units == "llm" and llm is None:
         raise ValueError("units mode 'llm' needs an LLM")
-    store.ensure_namespace(namespace, cc.units, embedder.model_id, embedder.dim, window=cc.window, overlap=cc.overlap)
     sessions = conversation.sessions[:limit_sessions] if limit_sessions else conversation.sessions
-    positions = store.put_turns(namespace, Conversation(conversation.id, sessions))
+    cut = SessionCut(cc.units, embedder.model_id, embedder.dim, cc.window, cc.overlap)
+    if whole:
+        positions = store.plan_session(namespace, cut, Conversation(conversation.id, sessions))
+    else:
+        store.ensure_namespace(namespace, cc.units, embedder.model_id, embedder.dim, window=cc.window, overlap=cc.overlap)
+        positions = store.put_turns(namespace, Conversation(conversation.id, sessions))
     windows = conversation_windows(conversation, cfg, limit_sessions)
     done = store.done_windows(namespace)
     pending = [w for w in windows if (w.session.id, w.index) not in done]
@@ -156,7 +161,10 @@ def build_conversation(
             at += len(units)
         for start in range(0, len(results), commit_size):
             batch = results[start:start + commit_size]
-            store.add_windows(namespace, batch)
+            if whole:
+                store.commit_session(namespace, cut, Conversation(conversation.id, sessions), batch, positions)
+            else:
+                store.add_windows(namespace, batch)
             report.windows_built += len(batch)
             report.units += sum(len(r.units) for r in batch)
             report.dropped += sum(r.dropped for r in batch)

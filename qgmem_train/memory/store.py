@@ -24,11 +24,11 @@ import json
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENTITY", "LOCATION", "STORE_FILE", "SUBJECT", "AttributeIndex", "EmbeddedUnit", "MemoryStore", "NamespaceMemory",
-    "UnitsChanged", "WindowResult", "describe_cut",
+    "SessionCut", "UnitsChanged", "WindowResult", "describe_cut",
 ]  # fmt: skip
 
 STORE_FILE = "memory.sqlite"
@@ -116,6 +116,24 @@ class WindowResult:
     index: int
     units: list[EmbeddedUnit]
     dropped: int = 0
+
+
+class SessionCut(NamedTuple):
+    """What a build records of a namespace it writes: units mode, embedder and dimension, window and overlap."""
+
+    units_mode: str
+    embedder_id: str
+    dim: int
+    window: int | None
+    overlap: int | None
+
+
+class _RolledBack(Exception):
+    """Ends :meth:`MemoryStore.plan_session`'s transaction (rolling it back) with the positions it found."""
+
+    def __init__(self, positions: dict[str, int]) -> None:
+        super().__init__("rolled back")
+        self.positions = positions
 
 
 class UnitsChanged(Exception):
@@ -211,6 +229,55 @@ class MemoryStore:
         """Names of the namespaces in the store."""
         return [r[0] for r in self._db.execute("SELECT name FROM namespaces ORDER BY name")]
 
+    def has_namespace(self, namespace: str) -> bool:
+        """Whether ``namespace`` is in the store (one row looked up)."""
+        return self._db.execute("SELECT 1 FROM namespaces WHERE name = ?", (namespace,)).fetchone() is not None
+
+    def namespaces_page(self, names: Collection[str], prefixes: Sequence[str], after: str | None, limit: int) -> list[str]:
+        """At most ``limit`` namespaces named in ``names`` or starting with one of ``prefixes``, in name order after
+        ``after`` (a key cursor: the last name of the page before)."""
+        if not names and not prefixes:
+            return []
+        matches = ["name IN (" + ", ".join("?" * len(names)) + ")"] if names else []
+        matches += ["substr(name, 1, ?) = ?"] * len(prefixes)
+        params: list[object] = [*names, *(value for prefix in prefixes for value in (len(prefix), prefix))]
+        query = f"SELECT name FROM namespaces WHERE ({' OR '.join(matches)}) AND name > ? ORDER BY name LIMIT ?"
+        return [r[0] for r in self._db.execute(query, (*params, after or "", limit))]
+
+    def units_page(self, namespace: str, offset: int, limit: int) -> list[MemoryUnit]:
+        """At most ``limit`` units of ``namespace`` from ``offset``, in the order of their segments then ids: only the
+        segments holding them are read, without vectors."""
+        with self.snapshot() as db:
+            keys = db.execute("SELECT id, seq FROM unit_keys WHERE namespace = ? ORDER BY seq, id LIMIT ? OFFSET ?", (namespace, limit, offset)).fetchall()
+            if not keys:
+                return []
+            table = segments.read_units(db, namespace, self.dim or 0, (), min(seq for _, seq in keys), max(seq for _, seq in keys))
+        row_of = {unit_id: row for row, unit_id in enumerate(table.ids.tolist())}
+        view = UnitView(table)
+        return [view[row_of[unit_id]] for unit_id, _ in keys]
+
+    def count_sessions(self, namespace: str) -> int:
+        """Number of sessions with turns stored in ``namespace``."""
+        return int(self._db.execute("SELECT COUNT(DISTINCT session_id) FROM turns WHERE namespace = ?", (namespace,)).fetchone()[0])
+
+    def sessions_page(self, namespace: str, offset: int, limit: int) -> list[dict[str, object]]:
+        """At most ``limit`` sessions of ``namespace`` from ``offset`` in id order: ``{session_id, turns, time}`` each."""
+        query = "SELECT session_id, COUNT(*), MIN(time) FROM turns WHERE namespace = ? GROUP BY session_id ORDER BY session_id LIMIT ? OFFSET ?"
+        return [{"session_id": r[0], "turns": int(r[1]), "time": r[2]} for r in self._db.execute(query, (namespace, limit, offset))]
+
+    def session_summary(self, namespace: str, session_id: str) -> dict[str, object] | None:
+        """``{session_id, turns, time}`` of one session, or None when it has no turns in ``namespace``."""
+        row = self._db.execute("SELECT COUNT(*), MIN(time) FROM turns WHERE namespace = ? AND session_id = ?", (namespace, session_id)).fetchone()
+        return {"session_id": session_id, "turns": int(row[0]), "time": row[1]} if row[0] else None
+
+    def session_turns(self, namespace: str, session_id: str, offset: int = 0, limit: int | None = None) -> list[dict[str, str | None]]:
+        """The turns of one session in order (``{id, speaker, text, time}``): ``limit`` of them from ``offset``, or all (None)."""
+        query = "SELECT id, speaker, text, time FROM turns WHERE namespace = ? AND session_id = ? ORDER BY position"
+        params: tuple[object, ...] = (namespace, session_id)
+        if limit is not None:
+            query, params = f"{query} LIMIT ? OFFSET ?", (*params, limit, offset)
+        return [{"id": r[0], "speaker": r[1], "text": r[2], "time": r[3]} for r in self._db.execute(query, params)]
+
     def ensure_namespace(
         self, namespace: str, units_mode: str, embedder_id: str, dim: int, *, window: int | None = None, overlap: int | None = None
     ) -> None:
@@ -220,18 +287,40 @@ class MemoryStore:
         namespace without a recorded cut takes them.
         """
         with self.transaction(namespace) as db:
-            db.execute("INSERT INTO meta VALUES ('embedder_id', ?) ON CONFLICT DO NOTHING", (embedder_id,))
-            db.execute("INSERT INTO meta VALUES ('dim', ?) ON CONFLICT DO NOTHING", (str(dim),))
-            known_embedder = self.embedder_id  # read after writing it, so that a writer of another namespace that recorded it first is seen
-            if known_embedder != embedder_id or self.dim != dim:
-                raise InputError(str(self.path), f"store was built with embedder {known_embedder} ({self.dim}-d), not {embedder_id} ({dim}-d)")
-            self._refuse_another_cut(db, namespace, units_mode, window, overlap)
-            db.execute("INSERT INTO namespaces (name, units_mode) VALUES (?, ?) ON CONFLICT DO NOTHING", (namespace, units_mode))
-            db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT DO NOTHING", (incarnation_key(namespace), uuid.uuid4().hex))
-            if window is not None:
-                db.execute(
-                    "UPDATE namespaces SET cut_window = ?, cut_overlap = ? WHERE name = ? AND cut_window IS NULL", (window, overlap, namespace)
-                )
+            self._ensure_namespace(db, namespace, units_mode, embedder_id, dim, window, overlap)
+
+    def _ensure_namespace(self, db: sqlite3.Connection, namespace: str, units_mode: str, embedder_id: str, dim: int, window: int | None, overlap: int | None) -> None:
+        db.execute("INSERT INTO meta VALUES ('embedder_id', ?) ON CONFLICT DO NOTHING", (embedder_id,))
+        db.execute("INSERT INTO meta VALUES ('dim', ?) ON CONFLICT DO NOTHING", (str(dim),))
+        known_embedder = self.embedder_id  # read after writing it, so that a writer of another namespace that recorded it first is seen
+        if known_embedder != embedder_id or self.dim != dim:
+            raise InputError(str(self.path), f"store was built with embedder {known_embedder} ({self.dim}-d), not {embedder_id} ({dim}-d)")
+        self._refuse_another_cut(db, namespace, units_mode, window, overlap)
+        db.execute("INSERT INTO namespaces (name, units_mode) VALUES (?, ?) ON CONFLICT DO NOTHING", (namespace, units_mode))
+        db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT DO NOTHING", (incarnation_key(namespace), uuid.uuid4().hex))
+        if window is not None:
+            db.execute("UPDATE namespaces SET cut_window = ?, cut_overlap = ? WHERE name = ? AND cut_window IS NULL", (window, overlap, namespace))
+
+    def plan_session(self, namespace: str, cut: SessionCut, conversation: Conversation) -> dict[str, int]:
+        """The turn positions :meth:`commit_session` will give ``conversation``'s turns, found by making its checks and
+        writes (the namespace's embedder and cut, the turns) in a transaction that is rolled back: nothing is written."""
+        try:
+            with self.transaction(namespace) as db:
+                self._ensure_namespace(db, namespace, *cut)
+                positions = self._put_turns(db, namespace, conversation)
+                raise _RolledBack(positions)
+        except _RolledBack as planned:
+            return planned.positions
+
+    def commit_session(self, namespace: str, cut: SessionCut, conversation: Conversation, results: Sequence[WindowResult], positions: dict[str, int]) -> None:
+        """The namespace (made when new), ``conversation``'s turns and the units of its windows in one transaction, so a
+        writer killed before it commits leaves no trace of the session, not even a new namespace. ``positions`` are
+        :meth:`plan_session`'s: a store that gave the turns others meanwhile is refused (the retried call builds again)."""
+        with self.transaction(namespace) as db:
+            self._ensure_namespace(db, namespace, *cut)
+            if self._put_turns(db, namespace, conversation) != positions:
+                raise InputError(f"{self.path}: namespace {namespace}", "turns were added by another writer while this session was built; send it again")
+            self._add_windows(db, namespace, results)
 
     def check_cut(self, namespace: str, units_mode: str, window: int, overlap: int) -> None:
         """Refuse, before anything is written, a build of ``namespace`` cut otherwise than the namespace was."""
@@ -300,33 +389,36 @@ class MemoryStore:
 
         A unit whose id is already stored replaces the stored one (as does a later one in ``results``).
         """
+        with self.transaction(namespace) as db:
+            self._add_windows(db, namespace, results)
+
+    def _add_windows(self, db: sqlite3.Connection, namespace: str, results: Sequence[WindowResult]) -> None:
         latest: dict[str, tuple[EmbeddedUnit, int]] = {}
         for result in results:
             for sub, item in enumerate(result.units):
                 latest.pop(item.unit.id, None)
                 latest[item.unit.id] = (item, sub)
-        with self.transaction(namespace) as db:
-            segments.remove_unused_sidecars(db)
-            if latest:
-                dim = self.dim or 0
-                table = UnitTable.from_embedded([i for i, _ in latest.values()], [sub for _, sub in latest.values()], dim).in_unit_order()
-                self._drop_units(db, namespace, list(latest), dim)
-                seq = segments.append(db, namespace, table)
-                db.executemany(
-                    "INSERT INTO unit_keys VALUES (?, ?, ?) ON CONFLICT (namespace, id) DO UPDATE SET seq = excluded.seq",
-                    [(namespace, unit_id, seq) for unit_id in latest],
-                )
-                for lo, hi in segments.merge(db, namespace, segments.UNITS, dim):
-                    db.execute("UPDATE unit_keys SET seq = ? WHERE namespace = ? AND seq BETWEEN ? AND ?", (lo, namespace, lo, hi))
+        segments.remove_unused_sidecars(db)
+        if latest:
+            dim = self.dim or 0
+            table = UnitTable.from_embedded([i for i, _ in latest.values()], [sub for _, sub in latest.values()], dim).in_unit_order()
+            self._drop_units(db, namespace, list(latest), dim)
+            seq = segments.append(db, namespace, table)
             db.executemany(
-                "INSERT INTO windows VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (namespace, session_id, idx) DO UPDATE SET units = excluded.units, dropped = excluded.dropped",
-                [(namespace, r.session_id, r.index, len(r.units), r.dropped) for r in results],
+                "INSERT INTO unit_keys VALUES (?, ?, ?) ON CONFLICT (namespace, id) DO UPDATE SET seq = excluded.seq",
+                [(namespace, unit_id, seq) for unit_id in latest],
             )
-            db.execute(
-                "UPDATE namespaces SET traces_stale = 1, generation = generation + 1, units_generation = units_generation + 1 WHERE name = ?",
-                (namespace,),
-            )
+            for lo, hi in segments.merge(db, namespace, segments.UNITS, dim):
+                db.execute("UPDATE unit_keys SET seq = ? WHERE namespace = ? AND seq BETWEEN ? AND ?", (lo, namespace, lo, hi))
+        db.executemany(
+            "INSERT INTO windows VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (namespace, session_id, idx) DO UPDATE SET units = excluded.units, dropped = excluded.dropped",
+            [(namespace, r.session_id, r.index, len(r.units), r.dropped) for r in results],
+        )
+        db.execute(
+            "UPDATE namespaces SET traces_stale = 1, generation = generation + 1, units_generation = units_generation + 1 WHERE name = ?",
+            (namespace,),
+        )
 
     @staticmethod
     def _drop_units(db: sqlite3.Connection, namespace: str, ids: list[str], dim: int) -> None:

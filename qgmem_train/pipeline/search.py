@@ -9,8 +9,9 @@ activation (intent, channels, RRF, rerank) over that index, then the evidence th
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
     from qgmem_train.retrieval.activation import ActivationIndex, WorkingMemory
     from qgmem_train.retrieval.intent import QueryIntent
 
+UnitFilter = Callable[["NamespaceMemory", "MemoryUnit"], bool]
+"""Whether a unit of a loaded namespace may enter a working memory (a search's speaker, session or time filter)."""
+
 
 class NamespaceIndex:
     """One namespace's loaded memory and search index, rebuilt only when the namespace itself changed.
@@ -43,19 +47,22 @@ class NamespaceIndex:
         self.retrieval = retrieval or models.cfg.retrieval
         self.traces = traces
         self._loaded: tuple[tuple[str, int] | None, NamespaceMemory, ActivationIndex] | None = None
+        self._loading = threading.Lock()
+        """Held while the index loads, so that concurrent searches of one namespace build it once."""
 
     def current(self) -> tuple[NamespaceMemory, ActivationIndex]:
         """The namespace and its index as stored now: those already built while the namespace's version holds."""
         from qgmem_train.retrieval.activation import ActivationIndex
 
-        version = self.store.version(self.namespace)
-        if self._loaded is None or version is None or self._loaded[0] != version:
-            embedder = self.models.embedder
-            memory = self.store.load_namespace(self.namespace, embedder_id=embedder.model_id, sentences=self.retrieval.sentence_vectors)
-            if not self.traces:
-                memory = dataclasses.replace(memory, traces=[], trace_of={})
-            self._loaded = (version, memory, ActivationIndex(memory, self.retrieval, embedder))
-        return self._loaded[1], self._loaded[2]
+        with self._loading:
+            version = self.store.version(self.namespace)
+            if self._loaded is None or version is None or self._loaded[0] != version:
+                embedder = self.models.embedder
+                memory = self.store.load_namespace(self.namespace, embedder_id=embedder.model_id, sentences=self.retrieval.sentence_vectors)
+                if not self.traces:
+                    memory = dataclasses.replace(memory, traces=[], trace_of={})
+                self._loaded = (version, memory, ActivationIndex(memory, self.retrieval, embedder))
+            return self._loaded[1], self._loaded[2]
 
 
 @dataclass
@@ -116,22 +123,29 @@ def activate_question(
 
 def search(
     question: str, question_time: str | None, memory: NamespaceMemory, index: ActivationIndex, models: PipelineModels, *,
-    retrieval: RetrievalConfig | None = None, intent: QueryIntent | None = None, query_vectors: np.ndarray | None = None,
-    seconds: dict[str, float] | None = None,
+    retrieval: RetrievalConfig | None = None, top_k: int | None = None, keep: UnitFilter | None = None,
+    intent: QueryIntent | None = None, query_vectors: np.ndarray | None = None, seconds: dict[str, float] | None = None,
 ) -> Retrieval:  # fmt: skip
     """Activate the working memory for ``question`` and serialize it (MEMORY_CONTEXT and local graph) as the answerer reads it.
 
-    ``seconds`` are stages already spent on the question (loading the namespace); activation and serialization join them.
+    ``top_k`` replaces ``retrieval.k``; ``keep`` drops units of the fused pool (all ``retrieval.n`` of it) before the k
+    best are taken. ``seconds`` are stages already spent on the question (loading the namespace); activation and
+    serialization join them.
     """
     from qgmem_train.answer.evidence import answer_evidence
 
     started = time.perf_counter() - sum((seconds or {}).values())
     seconds = dict(seconds or {})
-    wm = activate_question(question, question_time, memory, index, models, retrieval=retrieval, intent=intent, query_vectors=query_vectors)
+    cfg = models.cfg
+    base = retrieval or cfg.retrieval
+    k = top_k or base.k
+    pool = dataclasses.replace(base, k=max(k, base.n) if keep else k)
+    wm = activate_question(question, question_time, memory, index, models, retrieval=pool, intent=intent, query_vectors=query_vectors)
+    if keep or pool.k != k:
+        kept = [(u, score) for u, score in zip(wm.units, wm.scores) if not keep or keep(memory, u)][:k]
+        wm = dataclasses.replace(wm, units=[u for u, _ in kept], scores=[score for _, score in kept])
     seconds.update(wm.timings)
     start = time.perf_counter()
-    cfg = models.cfg
-    k = (retrieval or cfg.retrieval).k
     evidence = answer_evidence(wm.units, memory, models.llm, max_edges=k, attribute_edges=cfg.graph.attribute_edges, time_edges=cfg.graph.time_edges)
     seconds["serialize"] = time.perf_counter() - start
     return Retrieval(question, question_time, memory, wm, evidence, seconds, started)

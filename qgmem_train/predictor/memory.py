@@ -22,8 +22,12 @@ from qgmem_train.pipeline.search import NamespaceIndex, Retrieval, search
 if TYPE_CHECKING:
     from qgmem_train.llm.schemas import AnswerOutput
     from qgmem_train.memory.construct import BuildReport
+    import numpy as np
+
     from qgmem_train.memory.store import MemoryStore
+    from qgmem_train.pipeline.search import UnitFilter
     from qgmem_train.predictor.base import Predictor
+    from qgmem_train.retrieval.intent import QueryIntent
 
 
 class PredictorMemory:
@@ -73,13 +77,26 @@ class PredictorMemory:
         cfg = predictor.pipeline
         llm = predictor.models.construction_llm
         with predictor.frozen_pipeline():
-                return build_conversation(
+            return build_conversation(
                 self.store, Conversation(self.namespace, [session]), cfg, predictor.embedder, namespace=self.namespace, llm=llm, whole=whole
             )
 
-    def search(self, question: str, question_time: str | None = None) -> SearchResult:
-        """The working memory for ``question`` and its MEMORY_CONTEXT, without answering (for callers with their own LLM)."""
-        found = self._retrieve(question, question_time)
+    def search(
+        self,
+        question: str,
+        question_time: str | None = None,
+        *,
+        top_k: int | None = None,
+        keep: UnitFilter | None = None,
+        intent: QueryIntent | None = None,
+        query_vectors: np.ndarray | None = None,
+    ) -> SearchResult:
+        """The working memory for ``question`` and its MEMORY_CONTEXT, without answering (for callers with their own LLM).
+
+        ``top_k`` replaces ``retrieval.k``; ``keep`` drops units of the fused pool before the k best are taken;
+        ``intent`` and ``query_vectors`` are a parse and an embedding made beforehand (batched with other questions).
+        """
+        found = self._retrieve(question, question_time, top_k=top_k, keep=keep, intent=intent, query_vectors=query_vectors)
         seconds = {**found.seconds, "total": time.perf_counter() - found.started}
         return SearchResult(question, question_time, found.evidence.context.text, found.evidence_units(), {"context": found.evidence.context.n_tokens}, seconds)
 
@@ -87,8 +104,17 @@ class PredictorMemory:
         """Activate the working memory for ``question`` and answer it with the model, citing units and turns."""
         return ask_batch([(self, question, question_time)])[0]
 
-    def _retrieve(self, question: str, question_time: str | None) -> Retrieval:
-        """Check the question, activate its working memory and serialize it as the answerer reads it."""
+    def _retrieve(
+        self,
+        question: str,
+        question_time: str | None,
+        *,
+        top_k: int | None = None,
+        keep: UnitFilter | None = None,
+        intent: QueryIntent | None = None,
+        query_vectors: np.ndarray | None = None,
+    ) -> Retrieval:
+        """Check the question, activate its working memory and serialize it as the answerer reads it (see :meth:`search`)."""
         checked_text(question, "question")
         if len(question) > self.predictor.max_question_chars:
             raise InputError("question", f"{len(question)} characters, more than the {self.predictor.max_question_chars} a question may have (max_question_chars)")
@@ -97,7 +123,10 @@ class PredictorMemory:
         started = time.perf_counter()
         memory, index = self.index.current()
         with self.predictor.frozen_pipeline():
-            return search(question, question_time, memory, index, self.predictor.models, seconds={"memory": time.perf_counter() - started})
+            return search(
+                question, question_time, memory, index, self.predictor.models, top_k=top_k, keep=keep, intent=intent,
+                query_vectors=query_vectors, seconds={"memory": time.perf_counter() - started},
+            )  # fmt: skip
 
     def _answer(self, found: Retrieval, generated: str, parsed: AnswerOutput | None, prompt_tokens: int, generated_tokens: int) -> AskResult:
         """The result of one retrieval answered with ``generated`` (parsed), its cited units marked."""

@@ -1,33 +1,44 @@
 """The HTTP API of ``serve``: endpoints, bearer-token tenants, bounds, one-line JSON errors and Prometheus metrics.
 
-Every ``/v1`` endpoint needs a tenant's bearer token. A namespace the tenant may not touch answers exactly as
+Every ``/v1`` endpoint needs a tenant's bearer token, checked (with the tenant's rate and the body's JSON media type)
+before the body is read, so a caller without a token learns nothing of the schema. A namespace the tenant may not touch answers exactly as
 one that does not exist (404, the same message), so no tenant learns another's namespaces. Errors are one
 JSON object ``{"error": "<where>: <what>"}``, like the CLI's one line. (No ``from __future__ import annotations``:
 FastAPI reads the endpoints' annotations, which name the tenant dependency local to :func:`create_app`.)
 """
 
 import logging
+import math
 import time
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qgmem_train.errors import InputError, ModelUnavailableError
-from qgmem_train.pipeline.results import ask_record
+from qgmem_train.memory.loaders import session_time
 from qgmem_train.serve import schemas
+from qgmem_train.pipeline.results import ask_record
+from qgmem_train.serve.filters import UnitFilter
 from qgmem_train.serve.limits import Limits, RateLimiter
-from qgmem_train.serve.service import MemoryService, NamespaceNotFound
+from qgmem_train.serve.service import MemoryService, NamespaceNotFound, SessionNotFound
 from qgmem_train.serve.tenants import Tenant, Tenants
 
 log = logging.getLogger(__name__)
 
 Namespace = Annotated[str, Path(pattern=schemas.NAMESPACE_PATTERN, description="the namespace (a user or conversation)")]
-ERRORS = {status: {"model": schemas.ErrorOut} for status in (400, 401, 404, 413, 422, 429, 503)}
+SessionId = Annotated[str, Path(min_length=1, max_length=256, description="the session's id")]
+Offset = Annotated[int, Query(ge=0, description="items of the listing skipped")]
+Limit = Annotated[int, Query(ge=1, le=1000, description="most items in the page")]
+ERRORS = {status: {"model": schemas.ErrorOut} for status in (400, 401, 404, 413, 415, 422, 429, 503)}
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+"""Request seconds observed: an ask on a CPU takes minutes, so the buckets go well past 10 s."""
+BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
 class ApiError(Exception):
@@ -89,11 +100,14 @@ class Metrics:
     def __init__(self, service: MemoryService) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("qgmem_requests", "HTTP requests answered", ["route", "status"], registry=self.registry)
-        self.seconds = Histogram("qgmem_request_seconds", "Seconds to answer a request", ["route"], registry=self.registry)
-        self.batch = Histogram("qgmem_ask_batch_size", "Asks answered per generate call", buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry)
-        pending = Gauge("qgmem_asks_pending", "Asks waiting for the model", registry=self.registry)
-        pending.set_function(lambda: service.pending_asks)
+        self.seconds = Histogram("qgmem_request_seconds", "Seconds to answer a request", ["route"], buckets=SECONDS_BUCKETS, registry=self.registry)
+        sizes = (1, 2, 4, 8, 16, 32, 64)
+        self.batch = Histogram("qgmem_ask_batch_size", "Asks answered per generate call", buckets=sizes, registry=self.registry)
+        self.search_batch = Histogram("qgmem_search_batch_size", "Searches whose queries are embedded together", buckets=sizes, registry=self.registry)
+        Gauge("qgmem_asks_pending", "Asks waiting for the model", registry=self.registry).set_function(lambda: service.pending_asks)
+        Gauge("qgmem_searches_pending", "Searches waiting for a worker", registry=self.registry).set_function(lambda: service.pending_searches)
         service.on_batch = self.batch.observe
+        service.on_search_batch = self.search_batch.observe
 
 
 def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits()) -> FastAPI:
@@ -107,17 +121,39 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
     metrics = Metrics(service)
     rates = RateLimiter(limits.rate_per_minute, limits.burst)
 
-    async def tenant(request: Request) -> Tenant:
+    bearer = HTTPBearer(auto_error=False, description="a tenant's token (see docs/serve.md)")
+
+    def charge(found: Tenant, cost: float) -> None:
+        wait = rates.take(found.name, cost)
+        if wait:
+            raise ApiError(429, f"tenant {found.name}: more than {limits.rate_per_minute:g} requests a minute", {"Retry-After": str(max(1, math.ceil(wait)))})
+
+    @app.middleware("http")
+    async def gate(request: Request, call_next: Any) -> Response:
+        """A /v1 request's token, its tenant's rate and its body's media type, checked before the body is read."""
+        if not request.url.path.startswith("/v1/"):
+            return await call_next(request)
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         found = tenants.authenticate(token.strip() if scheme.lower() == "bearer" else None)
-        if found is None:
-            raise ApiError(401, "authorization: missing or unknown bearer token", {"WWW-Authenticate": "Bearer"})
-        wait = rates.take(found.name)
-        if wait:
-            raise ApiError(429, f"tenant {found.name}: more than {limits.rate_per_minute:g} requests a minute", {"Retry-After": str(max(1, round(wait)))})
-        return found
+        try:
+            if found is None:
+                raise ApiError(401, "authorization: missing or unknown bearer token", {"WWW-Authenticate": "Bearer"})
+            charge(found, 1.0)
+            media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if request.method in BODY_METHODS and media != "application/json":
+                raise ApiError(415, f"content-type: {media or 'none'}, expected application/json")
+        except ApiError as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+        request.state.tenant = found
+        return await call_next(request)
+
+    async def tenant(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Tenant:
+        return request.state.tenant
 
     Caller = Annotated[Tenant, Depends(tenant)]
+
+    def check_time(value: str | None, where: str) -> str | None:
+        return session_time(value, where) if value is not None else None
 
     def allowed(caller: Tenant, namespace: str) -> None:
         if not caller.may(namespace):
@@ -151,6 +187,10 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
     async def unavailable(request: Request, exc: ModelUnavailableError) -> JSONResponse:
         return JSONResponse({"error": f"model unavailable: {exc}"}, status_code=503)
 
+    @app.exception_handler(SessionNotFound)
+    async def no_session(request: Request, exc: SessionNotFound) -> JSONResponse:
+        return JSONResponse({"error": f"session {exc}: not found"}, status_code=404)
+
     @app.exception_handler(NamespaceNotFound)
     async def absent(request: Request, exc: NamespaceNotFound) -> JSONResponse:
         error = not_found(str(exc))
@@ -182,9 +222,14 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/namespaces", response_model=schemas.NamespacesOut, responses=ERRORS, tags=["memory"])
-    async def namespaces(caller: Caller) -> dict[str, Any]:
-        """The caller's namespaces that hold memory."""
-        return {"namespaces": [name for name in await service.namespaces() if caller.may(name)]}
+    async def namespaces(
+        caller: Caller,
+        limit: Limit = 100,
+        after: Annotated[str | None, Query(max_length=128, description="the last namespace of the page before")] = None,
+    ) -> dict[str, Any]:
+        """A page of the caller's namespaces that hold memory, in name order; ``next`` is the ``after`` of the next page."""
+        names = await service.namespaces(caller.namespaces, caller.prefixes, after, limit)
+        return {"namespaces": names, "next": names[-1] if len(names) == limit else None}
 
     @app.post("/v1/namespaces/{namespace}/sessions", response_model=schemas.SessionOut, responses=ERRORS, tags=["memory"])
     async def add_session(namespace: Namespace, body: schemas.SessionIn, caller: Caller) -> dict[str, Any]:
@@ -192,30 +237,46 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
         allowed(caller, namespace)
         if len(body.turns) > limits.max_turns:
             raise ApiError(400, f"turns: {len(body.turns)}, more than the {limits.max_turns} a session may have")
+        charge(caller, limits.add_cost(len(body.turns)) - 1.0)
         turns = [turn.model_dump(exclude_none=True) for turn in body.turns]
         return await service.add_session(namespace, turns, body.time, body.session_id)
 
     @app.post("/v1/namespaces/{namespace}/search", response_model=schemas.SearchOut, responses=ERRORS, tags=["memory"])
-    async def search(namespace: Namespace, body: schemas.QuestionIn, caller: Caller) -> dict[str, Any]:
-        """The working memory for the question and its MEMORY_CONTEXT, for an LLM of the caller's."""
+    async def search(namespace: Namespace, body: schemas.SearchIn, caller: Caller) -> dict[str, Any]:
+        """The working memory for the question (its ``top_k`` best units, of ``speaker``, ``session_id`` and sessions dated
+        ``since`` to ``until`` when given) and its MEMORY_CONTEXT, for an LLM of the caller's."""
         allowed(caller, namespace)
         check_question(body.question)
-        return (await service.search(namespace, body.question, body.time)).to_dict()
+        keep = UnitFilter(body.speaker, body.session_id, check_time(body.since, "since"), check_time(body.until, "until"))
+        if keep.since and keep.until and keep.since[:10] > keep.until[:10]:
+            raise ApiError(400, f"since: {keep.since[:10]} is after until {keep.until[:10]}")
+        found = await service.search(namespace, body.question, check_time(body.time, "time"), body.top_k, keep)
+        return found.to_dict()
 
     @app.post("/v1/namespaces/{namespace}/ask", response_model=schemas.AskOut, responses=ERRORS, tags=["memory"])
     async def ask(namespace: Namespace, body: schemas.QuestionIn, caller: Caller) -> dict[str, Any]:
         """The answer with its reasoning path and cited units: the object ``ask --json`` prints."""
         allowed(caller, namespace)
         check_question(body.question)
-        return ask_record(await service.ask(namespace, body.question, body.time))
+        return ask_record(await service.ask(namespace, body.question, check_time(body.time, "time")))
 
     @app.get("/v1/namespaces/{namespace}/memory", response_model=schemas.MemoryOut, responses=ERRORS, tags=["memory"])
-    async def memory(
-        namespace: Namespace, caller: Caller, offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 100
-    ) -> dict[str, Any]:
-        """The namespace's units (a page of them) with their source turn ids, and its sessions."""
+    async def memory(namespace: Namespace, caller: Caller, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
+        """A page of the namespace's units with their source turn ids, and its unit and session counts."""
         allowed(caller, namespace)
         return await service.listing(namespace, offset, limit)
+
+    @app.get("/v1/namespaces/{namespace}/sessions", response_model=schemas.SessionsOut, responses=ERRORS, tags=["memory"])
+    async def sessions(namespace: Namespace, caller: Caller, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
+        """A page of the namespace's sessions (id, turns, date), in id order."""
+        allowed(caller, namespace)
+        return await service.sessions(namespace, offset, limit)
+
+    @app.get("/v1/namespaces/{namespace}/sessions/{session_id}", response_model=schemas.SessionTurnsOut, responses=ERRORS, tags=["memory"])
+    async def session(namespace: Namespace, session_id: SessionId, caller: Caller, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
+        """One session: its turn count, date and a page of its turns, in order."""
+        allowed(caller, namespace)
+        return await service.session(namespace, session_id, offset, limit)
 
     @app.delete("/v1/namespaces/{namespace}", status_code=204, responses=ERRORS, tags=["memory"])
     async def delete(namespace: Namespace, caller: Caller) -> Response:

@@ -47,6 +47,14 @@ class QuestionIn(Strict):
     time: str | None = Field(None, max_length=64, description="when the question is asked (ISO date); resolves relative expressions")
 
 
+class SearchIn(QuestionIn):
+    top_k: int | None = Field(None, ge=1, le=100, description="units in the working memory (default: the server's retrieval.k)")
+    speaker: str | None = Field(None, min_length=1, max_length=256, description="only units from a turn of this speaker")
+    session_id: str | None = Field(None, min_length=1, max_length=256, description="only units of this session")
+    since: str | None = Field(None, max_length=64, description="only units of sessions dated on or after this date")
+    until: str | None = Field(None, max_length=64, description="only units of sessions dated on or before this date")
+
+
 def model_of(cls: type, name: str, **extra: Any) -> type[BaseModel]:
     """A response model with the fields of the dataclass ``cls`` (and ``extra``): the schema cannot drift from the result."""
     hints = get_type_hints(cls)
@@ -67,13 +75,42 @@ class UnitOut(BaseModel):
 class MemoryOut(BaseModel):
     namespace: str
     units_total: int
+    sessions_total: int
     offset: int
     units: list[UnitOut]
-    sessions: list[str]
+
+
+class SessionSummary(BaseModel):
+    session_id: str
+    turns: int
+    time: str | None
+
+
+class SessionsOut(BaseModel):
+    namespace: str
+    sessions_total: int
+    offset: int
+    sessions: list[SessionSummary]
+
+
+class StoredTurn(BaseModel):
+    id: str
+    speaker: str
+    text: str
+
+
+class SessionTurnsOut(BaseModel):
+    namespace: str
+    session_id: str
+    turns_total: int
+    time: str | None
+    offset: int
+    turns: list[StoredTurn]
 
 
 class NamespacesOut(BaseModel):
     namespaces: list[str]
+    next: str | None = Field(description="the `after` of the next page; null on the last page")
 
 
 class HealthOut(BaseModel):

@@ -1,27 +1,42 @@
-"""The model and the store behind ``serve``: every blocking call off the event loop, concurrent asks batched.
+"""The model and the store behind ``serve``: every blocking call off the event loop, each kind of work on its own queue.
 
-One predictor per process. Everything that runs the models (adding a session, search, ask, and deleting,
-so that no cached index outlives its namespace) runs on one worker thread, in arrival order; asks that wait
-while it is busy are answered together, up to ``max_batch`` in one generate call
-(:func:`~qgmem_train.predictor.ask_batch`). Store reads (listing) run on a small thread pool.
+One predictor per process, and four queues, so that no request waits behind work of another kind:
+
+- searches run on a pool of ``workers`` threads, each with ``torch_threads`` intra-op threads (on CPU one each, a
+  worker a core); a worker takes every search waiting (up to ``max_search_batch``) and embeds their queries in one
+  batch (:func:`~qgmem_train.retrieval.activation.encode_queries`), then activates each question's working memory;
+- asks run on a thread of their own: those waiting are answered together, up to ``max_batch`` in one generate call
+  (:func:`~qgmem_train.predictor.ask_batch`), so a slow generation delays no search;
+- adds and deletions run on ``writers`` threads, one at a time per namespace (another namespace's write
+  goes on meanwhile);
+- store reads (listings) run on a small pool of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
+import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from time import perf_counter
 from typing import Any, TypeVar
 
-from qgmem_train.errors import InputError
+import torch
+
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.types import session_fingerprint
+from qgmem_train.pipeline.search import question_intents
 from qgmem_train.predictor import AskResult, PredictorMemory, SearchResult, ask_batch
 from qgmem_train.predictor.base import Predictor
 from qgmem_train.predictor.memory import checked_text
+from qgmem_train.retrieval.activation import encode_queries
+from qgmem_train.retrieval.intent import QueryIntent
+from qgmem_train.serve.filters import UnitFilter
 
 T = TypeVar("T")
 OPEN_MEMORIES = 256
@@ -32,24 +47,104 @@ class NamespaceNotFound(Exception):
     """The namespace is not in the store (or the caller may not know it is)."""
 
 
+class SessionNotFound(Exception):
+    """The session is not in the namespace."""
+
+
+def default_workers(torch_threads: int) -> int:
+    """Search workers for ``torch_threads`` intra-op threads each: one a core's worth of threads, at least one."""
+    return max(1, (os.cpu_count() or 1) // torch_threads)
+
+
+def _take_waiting(jobs: queue.Queue[tuple[Any, ...]], most: int) -> list[tuple[Any, ...]]:
+    """Up to ``most`` waiting jobs whose caller still waits (a cancelled one is dropped)."""
+    taken: list[tuple[Any, ...]] = []
+    while len(taken) < most:
+        try:
+            job = jobs.get_nowait()
+        except queue.Empty:
+            break
+        if job[-1].set_running_or_notify_cancel():
+            taken.append(job)
+    return taken
+
+
+def _settle(future: Future, fn: Callable[[], T]) -> None:
+    """Give ``future`` the result of ``fn`` or its exception."""
+    try:
+        future.set_result(fn())
+    except Exception as exc:
+        future.set_exception(exc)
+
+
+class NamespaceLocks:
+    """One lock per namespace, made when first held and dropped when no thread holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def hold(self, namespace: str) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(namespace, (threading.Lock(), 0))
+            self._locks[namespace] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[namespace]
+                if users == 1:
+                    del self._locks[namespace]
+                else:
+                    self._locks[namespace] = (lock, users - 1)
+
+
 class MemoryService:
     """Add sessions to, search, ask, list and delete the namespaces of one store with one predictor."""
 
-    def __init__(self, predictor: Predictor, store_path: str | Path, *, max_batch: int = 8, readers: int = 4) -> None:
+    def __init__(
+        self,
+        predictor: Predictor,
+        store_path: str | Path,
+        *,
+        max_batch: int = 8,
+        workers: int | None = None,
+        torch_threads: int = 1,
+        max_search_batch: int = 16,
+        writers: int = 2,
+        readers: int = 4,
+    ) -> None:
+        """``workers`` search threads (default: the cores over ``torch_threads``) with ``torch_threads`` intra-op threads each."""
+        if torch_threads < 1 or (workers is not None and workers < 1) or max_search_batch < 1 or writers < 1:
+            raise ValueError(f"workers, torch_threads, max_search_batch and writers must be at least 1, got {workers}, {torch_threads}, {max_search_batch}, {writers}")
+        torch.set_num_threads(torch_threads)
         self.predictor = predictor
         self.store = MemoryStore.open(store_path, create=True)
         self.max_batch = max_batch
+        self.max_search_batch = max_search_batch
+        self.workers = workers or default_workers(torch_threads)
+        self.torch_threads = torch_threads
         self.on_batch: Callable[[int], None] = lambda size: None
-        """Called (on the model thread) with the size of every ask batch before it is answered: metrics observe it."""
-        self._model = ThreadPoolExecutor(1, thread_name_prefix="qgmem-model")
+        """Called (on the ask thread) with the size of every ask batch before it is answered: metrics observe it."""
+        self.on_search_batch: Callable[[int], None] = lambda size: None
+        """Called (on a search worker) with the number of searches whose queries are embedded together."""
+        threads = dict(initializer=torch.set_num_threads, initargs=(torch_threads,))
+        self._searchers = ThreadPoolExecutor(self.workers, thread_name_prefix="qgmem-search", **threads)  # type: ignore[arg-type]
+        self._asker = ThreadPoolExecutor(1, thread_name_prefix="qgmem-ask", **threads)  # type: ignore[arg-type]
+        self._writers = ThreadPoolExecutor(writers, thread_name_prefix="qgmem-write", **threads)  # type: ignore[arg-type]
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="qgmem-read")
         self._asks: queue.Queue[tuple[str, str, str | None, Future]] = queue.Queue()
+        self._searches: queue.Queue[tuple[str, str, str | None, int | None, UnitFilter, Future]] = queue.Queue()
         self._memories: OrderedDict[str, PredictorMemory] = OrderedDict()
+        self._memories_lock = threading.Lock()
+        self._namespace_locks = NamespaceLocks()
 
     def close(self) -> None:
         """Finish the queued work and close the store."""
-        self._model.shutdown(wait=True)
-        self._readers.shutdown(wait=True)
+        for pool in (self._asker, self._searchers, self._writers, self._readers):
+            pool.shutdown(wait=True)
         self.store.close()
 
     @property
@@ -57,61 +152,98 @@ class MemoryService:
         """Asks waiting for the model."""
         return self._asks.qsize()
 
-    async def _on_model(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.wrap_future(self._model.submit(fn, *args))
+    @property
+    def pending_searches(self) -> int:
+        """Searches waiting for a worker."""
+        return self._searches.qsize()
 
-    async def _on_reader(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.wrap_future(self._readers.submit(fn, *args))
+    @staticmethod
+    async def _on(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.wrap_future(pool.submit(fn, *args))
 
     def _memory(self, namespace: str) -> PredictorMemory:
-        """The cached handle on ``namespace`` (model thread only)."""
-        memory = self._memories.pop(namespace, None) or PredictorMemory(self.predictor, namespace, self.store)
-        self._memories[namespace] = memory
-        while len(self._memories) > OPEN_MEMORIES:
-            self._memories.popitem(last=False)
-        return memory
+        """The cached handle on ``namespace``."""
+        with self._memories_lock:
+            memory = self._memories.pop(namespace, None) or PredictorMemory(self.predictor, namespace, self.store)
+            self._memories[namespace] = memory
+            while len(self._memories) > OPEN_MEMORIES:
+                self._memories.popitem(last=False)
+            return memory
 
     def _existing(self, namespace: str) -> PredictorMemory:
-        if namespace not in self.store.namespaces():
+        if not self.store.has_namespace(namespace):
             raise NamespaceNotFound(namespace)
         return self._memory(namespace)
 
-    async def namespaces(self) -> list[str]:
-        """Every namespace in the store."""
-        return await self._on_reader(self.store.namespaces)
+    async def namespaces(self, names: frozenset[str], prefixes: Sequence[str], after: str | None, limit: int) -> list[str]:
+        """A page of the namespaces named in ``names`` or starting with one of ``prefixes``, in name order after ``after``."""
+        return await self._on(self._readers, self.store.namespaces_page, names, prefixes, after, limit)
 
     async def add_session(self, namespace: str, turns: Sequence[dict[str, Any]], time: str | None, session_id: str | None) -> dict[str, Any]:
         """Store one session (idempotent by session id) and build its units in one transaction; the build's counts."""
         session_id = checked_text(session_id, "session_id") if session_id is not None else session_fingerprint(turns, time)
 
         def add() -> dict[str, Any]:
-            report = self._memory(namespace).add_session(turns, time=time, session_id=session_id, whole=True)
+            with self._namespace_locks.hold(namespace):
+                report = self._memory(namespace).add_session(turns, time=time, session_id=session_id, whole=True)
             return {"namespace": namespace, "session_id": session_id, "units": report.units, "windows_built": report.windows_built,
                     "dropped": report.dropped, "seconds": report.seconds}  # fmt: skip
 
-        return await self._on_model(add)
+        return await self._on(self._writers, add)
 
-    async def search(self, namespace: str, question: str, time: str | None) -> SearchResult:
-        """The working memory for ``question`` and its MEMORY_CONTEXT."""
-        return await self._on_model(lambda: self._existing(namespace).search(question, time))
+    async def search(self, namespace: str, question: str, time: str | None, top_k: int | None = None, keep: UnitFilter = UnitFilter()) -> SearchResult:
+        """The working memory for ``question`` (its ``top_k`` best units that ``keep`` keeps) and its MEMORY_CONTEXT,
+        its query embedded in one batch with the searches waiting beside it."""
+        future: Future = Future()
+        self._searches.put((namespace, question, time, top_k, keep, future))
+        self._searchers.submit(self._search_waiting)
+        return await asyncio.wrap_future(future)
+
+    def _search_waiting(self) -> None:
+        """Answer the searches waiting (search worker): their intents parsed and their queries embedded together."""
+        ready = []
+        for namespace, question, time, top_k, keep, future in _take_waiting(self._searches, self.max_search_batch):
+            try:
+                checked_text(question, "question")
+                ready.append((self._existing(namespace), question, time, top_k, keep, future))
+            except Exception as exc:
+                future.set_exception(exc)
+        if not ready:
+            return
+        self.on_search_batch(len(ready))
+        predictor = self.predictor
+        try:
+            asked = [(question, time) for _, question, time, *_ in ready]
+            started = perf_counter()
+            with predictor.frozen_pipeline():
+                intents = question_intents(predictor.models, asked)
+            parsed = perf_counter()
+            vectors = encode_queries(predictor.embedder, [q for q, _ in asked], intents)
+            shared = {"intent": parsed - started, "embed": perf_counter() - parsed}
+        except Exception as exc:
+            for *_, future in ready:
+                future.set_exception(exc)
+            return
+
+        def search(memory: PredictorMemory, question: str, time: str | None, top_k: int | None, keep: UnitFilter, intent: QueryIntent, query_vectors: Any) -> SearchResult:
+            result = memory.search(question, time, top_k=top_k, keep=keep or None, intent=intent, query_vectors=query_vectors)
+            result.seconds.update(shared, total=result.seconds["total"] + sum(shared.values()))  # the batch's parse and embedding, whole
+            return result
+
+        for (memory, question, time, top_k, keep, future), intent, query_vectors in zip(ready, intents, vectors):
+            _settle(future, lambda: search(memory, question, time, top_k, keep, intent, query_vectors))
 
     async def ask(self, namespace: str, question: str, time: str | None) -> AskResult:
         """The answer with its cited units, batched with the asks waiting beside it."""
         future: Future = Future()
         self._asks.put((namespace, question, time, future))
-        self._model.submit(self._answer_waiting)
+        self._asker.submit(self._answer_waiting)
         return await asyncio.wrap_future(future)
 
     def _answer_waiting(self) -> None:
-        """Answer up to ``max_batch`` waiting asks in one batch (model thread); none left means another call took them."""
-        taken = []
-        while len(taken) < self.max_batch:
-            try:
-                taken.append(self._asks.get_nowait())
-            except queue.Empty:
-                break
+        """Answer up to ``max_batch`` waiting asks in one batch (ask thread); none left means another call took them."""
         ready = []
-        for namespace, question, time, future in taken:
+        for namespace, question, time, future in _take_waiting(self._asks, self.max_batch):
             try:
                 ready.append((self._existing(namespace), question, time, future))
             except NamespaceNotFound as exc:
@@ -131,35 +263,54 @@ class MemoryService:
                 future.set_result(result)
             return
         for memory, question, time, future in ready:  # one bad question failed the batch: each alone gets its own outcome
-            try:
-                future.set_result(memory.ask(question, time))
-            except Exception as exc:
-                future.set_exception(exc)
+            _settle(future, lambda: memory.ask(question, time))
 
     async def listing(self, namespace: str, offset: int, limit: int) -> dict[str, Any]:
-        """The namespace's units (``offset``, at most ``limit``), with their source turn ids, and its sessions."""
+        """A page of the namespace's units (``offset``, at most ``limit``, read by the store alone) with their source turn
+        ids, and its unit and session counts."""
 
         def read() -> dict[str, Any]:
-            try:
-                memory = self.store.load_namespace(namespace, sentences=False)
-            except InputError:
-                raise NamespaceNotFound(namespace) from None
-            units = [
-                {"id": u.id, "fact_text": u.fact_text, "source_turn_ids": list(u.source_turn_ids)}
-                for u in memory.units[offset : offset + limit]
-            ]
-            sessions = sorted({session for session, _ in self.store.done_windows(namespace)})
-            return {"namespace": namespace, "units_total": len(memory.units), "offset": offset, "units": units, "sessions": sessions}
+            if not self.store.has_namespace(namespace):
+                raise NamespaceNotFound(namespace)
+            units = [{"id": u.id, "fact_text": u.fact_text, "source_turn_ids": list(u.source_turn_ids)} for u in self.store.units_page(namespace, offset, limit)]
+            return {"namespace": namespace, "units_total": self.store.count_units(namespace), "sessions_total": self.store.count_sessions(namespace),
+                    "offset": offset, "units": units}  # fmt: skip
 
-        return await self._on_reader(read)
+        return await self._on(self._readers, read)
+
+    async def sessions(self, namespace: str, offset: int, limit: int) -> dict[str, Any]:
+        """A page of the namespace's sessions (id, turns, date), in session id order."""
+
+        def read() -> dict[str, Any]:
+            if not self.store.has_namespace(namespace):
+                raise NamespaceNotFound(namespace)
+            return {"namespace": namespace, "sessions_total": self.store.count_sessions(namespace), "offset": offset,
+                    "sessions": self.store.sessions_page(namespace, offset, limit)}  # fmt: skip
+
+        return await self._on(self._readers, read)
+
+    async def session(self, namespace: str, session_id: str, offset: int, limit: int) -> dict[str, Any]:
+        """A page of one session's turns, in order, with its turn count and date."""
+
+        def read() -> dict[str, Any]:
+            if not self.store.has_namespace(namespace):
+                raise NamespaceNotFound(namespace)
+            summary = self.store.session_summary(namespace, session_id)
+            if summary is None:
+                raise SessionNotFound(session_id)
+            turns = [{key: t[key] for key in ("id", "speaker", "text")} for t in self.store.session_turns(namespace, session_id, offset, limit)]
+            return {"namespace": namespace, "session_id": session_id, "turns_total": summary["turns"], "time": summary["time"], "offset": offset, "turns": turns}
+
+        return await self._on(self._readers, read)
 
     async def delete(self, namespace: str) -> None:
-        """Delete the namespace and everything of it (on the model thread, after the work queued before)."""
+        """Delete the namespace and everything of it (after the writes to it queued before)."""
 
         def delete() -> None:
-            self._memories.pop(namespace, None)
-            if not self.store.delete_namespace(namespace):
-                raise NamespaceNotFound(namespace)
+            with self._namespace_locks.hold(namespace):
+                with self._memories_lock:
+                    self._memories.pop(namespace, None)
+                if not self.store.delete_namespace(namespace):
+                    raise NamespaceNotFound(namespace)
 
-        await self._on_model(delete)
-
+        await self._on(self._writers, delete)
