@@ -28,6 +28,7 @@ from experiments.graph_token.report import markdown
 from experiments.graph_token.stats import comparisons, summarize
 from experiments.graph_token.training import run_relative
 from qgmem_train.errors import InputError
+from tests.in_process import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "convomem_cases"
@@ -40,29 +41,12 @@ TINY_DATA_ARGS = ["--test-count", "1", "--max-test-questions", "3", "--max-val-q
 
 
 def in_process(command: list[str], capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
-    """Run a study command (``STUDY`` and its arguments) in this process, as its own process would run it: its exit status,
-    stdout and stderr, without a new interpreter's imports and model loads. The study's logging handlers and torch
-    threads are put back after. The tiny run's first call runs the command in its own process."""
-    import logging
-
-    import torch
-
+    """A study command (``STUDY`` and its arguments) run by the study's main in this process, as its own process would
+    run it; the tiny run's first call runs it in a process of its own."""
     from experiments.graph_token.cli import main
 
     assert command[: len(STUDY)] == STUDY
-    loggers = [logging.getLogger(name) for name in ("experiments.graph_token", "data_prep")]
-    kept = [(logger, logger.handlers[:], logger.level) for logger in loggers]
-    threads = torch.get_num_threads()
-    capfd.readouterr()
-    try:
-        code = main(command[len(STUDY) :])
-    finally:
-        torch.set_num_threads(threads)
-        for logger, handlers, level in kept:
-            logger.handlers[:] = handlers
-            logger.setLevel(level)
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(command, code, out, err)
+    return run_main(main, command[len(STUDY) :], capfd)
 
 
 def tiny_convomem(root: Path) -> Path:
