@@ -198,6 +198,7 @@ def new_store(request: pytest.FixtureRequest, tmp_path):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with ``slow`` tests run first (otherwise in their order), so parallel workers do not end on one long file."""
+    """Files with ``slow`` tests run first (otherwise in their order), so parallel workers do not end on one long file.
+    xdist hands files out in this order only with ``--no-loadscope-reorder`` (``make test`` passes it): its default is most tests first."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
