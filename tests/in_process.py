@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 
@@ -19,11 +20,12 @@ FRESH_INTERPRETER_IGNORES = (DeprecationWarning, PendingDeprecationWarning, Impo
 def run_main(
     main: Callable[[list[str]], int | None], argv: list[str], capfd: pytest.CaptureFixture[str], env: Mapping[str, str | None] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``main(argv)`` with ``env`` set (``None`` unsets a variable); the environment, torch threads, and the handlers and
-    levels of the loggers that existed before, as the command changes them, are put back afterwards."""
+    """``main(argv)`` with ``env`` set (``None`` unsets a variable); the environment and torch threads are put back
+    afterwards, and so are the loggers: those that existed keep their handlers and levels, and a handler made during the
+    call on the captured stdout or stderr (the command's own, say) is removed with the capture it writes to."""
     import torch
 
-    saved_env, threads = dict(os.environ), torch.get_num_threads()
+    saved_env, threads, captured = dict(os.environ), torch.get_num_threads(), (sys.stdout, sys.stderr)
     loggers = {name: (lg.handlers[:], lg.level) for name, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
     root = (logging.root.handlers[:], logging.root.level)
     for name, value in (env or {}).items():
@@ -48,9 +50,12 @@ def run_main(
         torch.set_num_threads(threads)
         logging.root.handlers[:], level = root
         logging.root.setLevel(level)
-        for name, (handlers, level) in loggers.items():
-            logging.getLogger(name).handlers[:] = handlers
-            logging.getLogger(name).setLevel(level)
+        for name, lg in list(logging.root.manager.loggerDict.items()):
+            if name in loggers:
+                lg.handlers[:], level = loggers[name]
+                lg.setLevel(level)
+            elif isinstance(lg, logging.Logger):
+                lg.handlers[:] = [h for h in lg.handlers if getattr(h, "stream", None) not in captured]
     out, err = capfd.readouterr()
     err += "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
     return subprocess.CompletedProcess(argv, int(code or 0), out, err)
