@@ -7,6 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist): one a core on a 2-core machine; a test file stays on one worker (its fixtures are built once).
+# Files are handed out in the suite's own order (slow files first, tests/conftest.py), not xdist's most-tests-first.
 PYTEST_WORKERS ?= 2
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
@@ -28,7 +29,7 @@ demo: setup
 	PYTHON=$(PY) bash scripts/demo.sh
 
 test: setup
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run_all.py

@@ -1,4 +1,5 @@
-"""Shared fixtures: the two bundled models, loaded once per session, with the model hub switched off and threads shared among workers."""
+"""Shared fixtures: the two bundled models, loaded once per session, with the model hub switched off and threads shared among workers;
+builds that several files need made once a run for all workers (:func:`built_once`); slow files scheduled first."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ if _XDIST_WORKERS > 1:
     # share of threads, set before numpy and torch are imported, so the workers do not oversubscribe the machine.
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[_name] = str(max(1, (os.cpu_count() or 1) // _XDIST_WORKERS))
+
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -68,20 +72,68 @@ def data():
     return module
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, key: str, build: Callable[[Path], object]) -> Path:
+    """The folder ``build`` fills, built once per test run and shared by its parallel workers: the first worker to ask
+    builds it under a lock, the others wait and reuse it. ``key`` names what is built from which inputs; tests read the
+    folder, or copy it before they change it."""
+    import fcntl
+    import shutil
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, shared by the workers' own
+    shared = root / "built-once"
+    shared.mkdir(exist_ok=True)
+    folder, done = shared / key, shared / f"{key}.done"
+    with open(shared / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed build left
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_study_data(tmp_path_factory: pytest.TempPathFactory):
     """The graph-token study's data prep over the cut-down conversations of ``tiny_convomem`` (1 test conversation, 3 test
-    and 2 validation questions), run once: the study's and its steps' tiny runs copy its ``data/`` into their ``--out``
-    and reuse it as a rerun does. Returns ``(cases folder, the folder holding data/)``."""
+    and 2 validation questions), run once for all workers: the study's and its steps' tiny runs copy its ``data/`` into
+    their ``--out`` and reuse it as a rerun does. Returns ``(cases folder, the folder holding data/)``."""
     from experiments.graph_token.cli import parser
     from experiments.graph_token.data import prepare_data
     from tests.test_graph_token_experiment import TINY_DATA_ARGS, tiny_convomem
 
-    root = tmp_path_factory.mktemp("tiny_study")
-    cases = tiny_convomem(root / "cases")
-    args = parser().parse_args(["--data", str(cases), *TINY_DATA_ARGS])
-    prepare_data(args, root / "out")
-    return cases, root / "out"
+    def prepare(root: Path) -> None:
+        args = parser().parse_args(["--data", str(tiny_convomem(root / "cases")), *TINY_DATA_ARGS])
+        prepare_data(args, root / "out")
+
+    root = built_once(tmp_path_factory, "tiny_study", prepare)
+    return root / "cases", root / "out"
+
+
+@pytest.fixture(scope="session")
+def locomo_turns_store(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``copy(destination, sessions=None)``: a store of the committed LoCoMo sample (its first ``sessions`` sessions, all
+    when None) built in turns mode without traces, copied to ``destination``; each build is made once a run."""
+    import shutil
+
+    from qgmem_train.__main__ import main
+
+    sample = Path(__file__).resolve().parents[1] / "samples" / "locomo_sample.json"
+
+    def build(folder: Path, sessions: int | None) -> None:
+        folder.mkdir(parents=True)
+        config = folder / "turns.yaml"
+        config.write_text("pipeline:\n  construction:\n    units: turns\n    traces: false\n")
+        limit = ["--limit-sessions", str(sessions)] if sessions else []
+        args = ["build", "--dataset", "locomo", "--input", str(sample), "--store", str(folder / "store"), "--units", "turns", "--config", str(config)]
+        assert main([*args, *limit]) == 0
+
+    def copy(destination: Path, sessions: int | None = None) -> Path:
+        built = built_once(tmp_path_factory, f"locomo-sample-turns-{sessions or 'all'}", lambda folder: build(folder, sessions))
+        return Path(shutil.copytree(built / "store", destination))
+
+    return copy
 
 
 @pytest.fixture(scope="session")
@@ -146,6 +198,7 @@ def new_store(request: pytest.FixtureRequest, tmp_path):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with ``slow`` tests run first (otherwise in their order), so parallel workers do not end on one long file."""
+    """Files with ``slow`` tests run first (otherwise in their order), so parallel workers do not end on one long file.
+    xdist hands files out in this order only with ``--no-loadscope-reorder`` (``make test`` passes it): its default is most tests first."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)

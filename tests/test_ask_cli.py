@@ -11,19 +11,14 @@ import pytest
 from qgmem_train.__main__ import main
 from tests.fakes import ScriptedLLM
 
-SAMPLE = Path(__file__).parent.parent / "samples" / "locomo_sample.json"
-
 
 @pytest.fixture(scope="module")
-def small_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def small_store(tmp_path_factory: pytest.TempPathFactory, locomo_turns_store) -> tuple[Path, Path]:
     """The sample's first session in turns mode, and a config with a short generation budget."""
     root = tmp_path_factory.mktemp("ask")
     config = root / "ask.yaml"
     config.write_text("pipeline:\n  construction:\n    units: turns\n    traces: false\n  generation:\n    max_new_tokens: 48\n")
-    build = ["build", "--dataset", "locomo", "--input", str(SAMPLE), "--store", str(root / "store"), "--units", "turns",
-             "--config", str(config), "--limit-sessions", "1"]
-    assert main(build) == 0
-    return root / "store", config
+    return locomo_turns_store(root / "store", sessions=1), config
 
 
 @pytest.mark.slow

@@ -138,13 +138,12 @@ def test_report_markdown_and_figures(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def turns_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def turns_store(tmp_path_factory: pytest.TempPathFactory, locomo_turns_store) -> tuple[Path, Path]:
     """The LoCoMo sample built in turns mode, and a config with a small working memory and answer budget."""
     root = tmp_path_factory.mktemp("answers")
     config = root / "small.yaml"
     config.write_text("pipeline:\n  construction:\n    units: turns\n    traces: false\n  retrieval:\n    k: 3\n  generation:\n    max_new_tokens: 32\n")
-    assert main(["build", "--dataset", "locomo", "--input", str(SAMPLE), "--store", str(root / "store"), "--units", "turns", "--config", str(config)]) == 0
-    return root / "store", config
+    return locomo_turns_store(root / "store"), config
 
 
 @pytest.mark.slow

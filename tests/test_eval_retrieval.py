@@ -77,13 +77,9 @@ def test_bad_question_record_names_file_record_and_field(tmp_path: Path, capsys:
 
 
 @pytest.fixture(scope="module")
-def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sample_store(tmp_path_factory: pytest.TempPathFactory, locomo_turns_store) -> Path:
     """The committed LoCoMo sample built in turns mode (no LLM, no traces)."""
-    root = tmp_path_factory.mktemp("eval")
-    config = root / "turns.yaml"
-    config.write_text("pipeline:\n  construction:\n    units: turns\n    traces: false\n")
-    assert main(["build", "--dataset", "locomo", "--input", str(SAMPLE), "--store", str(root / "store"), "--units", "turns", "--config", str(config)]) == 0
-    return root / "store"
+    return locomo_turns_store(tmp_path_factory.mktemp("eval") / "store")
 
 
 def test_eval_retrieval_cli_end_to_end(sample_store: Path, tmp_path: Path) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from qgmem_train.__main__ import main
 from qgmem_train.model.launch_checks import stale_requeue_checkpoints
+from tests.in_process import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "demo-cpu.yaml"
@@ -18,30 +19,30 @@ SLURM_STEP = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "qgmem-train", "SLURM_JOB_I
               "SLURM_NODEID": "0", "SLURM_NODELIST": "node1"}  # fmt: skip
 
 
-def fit(llm_dir: Path, root: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """One CPU step of the demo config over the tiny decoder, in its own process."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+def fit(llm_dir: Path, root: Path, capfd: pytest.CaptureFixture[str], *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """One CPU step of the demo config over the tiny decoder, by the command's main in this process."""
+    clean = {k: None for k in os.environ if k.startswith("SLURM_")}
     command = [
-        sys.executable, "-m", "qgmem_train", "fit", "--config", str(DEMO), "--pipeline.models.llm", str(llm_dir),
+        "fit", "--config", str(DEMO), "--pipeline.models.llm", str(llm_dir),
         "--trainer.default_root_dir", str(root), "--trainer.logger", "false", "--checkpoint.dirpath", str(root / "ckpt"),
         "--data.max_examples", "2", "--model.prompt.max_context_tokens", "24", "--model.encoder.hidden_dim", "32", "--model.projector.hidden_dim", "32",
         "--trainer.max_steps", "1", "--trainer.val_check_interval", "1", "--model.generation.val_generate", "false", *extra,
     ]  # fmt: skip
-    return subprocess.run(command, cwd=ROOT, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=600)
+    return run_main(main, command, capfd, env={**clean, **(env or {})})
 
 
 @pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
-def test_a_true_half_precision_is_refused_with_one_line(llm_dir: Path, tmp_path: Path, precision: str) -> None:
-    result = fit(llm_dir, tmp_path, "--trainer.precision", precision)
+def test_a_true_half_precision_is_refused_with_one_line(llm_dir: Path, tmp_path: Path, precision: str, capfd: pytest.CaptureFixture[str]) -> None:
+    result = fit(llm_dir, tmp_path, capfd, "--trainer.precision", precision)
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert f"trainer.precision: {precision} casts" in result.stderr and "bf16-mixed" in result.stderr
 
 
-def test_a_stale_requeue_checkpoint_under_slurm_is_refused_with_one_line(llm_dir: Path, tmp_path: Path) -> None:
+def test_a_stale_requeue_checkpoint_under_slurm_is_refused_with_one_line(llm_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """RESUME=none under Slurm: no ckpt_path, yet Lightning would resume from hpc_ckpt_1.ckpt of an earlier job."""
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"an earlier job's checkpoint")
-    result = fit(llm_dir, tmp_path, env=SLURM_STEP)
+    result = fit(llm_dir, tmp_path, capfd, env=SLURM_STEP)
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert f"{tmp_path / 'hpc_ckpt_1.ckpt'}: a requeue checkpoint of an earlier job" in result.stderr

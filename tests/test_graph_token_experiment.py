@@ -28,6 +28,7 @@ from experiments.graph_token.report import markdown
 from experiments.graph_token.stats import comparisons, summarize
 from experiments.graph_token.training import run_relative
 from qgmem_train.errors import InputError
+from tests.in_process import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "convomem_cases"
@@ -37,6 +38,15 @@ RESULTS = ROOT / "experiments" / "graph_token" / "results"
 
 TINY_DATA_ARGS = ["--test-count", "1", "--max-test-questions", "3", "--max-val-questions", "2"]
 """The tiny runs' data settings: the ``tiny_study_data`` fixture prepares their data once."""
+
+
+def in_process(command: list[str], capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
+    """A study command (``STUDY`` and its arguments) run by the study's main in this process, as its own process would
+    run it; the tiny run's first call runs it in a process of its own."""
+    from experiments.graph_token.cli import main
+
+    assert command[: len(STUDY)] == STUDY
+    return run_main(main, command[len(STUDY) :], capfd)
 
 
 def tiny_convomem(root: Path) -> Path:
@@ -130,9 +140,9 @@ def test_every_design_has_its_controls() -> None:
     ("data", "message"),
     [("missing", "not a folder"), (str(SAMPLE), "2 conversation(s) found")],
 )
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, data: str, message: str) -> None:
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, data: str, message: str, capfd: pytest.CaptureFixture[str]) -> None:
     command = [*STUDY, "--data", str(tmp_path / data) if data == "missing" else data, "--out", str(tmp_path / "out")]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = in_process(command, capfd)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
@@ -234,7 +244,7 @@ def test_seeded_comparisons_report_each_seed_and_an_interval_over_seeds() -> Non
 
 
 @pytest.mark.slow
-def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path, tiny_study_data: tuple[Path, Path]) -> None:
+def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path, tiny_study_data: tuple[Path, Path], capfd: pytest.CaptureFixture[str]) -> None:
     cases, prepared = tiny_study_data
     out = tmp_path / "out"
     shutil.copytree(prepared / "data", out / "data")  # the data prep the fixture ran once, reused as a rerun reuses it
@@ -298,7 +308,7 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path, tiny_study_dat
     run_file.unlink()  # as if killed after training, during its test pass: the rerun tests the trained checkpoint
     answered = {r["question_id"]: {**r, "answer": "saved before the kill"} for r in trained["predictions"] if "f1" in r}
     (run_file.parent / "answers.partial.json").write_text(json.dumps(answered))  # every answer was on disk: none is generated again
-    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    resumed = in_process(command, capfd)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "resuming from" in resumed.stderr and "training 2 steps" not in resumed.stderr, resumed.stderr[-4000:]
     assert "2 answer(s) saved before the stop; answering the other 0" in resumed.stderr, resumed.stderr[-4000:]
@@ -313,7 +323,7 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path, tiny_study_dat
 
     before = {run: results_predictions(out, run) for run in ("edges-seed0", "edges-shuffled-seed0", "none-seed0")}
     more = [*command[: command.index("--max-f1-questions") + 1], "3", *command[command.index("--max-f1-questions") + 2 :]]
-    extended = subprocess.run(more, cwd=ROOT, capture_output=True, text=True, timeout=900)  # a larger answer sample: no retraining
+    extended = in_process(more, capfd)  # a larger answer sample: no retraining
     assert extended.returncode == 0, extended.stderr[-4000:]
     assert extended.stderr.count("answering the 1 question(s) its answers lack") == 3 and "training 2 steps" not in extended.stderr
     for run, records in before.items():
@@ -326,14 +336,14 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path, tiny_study_dat
     moved = tmp_path / "moved"  # the runs resume, and report, from a folder that was moved since they ran
     out.rename(moved)
     command = [str(moved) if arg == str(out) else arg for arg in command]
-    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    again = in_process(command, capfd)
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.stderr.count("done before") == 3 and "reusing" in again.stderr
     assert "`runs/edges-seed0/checkpoints/" in (moved / "results.md").read_text()
 
     arms = command.index("--variants") + 1  # a report of the runs there, with an arm that never ran: named, not run
     report_only = [*command[:arms], "edges-soft", *command[arms:], "--report-only"]
-    reported = subprocess.run(report_only, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    reported = in_process(report_only, capfd)
     assert reported.returncode == 0, reported.stderr[-4000:]
     assert not (moved / "runs" / "edges-soft-seed0").exists() and "training 2 steps" not in reported.stderr
     assert list(json.loads((moved / "results.json").read_text())["summary"]["variants"]) == ["edges", "edges-shuffled", "none"]
@@ -341,7 +351,7 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path, tiny_study_dat
 
     (moved / "runs" / "edges-shuffled-seed0" / "result.json").unlink()  # a shuffled test still to run on a checkpoint since deleted
     (moved / run_relative(edges["checkpoint_best"])).unlink()
-    gone = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    gone = in_process(command, capfd)
     assert gone.returncode == 2, gone.stderr[-4000:]
     errors = [line for line in gone.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "best-step=" in errors[0] and "runs/edges-seed0/result.json" in errors[0], gone.stderr[-2000:]
@@ -349,17 +359,17 @@ def test_tiny_run_writes_every_output_and_resumes(tmp_path: Path, tiny_study_dat
 
 
 @pytest.mark.parametrize(("arms", "message"), [(["nosuch"], "unknown arm(s) nosuch"), (["edges-shuffled"], "run edges too")])
-def test_bad_arms_are_one_line_and_exit_2(tmp_path: Path, arms: list[str], message: str) -> None:
+def test_bad_arms_are_one_line_and_exit_2(tmp_path: Path, arms: list[str], message: str, capfd: pytest.CaptureFixture[str]) -> None:
     command = [*STUDY, "--data", str(SAMPLE), "--out", str(tmp_path / "out"), "--variants", *arms]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = in_process(command, capfd)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and not (tmp_path / "out").exists(), "refused before any work"
 
 
-def test_a_report_of_a_folder_without_runs_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_a_report_of_a_folder_without_runs_is_one_line_and_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     command = [*STUDY, "--data", str(SAMPLE), "--out", str(tmp_path / "out"), "--report-only"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = in_process(command, capfd)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "no data prep here to report on" in lines[0] and not (tmp_path / "out").exists(), "refused before any work"

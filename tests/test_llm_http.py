@@ -33,22 +33,31 @@ YES_NO = [
 ]
 
 
+STALL = "stall"
+"""A fault that holds its request unanswered until the test ends: only the client's own timeout ends it."""
+
+
 class FaultyServer(OpenAICompatibleServer):
-    """Counts requests and plays scripted faults first: ``500`` fails at once, a float stalls that many seconds."""
+    """Counts requests and plays scripted faults first: ``500`` fails at once, :data:`STALL` never answers in time.
+    A request it answered before is answered again from memory, so a retry's reply costs no model time."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.faults: list[float | int] = []
+        self.faults: list[int | str] = []
         self.bodies: list[dict] = []
+        self.answered: dict[str, dict] = {}
+        self.released = threading.Event()
 
     def chat_completion(self, body: dict) -> dict:
         self.bodies.append(body)
         if self.faults:
-            fault = self.faults.pop(0)
-            if fault != 500:
-                time.sleep(fault)
+            if self.faults.pop(0) == STALL:
+                self.released.wait()
             raise RuntimeError("injected fault")
-        return super().chat_completion(body)
+        key = json.dumps(body, sort_keys=True)
+        if key not in self.answered:
+            self.answered[key] = super().chat_completion(body)
+        return self.answered[key]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +70,9 @@ def server(smollm2):
 def fresh(server):
     server.faults.clear()
     server.bodies.clear()
-    return server
+    server.released.clear()
+    yield server
+    server.released.set()  # stalled requests end (their clients gave up long ago)
 
 
 def client(server: OpenAICompatibleServer, **kwargs) -> OpenAICompatibleLLM:
@@ -103,12 +114,17 @@ def test_a_500_is_retried_then_succeeds(fresh, smollm2) -> None:
 
 
 def test_a_timeout_is_retried_and_persistent_timeouts_end_in_one_clear_error(fresh, smollm2) -> None:
-    fresh.faults.append(8.0)
-    assert client(fresh, timeout_s=4.0).generate(CHATS[:1], max_new_tokens=8) == smollm2.generate(CHATS[:1], max_new_tokens=8)
-    fresh.faults[:] = [1.5, 1.5]
+    expected = smollm2.generate(CHATS[:1], max_new_tokens=8)
+    assert client(fresh).generate(CHATS[:1], max_new_tokens=8) == expected  # answered once: the retry below is answered from memory
+    fresh.bodies.clear()
+    fresh.faults.append(STALL)
+    assert client(fresh, timeout_s=2.0).generate(CHATS[:1], max_new_tokens=8) == expected
+    assert len(fresh.bodies) == 2, "the stalled attempt, then its retry"
+    fresh.bodies.clear()
+    fresh.faults[:] = [STALL, STALL]
     with pytest.raises(ModelUnavailableError, match="failed after 2 attempts: ReadTimeout") as err:
         client(fresh, timeout_s=0.5, max_retries=1).generate(CHATS[:1], max_new_tokens=8)
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and len(fresh.bodies) == 2
 
 
 def test_other_4xx_fails_at_once_with_the_servers_message(fresh) -> None:

@@ -24,6 +24,7 @@ from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.memory.types import MemoryUnit, TimeSpan, Turn
 from qgmem_train.reranker.data import RerankData, RerankExample, ensure_turns_store, load_or_build, mined_pools, rerank_groups, sample_negatives
 from qgmem_train.retrieval.rerank import build_reranker, quantize_linear_int8, rerank_document, reranker_line
+from tests.in_process import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "locomo_sample.json"
@@ -387,10 +388,12 @@ def test_fit_embedder_lowers_the_held_out_loss_compares_both_embedders_and_saves
     assert not list(tmp_path.glob(".embedder.*")), "the staging folder is left behind"
 
 
-def test_fit_embedder_without_a_data_section_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_fit_embedder_without_a_data_section_is_one_line_and_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    from qgmem_train.__main__ import main
+
     config = tmp_path / "reranker.yaml"
     config.write_text("model:\n  max_length: 64\n")
-    result = run_cli("fit-embedder", "--config", str(config), "--out", str(tmp_path / "embedder"))
+    result = run_main(main, ["fit-embedder", "--config", str(config), "--out", str(tmp_path / "embedder")], capfd)
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {config}: no data section (input, store, cache, val_conversations)"
     assert not (tmp_path / "embedder").exists()

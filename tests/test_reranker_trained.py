@@ -15,6 +15,7 @@ from qgmem_train.config import ModelsConfig, PipelineConfig
 from qgmem_train.errors import InputError
 from qgmem_train.reranker.data import RerankData, rerank_groups
 from qgmem_train.retrieval.rerank import build_reranker
+from tests.in_process import run_main
 from tests.test_reranker import ROOT, TRAIN, VAL, run_cli, sample_pools
 
 
@@ -48,6 +49,13 @@ def trained_run(sample_data, tmp_path_factory: pytest.TempPathFactory) -> tuple[
 def trained(trained_run) -> Path:
     """The folder the tiny training run saved."""
     return trained_run[0]
+
+
+def cli(capfd: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m qgmem_train ARGS`` run by its main in this process (the training run above runs in its own)."""
+    from qgmem_train.__main__ import main
+
+    return run_main(main, list(args), capfd)
 
 
 @pytest.mark.slow
@@ -114,18 +122,20 @@ def test_a_folder_with_an_unknown_document_layout_is_refused_by_its_config_file(
 
 
 @pytest.mark.slow
-def test_training_pools_mined_by_a_trained_model_are_recorded_and_a_model_of_another_layout_is_refused(sample_data, trained: Path, tmp_path: Path) -> None:
+def test_training_pools_mined_by_a_trained_model_are_recorded_and_a_model_of_another_layout_is_refused(
+    sample_data, trained: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     source, store, _ = sample_data
     common = ("--data.input", str(source), "--data.store", str(store), "--data.cache", str(tmp_path / "pools.json"),
               "--data.val_conversations", f"[{VAL}]", "--data.mine_with", str(trained), "--model.max_length", "64",
               "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1",
               "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false")
-    refused = run_cli("fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu.yaml"), "--out", str(tmp_path / "refused"), *common,
+    refused = cli(capfd, "fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu.yaml"), "--out", str(tmp_path / "refused"), *common,
                    "--data.document_layout", "fields")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
     assert "data.mine_with" in refused.stderr and "compact" in refused.stderr and not (tmp_path / "refused").exists()
     out = tmp_path / "model"
-    mined = run_cli("fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu.yaml"), "--out", str(out), *common,
+    mined = cli(capfd, "fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu.yaml"), "--out", str(out), *common,
                  "--data.document_layout", "compact")
     assert mined.returncode == 0, mined.stderr[-3000:]
     record = json.loads((out / "training.json").read_text())
@@ -133,9 +143,9 @@ def test_training_pools_mined_by_a_trained_model_are_recorded_and_a_model_of_ano
 
 
 @pytest.mark.slow
-def test_a_teacher_trained_on_another_document_layout_is_refused_in_one_line(sample_data, trained: Path, tmp_path: Path) -> None:
+def test_a_teacher_trained_on_another_document_layout_is_refused_in_one_line(sample_data, trained: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     source, store, _ = sample_data
-    result = run_cli("fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu-small.yaml"), "--out", str(tmp_path / "model"),
+    result = cli(capfd, "fit-reranker", "--config", str(ROOT / "configs" / "reranker-cpu-small.yaml"), "--out", str(tmp_path / "model"),
                   "--model.base_model", str(trained), "--model.teacher", str(trained), "--data.input", str(source), "--data.store", str(store),
                   "--data.cache", str(tmp_path / "pools.json"), "--data.val_conversations", f"[{VAL}]", "--data.document_layout", "fields",
                   "--trainer.max_epochs", "1")
@@ -145,11 +155,11 @@ def test_a_teacher_trained_on_another_document_layout_is_refused_in_one_line(sam
 
 
 @pytest.mark.slow
-def test_eval_retrieval_uses_the_trained_cross_encoder(sample_data, trained: Path, tmp_path: Path) -> None:
+def test_eval_retrieval_uses_the_trained_cross_encoder(sample_data, trained: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     source, store, _ = sample_data
     config = tmp_path / "cross.yaml"
     config.write_text(json.dumps({"pipeline": {"models": {"reranker": "cross", "reranker_model": str(trained), "device": "cpu"}}}))
-    result = run_cli("eval", "retrieval", "--dataset", "locomo", "--input", str(source), "--store", str(store), "--out", str(tmp_path / "eval"),
+    result = cli(capfd, "eval", "retrieval", "--dataset", "locomo", "--input", str(source), "--store", str(store), "--out", str(tmp_path / "eval"),
                   "--config", str(config), "--reranker", "cross", "--intent", "rules", "--limit", "4")
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
