@@ -19,7 +19,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench.machine import machine_info  # noqa: E402
-from experiments.common import git_state  # noqa: E402
+from experiments.common import git_state, portable  # noqa: E402
 from experiments.graph_token.answering import answered_ids, answered_subset  # noqa: E402
 from experiments.graph_token.arms import GRAPH_ARMS, variants  # noqa: E402
 from experiments.graph_token.data import DEFAULT_DATA, ROOT, data_folder, prepare_data  # noqa: E402
@@ -191,6 +191,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - started, 1),
     }
     result["plots"] = [p.name for p in plot(result, runs, out)]
+    result = portable(result, out)
     write_json_atomic(out / "results.json", result)
     with atomic_output(out / "results.md") as handle:
         handle.write(markdown(result))

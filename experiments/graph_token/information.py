@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import machine_info
-from experiments.common import commit_text, git_state, machine_text, paired_bootstrap
+from experiments.common import commit_text, git_state, machine_text, paired_bootstrap, portable
 from experiments.graph_token.arms import variants
 from experiments.graph_token.cli import parser as study_parser
 from experiments.graph_token.data import RETRIEVAL_K
@@ -298,7 +298,7 @@ def reused_losses(args: argparse.Namespace, prompt: Prompt, folder: Path, test: 
         return
     record = json.loads(source.read_text())
     if set(record["losses"]) == {ex.question_id for ex in test}:
-        write_json_atomic(target, {**record, "reused_from": str(source)})
+        write_json_atomic(target, {**record, "reused_from": portable(str(source), args.out.resolve())})
 
 
 def losses_of_prepared(args: argparse.Namespace) -> dict[str, dict[str, float]]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from experiments.common import portable
 from experiments.graph_token.data import data_folder, prepare_data
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.fileio import atomic_output, write_json_atomic
@@ -122,6 +123,7 @@ def run_step(
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = args.out.resolve() / folder
+    result = portable(result, args.out.resolve())
     write_json_atomic(out / "results.json", result)
     with atomic_output(out / "results.md") as handle:
         handle.write(markdown(result))
