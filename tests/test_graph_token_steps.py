@@ -149,6 +149,31 @@ def test_the_evidence_graph_is_built_from_the_units_whose_turns_are_the_evidence
     assert graph.triples() == [("Alex", "says", "I walk Biscuit"), ("Alex", "says", "Every day")]
 
 
+def test_an_oracle_working_memory_puts_the_evidence_units_first_and_keeps_k() -> None:
+    from experiments.graph_token.dated import oracle_units
+    from qgmem_train.memory.types import MemoryUnit
+
+    units = {n: MemoryUnit(id=f"D1:{n}", session_id="s1", fact_text=f"fact {n}", subject="Alex", predicate="says", object=f"fact {n}",
+                           source_turn_ids=[f"D1:{n}"], source_text=f"Alex: fact {n}", utterance_time=None, serial=n) for n in range(1, 9)}  # fmt: skip
+    retrieved, citing = [units[n] for n in (5, 2, 6, 7, 8)], [units[2], units[4]]
+    assert [u.id for u in oracle_units(retrieved, citing, 4)] == ["D1:2", "D1:4", "D1:5", "D1:6"], "evidence first, each once, then retrieved"
+    assert len(oracle_units(retrieved, citing, 10)) == 6, "no more units than there are"
+    assert [u.id for u in oracle_units(retrieved, [units[n] for n in (1, 3, 4)], 2)] == ["D1:1", "D1:3"], "k even when the evidence fills it"
+    assert oracle_units(retrieved, [], 5) == retrieved, "no evidence: the retrieved working memory"
+
+
+def test_the_oracle_verdict_needs_the_triples_to_help_and_to_come_near_the_oracle_context() -> None:
+    from experiments.graph_token.information import ORACLE_NATS, oracle_verdict
+
+    def rows(alone: float, low: float, cost: float) -> list[dict[str, object]]:
+        return [{**comparison("triples-oracle", alone, low)}, {"control": "triples-oracle", "treatment": "context-oracle", "mean_difference": cost, "ci95": [cost - 0.2, cost + 0.2]}]
+
+    assert oracle_verdict([comparison("triples", 0.3, 0.1)]) is None, "not run"
+    assert oracle_verdict(rows(0.5, 0.2, ORACLE_NATS - 0.01))[0] is True
+    assert oracle_verdict(rows(0.5, 0.2, ORACLE_NATS + 0.1)) == (False, f"fails: they cost {ORACLE_NATS + 0.1:.3f} nats a token against the oracle context (the bar is {ORACLE_NATS})")
+    assert oracle_verdict(rows(0.5, -0.1, 0.1))[1].startswith("fails: its triples do not beat the question alone")
+
+
 def test_capacity_targets_rewrite_the_answer_and_drop_the_context() -> None:
     examples = [example("q1", "the beach", "context text", BEACH), example("q2", "x", "context text", LocalGraph())]
     triples, answer, in_prompt = (target_examples(examples, t) for t in TARGETS)
@@ -235,7 +260,20 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
     result = subprocess.run([sys.executable, "-m", "experiments.graph_token.information", *step0], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "information" / "results.json").read_text())
-    assert set(report["answer_loss"]) == {"question", "triples", "context", "context+triples", "evidence", "answer", "evidence-graph"}
+    assert set(report["answer_loss"]) == {p.key for p in PROMPTS} and {"triples-oracle", "context-oracle", "context+triples-oracle"} <= set(report["answer_loss"])
+    oracle = {ex.question_id: ex for ex in read_trajectory_dataset(out / "information" / "oracle-trajectories")["test"]}
+    retrieved = {ex.question_id: ex for ex in read_trajectory_dataset(prepared / "data" / "trajectories")["test"]}
+    from experiments.graph_token.dated import citing_units, prep_store
+    from qgmem_train.memory.store import MemoryStore
+
+    evidence = evidence_texts(out, set(oracle))
+    with MemoryStore.open(prep_store(out)) as store:
+        for qid, ex in oracle.items():
+            citing = [u.id for u in citing_units(store.load_namespace(ex.namespace, sentences=False).units, evidence[qid])]
+            assert ex.unit_ids[: len(citing)] == citing[:10], "the units citing the evidence first"
+            assert len(ex.unit_ids) == min(10, len(set(citing) | set(retrieved[qid].unit_ids))) == len(set(ex.unit_ids)), "filled to k, each once"
+            assert ex.unit_ids[len(citing):] == [u for u in retrieved[qid].unit_ids if u not in citing][: 10 - len(citing)], "then the retrieved"
+    assert report["oracle_verdict"] and ("retrieval cost" in (out / "information" / "results.md").read_text())
     around = read_trajectory_dataset(out / "information" / "evidence-graph-trajectories")["test"]
     assert {ex.question_id for ex in around} == {ex.question_id for ex in read_trajectory_dataset(prepared / "data" / "trajectories")["test"]}
     assert report["coverage_evidence_graph"]["all"]["answers"] == 3 and "built from the evidence turns' units" in (out / "information" / "results.md").read_text()
@@ -257,7 +295,8 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
         assert information.main(dated) == 0
     rebuilt = json.loads((out / "information-dated-time-edges" / "results.json").read_text())
     assert rebuilt["reused"] == ["question", "context"], "the prompts without the graph are the plain run's"
-    assert set(rebuilt["answer_loss"]) == {"question", "triples", "context"} and rebuilt["not_run"] == ["context+triples", "evidence", "answer", "evidence-graph"]
+    assert set(rebuilt["answer_loss"]) == {"question", "triples", "context"} and rebuilt["not_run"] == [
+        "context+triples", "evidence", "answer", "evidence-graph", "triples-oracle", "context-oracle", "context+triples-oracle"]
     assert [(c["control"], c["treatment"]) for c in rebuilt["comparisons"]] == [("question", "triples"), ("question", "context"), ("triples as prepared", "triples")]
     before, after = report["answer_loss"]["triples"], rebuilt["answer_loss"]["triples"]
     assert rebuilt["comparisons"][-1]["mean_difference"] == pytest.approx(before - after), "the prepared graphs' triples against the rebuilt ones'"

@@ -41,16 +41,29 @@ def citing_units(units: list[MemoryUnit], evidence_texts: list[str]) -> list[Mem
     return [unit for unit in units if cites(unit.source_text, evidence_texts)]
 
 
+def oracle_units(retrieved: list[MemoryUnit], citing: list[MemoryUnit], k: int) -> list[MemoryUnit]:
+    """The oracle working memory: the units citing the gold evidence first (store order), then the retrieved ones in
+    their order, each once, ``k`` in all: retrieval made perfect at the same budget."""
+    return list({unit.id: unit for unit in [*citing, *retrieved]}.values())[:k]
+
+
+MEMORIES = ("retrieved", "evidence", "oracle")
+"""Which units a rebuilt example's graph is made of: its working memory as retrieved, the units citing its gold evidence,
+or the oracle working memory (:func:`oracle_units`, whose memory context is rebuilt too)."""
+
+
 def dated_graphs(
     examples: list[Any], store_path: Path, dates: dict[str, str | None] | None, *, max_edges: int, attribute_edges: bool, time_edges: bool,
-    evidence: dict[str, list[str]] | None = None,
+    evidence: dict[str, list[str]] | None = None, memory: str = "retrieved",
 ) -> list[Any]:
     """``examples`` with their local graphs rebuilt from the store at ``store_path``, each unit dated from ``dates`` (as
-    stored when None); with ``evidence`` (question id → its gold evidence turns), each graph is built from the units that
-    cite them (:func:`citing_units`) instead of the question's working memory.
+    stored when None); with ``memory`` ``evidence`` each graph is built from the units that cite the question's gold
+    evidence turns (``evidence``: question id → its turns; :func:`citing_units`), with ``oracle`` from the oracle working
+    memory (:func:`oracle_units`, ``max_edges`` units), whose serialized memory context replaces the example's too.
 
     A unit of a session ``dates`` does not know is an :class:`InputError` (the dates are not this data's).
     """
+    from qgmem_train.answer.memory_context import serialize_working_memory
     from qgmem_train.memory.store import MemoryStore
 
     rebuilt = []
@@ -58,14 +71,18 @@ def dated_graphs(
         memories: dict[str, tuple[Any, dict[str, MemoryUnit]]] = {}
         for ex in examples:
             if ex.namespace not in memories:
-                memory = store.load_namespace(ex.namespace, sentences=False)
-                memories[ex.namespace] = memory, {u.id: u for u in memory.units}
-            memory, by_id = memories[ex.namespace]
-            units = citing_units(memory.units, evidence[ex.question_id]) if evidence is not None else [by_id[unit_id] for unit_id in ex.unit_ids]
+                loaded = store.load_namespace(ex.namespace, sentences=False)
+                memories[ex.namespace] = loaded, {u.id: u for u in loaded.units}
+            namespace, by_id = memories[ex.namespace]
+            units = [by_id[unit_id] for unit_id in ex.unit_ids]
+            if memory != "retrieved":
+                citing = citing_units(namespace.units, evidence[ex.question_id])
+                units = citing if memory == "evidence" else oracle_units(units, citing, max_edges)
             if dates is not None:
-                units = [redated(unit, dates, memory) for unit in units]
+                units = [redated(unit, dates, namespace) for unit in units]
             graph = local_graph_from_units(units, max_edges=max_edges, attribute_edges=attribute_edges, time_edges=time_edges)
-            rebuilt.append(replace(ex, graph=graph))
+            context = serialize_working_memory(units, namespace).text if memory == "oracle" else ex.context
+            rebuilt.append(replace(ex, graph=graph, context=context, unit_ids=[u.id for u in units] if memory == "oracle" else ex.unit_ids))
     return rebuilt
 
 

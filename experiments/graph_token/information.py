@@ -60,9 +60,10 @@ class Prompt:
     """``nothing``, ``memory`` (the retrieved memory context), ``evidence`` (the benchmark's gold evidence turns of the
     question: the oracle) or ``answer`` (one line stating the gold answer: the harness's positive control)."""
     triples: bool
-    around_evidence: bool = False
-    """Whether the triples are those of a graph built from the units citing the gold evidence turns instead of the
-    working memory's (:func:`rebuilt_data`)."""
+    memory: str = "retrieved"
+    """The working memory whose graph (and, with the ``memory`` slot, whose context) the prompt reads: ``retrieved`` (the
+    data prep's), ``evidence`` (a graph of the units citing the gold evidence turns alone) or ``oracle`` (those units
+    first, filled to the same k with retrieved ones: retrieval made perfect; :mod:`experiments.graph_token.dated`)."""
 
 
 PROMPTS = (
@@ -73,7 +74,10 @@ PROMPTS = (
     Prompt("evidence", "(v) question + the gold evidence turns (oracle)", slot="evidence", triples=False),
     Prompt("answer", "(vi) question + a line stating the gold answer (positive control)", slot="answer", triples=False),
     Prompt("evidence-graph", "(vii) question + the triples of a graph built from the evidence turns' units", slot="nothing", triples=True,
-           around_evidence=True),
+           memory="evidence"),
+    Prompt("triples-oracle", "(ii-oracle) question + the oracle working memory's triples", slot="nothing", triples=True, memory="oracle"),
+    Prompt("context-oracle", "(iii-oracle) question + the oracle working memory's context", slot="memory", triples=False, memory="oracle"),
+    Prompt("context+triples-oracle", "(iv-oracle) the oracle context + its triples", slot="memory", triples=True, memory="oracle"),
 )
 REQUIRED_PROMPTS = ("question", "triples", "context")
 REQUIRED_COMPARISONS = (("question", "triples"), ("question", "context"))
@@ -86,6 +90,11 @@ COMPARISONS = (
     ("question", "answer", "a line stating the gold answer (the harness's positive control)"),
     ("question", "evidence-graph", "the triples of a graph built from the evidence turns' units (does such a graph hold what answers need?)"),
     ("evidence-graph", "evidence", "the evidence turns against their graph's triples (what building the graph drops)"),
+    ("question", "triples-oracle", "the oracle working memory's triples alone (the step's test under oracle retrieval)"),
+    ("question", "context-oracle", "the oracle context alone"),
+    ("context", "context-oracle", "retrieval cost: the oracle working memory's context against the retrieved one's"),
+    ("triples-oracle", "context-oracle", "representation cost: the oracle context against its own graph's triples"),
+    ("context-oracle", "context+triples-oracle", "the oracle triples on top of the oracle context"),
 )
 """(control, treatment, what the difference measures): loss of the control minus loss of the treatment, so above 0 means
 the treatment makes the answer likelier."""
@@ -264,28 +273,51 @@ def step_verdict(comparisons: list[dict[str, Any]]) -> tuple[str, str | None]:
             "from an LLM too small to use text; repeat it with a larger LLM (`--llm`).")  # fmt: skip
 
 
+ORACLE_NATS = 0.25
+"""Under oracle retrieval a graph representation passes when its triples beat the question alone (interval above 0) and
+cost at most this many nats a token against the oracle context (the representation cost's mean)."""
+
+
+def oracle_verdict(comparisons: list[dict[str, Any]]) -> tuple[bool, str] | None:
+    """Whether the graph carries what the oracle working memory's text carries (:data:`ORACLE_NATS`), and why; None when
+    the oracle prompts were not run."""
+    found = {(c["control"], c["treatment"]): c for c in comparisons}
+    alone, cost = found.get(("question", "triples-oracle")), found.get(("triples-oracle", "context-oracle"))
+    if alone is None or cost is None:
+        return None
+    within = cost["mean_difference"] <= ORACLE_NATS
+    if helps(alone) and within:
+        return True, f"passes: its triples beat the question alone and come within {ORACLE_NATS} nats a token of the oracle context"
+    why = [] if helps(alone) else ["its triples do not beat the question alone with an interval above 0"]
+    why += [] if within else [f"they cost {cost['mean_difference']:.3f} nats a token against the oracle context (the bar is {ORACLE_NATS})"]
+    return False, "fails: " + " and ".join(why)
+
+
 def step_name(args: argparse.Namespace) -> str:
     """The step's folder: ``information`` for the graphs as prepared, else named after how they were rebuilt."""
     return "information" + ("-dated" if args.session_dates else "") + ("-time-edges" if args.time_edges else "")
 
 
-def rebuilt_data(args: argparse.Namespace, folder: Path, data_path: Path, around_evidence: bool = False) -> Path:
-    """The prepared trajectories with the test questions' graphs rebuilt (:mod:`experiments.graph_token.dated`) in
-    ``<folder>/trajectories``, or with ``around_evidence`` built from the units citing each question's gold evidence
-    turns in ``<folder>/evidence-graph-trajectories`` (written once, read again on a rerun); the prepared ones when
-    nothing is rebuilt."""
-    if step_name(args) == "information" and not around_evidence:
+REBUILT_FOLDERS = {"retrieved": "trajectories", "evidence": "evidence-graph-trajectories", "oracle": "oracle-trajectories"}
+"""Where :func:`rebuilt_data` writes each working memory's rebuilt test questions, in the step's folder."""
+
+
+def rebuilt_data(args: argparse.Namespace, folder: Path, data_path: Path, memory: str = "retrieved") -> Path:
+    """The prepared trajectories with the test questions' graphs rebuilt (:mod:`experiments.graph_token.dated`) from
+    ``memory`` (:attr:`Prompt.memory`) in ``<folder>/<REBUILT_FOLDERS[memory]>`` (written once, read again on a rerun);
+    the prepared ones when nothing is rebuilt."""
+    if step_name(args) == "information" and memory == "retrieved":
         return data_path
-    path = folder / ("evidence-graph-trajectories" if around_evidence else "trajectories")
+    path = folder / REBUILT_FOLDERS[memory]
     if not path.exists():
         from experiments.graph_token.dated import dated_graphs, prep_store, session_dates
         from qgmem_train.trajectory import read_trajectory_dataset, write_trajectory_dataset
 
         splits = {name: list(part) for name, part in read_trajectory_dataset(data_path).items()}
         dates = session_dates(args.session_dates) if args.session_dates else None
-        evidence = evidence_texts(args.out.resolve(), {ex.question_id for ex in splits["test"]}) if around_evidence else None
+        evidence = evidence_texts(args.out.resolve(), {ex.question_id for ex in splits["test"]}) if memory != "retrieved" else None
         splits["test"] = dated_graphs(splits["test"], prep_store(args.out.resolve()), dates, max_edges=RETRIEVAL_K,
-                                      attribute_edges=args.attribute_edges, time_edges=args.time_edges, evidence=evidence)  # fmt: skip
+                                      attribute_edges=args.attribute_edges, time_edges=args.time_edges, evidence=evidence, memory=memory)  # fmt: skip
         write_trajectory_dataset(splits, path)
     return path
 
@@ -340,15 +372,15 @@ def graph_representation(args: argparse.Namespace, prompt: Prompt) -> str:
     """The graph whose triples ``prompt`` reads, as its part's settings name it (``none`` for a prompt without triples)."""
     if not prompt.triples:
         return "none"
-    built = "the evidence turns' units" if prompt.around_evidence else "the working memory"
+    built = {"retrieved": "the working memory", "evidence": "the evidence turns' units", "oracle": "the oracle working memory"}[prompt.memory]
     dates = args.session_dates.name if args.session_dates else "as stored"
     return (f"built from {built}; attribute edges {'on' if args.attribute_edges else 'off'}; session dates {dates}; "
             f"time edges {'on' if args.time_edges else 'off'}")  # fmt: skip
 
 
 def retrieval_arm(prompt: Prompt) -> str:
-    """Which working memory ``prompt`` reads: ``retrieved`` (the data prep's), or ``none`` when it reads none."""
-    return "retrieved" if prompt.slot == "memory" or (prompt.triples and not prompt.around_evidence) else "none"
+    """Which working memory ``prompt`` reads (:attr:`Prompt.memory`), or ``none`` when it reads none."""
+    return prompt.memory if prompt.slot == "memory" or prompt.triples else "none"
 
 
 def prompt_settings(args: argparse.Namespace, prompt: Prompt) -> dict[str, Any]:
@@ -393,14 +425,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for prompt in (p for p in PROMPTS if p.key in args.prompts):
         log.info("[%s] %s: the frozen LLM over %d test questions", prompt.key, prompt.name, len(test))
         reused_losses(args, prompt, folder, test)
-        path = rebuilt_data(args, folder, prepared_path, around_evidence=True) if prompt.around_evidence else data_path
+        path = rebuilt_data(args, folder, prepared_path, prompt.memory) if prompt.memory != "retrieved" else data_path
         record = saved_or_computed(folder / f"losses-{prompt.key}.json", prompt.key, lambda: {"losses": prompt_losses(args, prompt, path)},
                                    prompt_settings(args, prompt))  # fmt: skip
         losses[prompt.key], timings[prompt.key] = record["losses"], record["wall_s"]
         reused += [prompt.key] if "reused_from" in record else []
     answer_loss = {key: {q: v["answer_loss"] for q, v in per_q.items()} for key, per_q in losses.items()}
-    around = any(p.around_evidence and p.key in args.prompts for p in PROMPTS)
-    evidence_graphs = list(read_trajectory_dataset(rebuilt_data(args, folder, prepared_path, around_evidence=True))["test"]) if around else []
+    around = any(p.memory == "evidence" and p.key in args.prompts for p in PROMPTS)
+    evidence_graphs = list(read_trajectory_dataset(rebuilt_data(args, folder, prepared_path, "evidence"))["test"]) if around else []
     sampled = question_sample(evidence_graphs, args.step_questions, args.split_seed)
     mean = {key: sum(v.values()) / len(v) for key, v in answer_loss.items()}
     comparisons = [
@@ -413,6 +445,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for comparison in comparisons:
         comparison["per_category"] = per_category(comparison, answer_loss, losses_of_prepared(args), categories, args)
     verdict, note = step_verdict(comparisons)
+    oracle = oracle_verdict(comparisons)
     found = {(c["control"], c["treatment"]): c for c in comparisons}
     return {
         "step": 0,
@@ -420,6 +453,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "passed": verdict.startswith("passes"),
         "verdict": verdict,
         "verdict_note": note,
+        "oracle_passed": oracle[0] if oracle else None,
+        "oracle_verdict": oracle[1] if oracle else None,
         "context_helps": helps(found[REQUIRED_COMPARISONS[1]]),
         "evidence_helps": helps(found[("question", "evidence")]) if ("question", "evidence") in found else None,
         "harness_ok": harness_works(found[("question", "answer")]) if ("question", "answer") in found else None,
@@ -512,6 +547,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"**{result['verdict']}.** {result['test_questions']} of the {result['test_questions_total']} test questions of {', '.join(result['split']['test'])} "
         f"(conversations the study never trains on), frozen {result['llm']}, no graph tokens, context cut to "
         f"{result['max_context_tokens']} tokens.", "",
+        *([f"**Under oracle retrieval the graph {result['oracle_verdict']}.** Retrieval cost and representation cost below: the retrieved "
+           "context against the oracle's (what retrieval loses) and the oracle's triples against its context (what the graph drops).", ""]
+          if result.get("oracle_verdict") else []),
         *coverage_lines(result),
         "| prompt | answer-span loss (nats a token) | wall time (s) |", "|---|---|---|",
         *(f"| {result['prompts'][k]} | {v:.3f} | {result['wall_s']['prompts'][k]:.0f}{' (reused)' if k in result.get('reused', []) else ''} |"
