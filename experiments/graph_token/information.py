@@ -295,7 +295,18 @@ def oracle_verdict(comparisons: list[dict[str, Any]]) -> tuple[bool, str] | None
 
 def step_name(args: argparse.Namespace) -> str:
     """The step's folder: ``information`` for the graphs as prepared, else named after how they were rebuilt."""
-    return "information" + ("-dated" if args.session_dates else "") + ("-time-edges" if args.time_edges else "")
+    return "information" + ("-dated" if args.session_dates else "") + ("-time-edges" if args.time_edges else "") + (
+        "-names" if args.speaker_names else "") + (f"-{args.graph_object}" if args.graph_object != "gist" else "") + (
+        f"-cap{args.attribute_cap}" if args.attribute_cap else "") + ("" if args.attribute_edges else "-no-attribute-edges")  # fmt: skip
+
+
+def graph_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The rebuilt graphs' ``graph.*`` options (:func:`~qgmem_train.graph.local_graph.graph_options`) from the command line."""
+    from qgmem_train.config import GraphConfig
+    from qgmem_train.graph.local_graph import graph_options
+
+    return graph_options(GraphConfig(attribute_edges=args.attribute_edges, time_edges=args.time_edges, object=args.graph_object,
+                                     object_words=args.object_words, attribute_cap=args.attribute_cap))  # fmt: skip
 
 
 REBUILT_FOLDERS = {"retrieved": "trajectories", "evidence": "evidence-graph-trajectories", "oracle": "oracle-trajectories"}
@@ -310,14 +321,15 @@ def rebuilt_data(args: argparse.Namespace, folder: Path, data_path: Path, memory
         return data_path
     path = folder / REBUILT_FOLDERS[memory]
     if not path.exists():
-        from experiments.graph_token.dated import dated_graphs, prep_store, session_dates
+        from experiments.graph_token.dated import dated_graphs, prep_store, session_dates, speaker_names
         from qgmem_train.trajectory import read_trajectory_dataset, write_trajectory_dataset
 
         splits = {name: list(part) for name, part in read_trajectory_dataset(data_path).items()}
         dates = session_dates(args.session_dates) if args.session_dates else None
         evidence = evidence_texts(args.out.resolve(), {ex.question_id for ex in splits["test"]}) if memory != "retrieved" else None
-        splits["test"] = dated_graphs(splits["test"], prep_store(args.out.resolve()), dates, max_edges=RETRIEVAL_K,
-                                      attribute_edges=args.attribute_edges, time_edges=args.time_edges, evidence=evidence, memory=memory)  # fmt: skip
+        speakers = speaker_names(args.out.resolve() / "data" / "source", args.session_dates) if args.speaker_names else None
+        splits["test"] = dated_graphs(splits["test"], prep_store(args.out.resolve()), dates, max_edges=RETRIEVAL_K, graph=graph_settings(args),
+                                      evidence=evidence, memory=memory, speakers=speakers)  # fmt: skip
         write_trajectory_dataset(splits, path)
     return path
 
@@ -374,8 +386,10 @@ def graph_representation(args: argparse.Namespace, prompt: Prompt) -> str:
         return "none"
     built = {"retrieved": "the working memory", "evidence": "the evidence turns' units", "oracle": "the oracle working memory"}[prompt.memory]
     dates = args.session_dates.name if args.session_dates else "as stored"
-    return (f"built from {built}; attribute edges {'on' if args.attribute_edges else 'off'}; session dates {dates}; "
-            f"time edges {'on' if args.time_edges else 'off'}")  # fmt: skip
+    options = graph_settings(args)
+    return (f"built from {built}; attribute edges {'on' if args.attribute_edges else 'off'} (cap {options['attribute_cap'] or 'none'}, "
+            f"no stop words or common targets); object {options['object_kind']} ({options['object_words']} words); session dates {dates}; "
+            f"speakers {'named from ' + dates if args.speaker_names else 'as stored'}; time edges {'on' if args.time_edges else 'off'}")  # fmt: skip
 
 
 def retrieval_arm(prompt: Prompt) -> str:
@@ -387,8 +401,10 @@ def prompt_settings(args: argparse.Namespace, prompt: Prompt) -> dict[str, Any]:
     """What one prompt's losses depend on (a saved part is reused only under the same): the LLM with its quantization
     (:func:`~experiments.graph_token.steps.llm_instrument`), the context cut, the prepared data, the prompt,
     its graph representation, its retrieval arm and the question sample."""
+    named = args.speaker_names and (prompt.triples or prompt.memory != "retrieved")
     return {**part_settings(args, args.out.resolve()), "prompt": prompt.key, "graph": graph_representation(args, prompt),
-            "retrieval": retrieval_arm(prompt), "questions": args.step_questions, "split_seed": args.split_seed}  # fmt: skip
+            "retrieval": retrieval_arm(prompt), "speakers": "LoCoMo names" if named else "as stored",
+            "questions": args.step_questions, "split_seed": args.split_seed}  # fmt: skip
 
 
 def prompt_losses(args: argparse.Namespace, prompt: Prompt, data_path: Path) -> dict[str, dict[str, float]]:
@@ -411,6 +427,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     if missing := [key for key in REQUIRED_PROMPTS if key not in args.prompts]:
         raise InputError("--prompts", f"must include {', '.join(missing)} (the step's test and its context reading)")
+    if args.speaker_names and not args.session_dates:
+        raise InputError("--speaker-names", "needs LoCoMo's own file: pass it as --session-dates LOCOMO_JSON")
     folder, summary, prepared_path = step_folder(args, step_name(args))
     data_path = rebuilt_data(args, folder, prepared_path)
     from qgmem_train.trajectory import read_trajectory_dataset
@@ -577,6 +595,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", nargs="+", choices=[p.key for p in PROMPTS], default=[p.key for p in PROMPTS],
                    help=f"the prompts to measure (at least {', '.join(REQUIRED_PROMPTS)}: the step's test and its context reading)")
     p.add_argument("--time-edges", action="store_true", help="rebuild the test graphs with graph.time_edges (the day said, the times named)")
+    p.add_argument("--speaker-names", action="store_true",
+                   help="rebuild the test graphs (and the oracle context) with the speakers' names of --session-dates' LoCoMo file (ConvoMem says User, Assistant)")
+    p.add_argument("--graph-object", choices=("gist", "fact", "turn"), default="gist", help="graph.object of the rebuilt graphs")
+    p.add_argument("--object-words", type=int, default=60, help="graph.object_words of the rebuilt graphs")
+    p.add_argument("--attribute-cap", type=int, default=0, help="graph.attribute_cap of the rebuilt graphs (0: all)")
     return p
 
 
