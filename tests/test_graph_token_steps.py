@@ -149,6 +149,23 @@ def test_the_evidence_graph_is_built_from_the_units_whose_turns_are_the_evidence
     assert graph.triples() == [("Alex", "says", "I walk Biscuit"), ("Alex", "says", "Every day")]
 
 
+def test_a_renamed_unit_names_its_speaker_in_the_rendered_graph() -> None:
+    from types import SimpleNamespace
+
+    from experiments.graph_token.dated import renamed
+    from qgmem_train.graph.local_graph import local_graph_from_units
+    from qgmem_train.memory.types import MemoryUnit, Turn
+
+    unit = MemoryUnit(id="u1", session_id="locomo_0_session_1", fact_text="Assistant: I painted a sunset.", subject="Assistant", predicate="says",
+                      object="I painted a sunset", source_turn_ids=["locomo_0_session_1:2"], source_text="Assistant: I painted a sunset.",
+                      utterance_time=None, serial=1)  # fmt: skip
+    memory = SimpleNamespace(turns={"locomo_0_session_1:2": Turn("locomo_0_session_1:2", "Assistant", "I painted a sunset.")})
+    named = renamed(unit, {"locomo_0_session_1:2": "Melanie"}, memory)
+    assert (named.subject, named.fact_text, named.source_text) == ("Melanie", "Melanie: I painted a sunset.", "Melanie: I painted a sunset.")
+    assert local_graph_from_units([named]).triples() == [("Melanie", "says", "I painted a sunset")], "a name restored in the graph"
+    assert renamed(unit, {}, memory) == unit, "a turn without a name kept as stored"
+
+
 def test_an_oracle_working_memory_puts_the_evidence_units_first_and_keeps_k() -> None:
     from experiments.graph_token.dated import oracle_units
     from qgmem_train.memory.types import MemoryUnit
