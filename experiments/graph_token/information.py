@@ -401,10 +401,17 @@ def prompt_settings(args: argparse.Namespace, prompt: Prompt) -> dict[str, Any]:
     """What one prompt's losses depend on (a saved part is reused only under the same): the LLM with its quantization
     (:func:`~experiments.graph_token.steps.llm_instrument`), the context cut, the prepared data, the prompt,
     its graph representation, its retrieval arm and the question sample."""
-    named = args.speaker_names and (prompt.triples or prompt.memory != "retrieved")
+    rebuilt = prompt.triples or prompt.memory != "retrieved"
     return {**part_settings(args, args.out.resolve()), "prompt": prompt.key, "graph": graph_representation(args, prompt),
-            "retrieval": retrieval_arm(prompt), "speakers": "LoCoMo names" if named else "as stored",
+            "retrieval": retrieval_arm(prompt), "units": units_text(args) if rebuilt else "as stored",
             "questions": args.step_questions, "split_seed": args.split_seed}  # fmt: skip
+
+
+def units_text(args: argparse.Namespace) -> str:
+    """How a rebuilt working memory's units differ from the store's: LoCoMo's session dates, its speakers' names."""
+    changes = ([f"session dates of {args.session_dates.name}"] if args.session_dates else []) + (
+        [f"speakers named from {args.session_dates.name}"] if args.speaker_names else [])  # fmt: skip
+    return "; ".join(changes) or "as stored"
 
 
 def prompt_losses(args: argparse.Namespace, prompt: Prompt, data_path: Path) -> dict[str, dict[str, float]]:
