@@ -149,6 +149,21 @@ def test_the_evidence_graph_is_built_from_the_units_whose_turns_are_the_evidence
     assert graph.triples() == [("Alex", "says", "I walk Biscuit"), ("Alex", "says", "Every day")]
 
 
+def test_evidence_recall_is_reported_in_all_and_per_category(tmp_path: Path) -> None:
+    from experiments.graph_token.information import evidence_recall
+
+    def question(qid: str, turn: str) -> dict[str, object]:
+        return {"question_id": qid, "evidence_texts": ["I walk Biscuit on the beach."], "units": [{"source_text": f"Alex: {turn}"}]}
+
+    cases = tmp_path / "data" / "prep" / "shards" / "0" / "cases"
+    cases.mkdir(parents=True)
+    (cases / "c.json").write_text(json.dumps({"questions": [question("q1", "I walk Biscuit on the beach."), question("q2", "Hi."),
+                                                            question("q3", "I walk Biscuit on the beach."), question("q4", "Hi.")]}))  # fmt: skip
+    recall = evidence_recall(tmp_path, {"q1", "q2", "q3"}, {"q1": "temporal", "q2": "temporal", "q3": "single-hop", "q4": "single-hop"})
+    assert (recall["questions"], recall["share"]) == (3, 2 / 3)
+    assert recall["per_category"] == {"single-hop": {"questions": 1, "share": 1.0}, "temporal": {"questions": 2, "share": 0.5}}
+
+
 def test_a_renamed_unit_names_its_speaker_in_the_rendered_graph() -> None:
     from types import SimpleNamespace
 

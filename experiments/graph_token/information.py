@@ -151,12 +151,15 @@ def case_questions(out: Path, question_ids: set[str]) -> list[dict[str, Any]]:
             for q in json.loads(case.read_text())["questions"] if q["question_id"] in question_ids]  # fmt: skip
 
 
-def evidence_recall(out: Path, question_ids: set[str]) -> dict[str, Any]:
-    """Of the questions ``question_ids``, the share whose working memory holds a unit citing an evidence turn."""
+def evidence_recall(out: Path, question_ids: set[str], categories: dict[str, str] | None = None) -> dict[str, Any]:
+    """Of the questions ``question_ids``, the share whose working memory holds a unit citing an evidence turn, in all and
+    within each category of ``categories`` (question id → category)."""
     from data_prep.targets import cites
 
-    found = [any(cites(u["source_text"], q["evidence_texts"]) for u in q["units"]) for q in case_questions(out, question_ids)]
-    return {"questions": len(found), "share": sum(found) / max(1, len(found))}
+    found = {q["question_id"]: any(cites(u["source_text"], q["evidence_texts"]) for u in q["units"]) for q in case_questions(out, question_ids)}
+    share = lambda ids: {"questions": len(ids), "share": sum(found[q] for q in ids) / max(1, len(ids))}  # noqa: E731
+    groups = {category: [q for q in found if categories.get(q) == category] for category in sorted(set((categories or {}).values()))}
+    return {**share(list(found)), "per_category": {category: share(ids) for category, ids in groups.items() if ids}}
 
 
 def evidence_texts(out: Path, question_ids: set[str]) -> dict[str, list[str]]:
@@ -495,10 +498,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     "sample_without_edges": sum(not ex.graph.num_edges for ex in sampled)} if around else None,
         "missing_words": missing_words(every),
         "missing_words_prepared_graph": None if data_path == prepared_path else missing_words(prepared),
-        "evidence_recall": evidence_recall(args.out.resolve(), {ex.question_id for ex in every}),
+        "evidence_recall": evidence_recall(args.out.resolve(), {ex.question_id for ex in every}, categories),
         "graphs": ("as prepared" if data_path == prepared_path else
                    f"rebuilt from the data prep's store{' with the session dates of ' + args.session_dates.name if args.session_dates else ''}, "
-                   f"time edges {'on' if args.time_edges else 'off'}; the memory context as prepared"),
+                   f"time edges {'on' if args.time_edges else 'off'}, speakers {'named from it' if args.speaker_names else 'as stored'}, "
+                   f"object {args.graph_object}, attribute edges {'off' if not args.attribute_edges else 'capped at ' + str(args.attribute_cap) if args.attribute_cap else 'on'}; "
+                   "the retrieved memory context as prepared"),
         "answer_loss": mean,
         "comparisons": comparisons,
         "prompts": {p.key: p.name for p in PROMPTS},
@@ -533,7 +538,9 @@ def coverage_lines(result: dict[str, Any]) -> list[str]:
         *(f"| {kind} | {m['answer_words']} | {m['missing_from_graph']} | {m['of_which_in_context']} |"
           + (f" {before[kind]['missing_from_graph']} | {before[kind]['of_which_in_context']} |" if before else "") for kind, m in missing.items()), "",
         f"The working memory holds an evidence turn of the question for {recall['share']:.3f} of the {recall['questions']} test questions "
-        "(a word the context lacks is not in the working memory at all: retrieval, not the graph, lost it).", "",
+        "(a word the context lacks is not in the working memory at all: retrieval, not the graph, lost it)"
+        + (": " + ", ".join(f"{k} {v['share']:.3f} ({v['questions']} q)" for k, v in recall["per_category"].items()) if recall.get("per_category") else "")
+        + ".", "",
     ]  # fmt: skip
 
 
