@@ -21,6 +21,7 @@ from data_prep.config import DataPrepConfig
 from data_prep.convomem import ConvoMemCase, case_namespace
 from data_prep.targets import cites, gold_reasoning_path
 from qgmem_train.answer.evidence import answer_evidence
+from qgmem_train.graph.local_graph import graph_options
 from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
 from qgmem_train.config import PipelineConfig
 from qgmem_train.eval.judge import JudgeItem, judge
@@ -70,8 +71,7 @@ def run_case(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg
         activate(q.question, None, memory, cfg=pipeline.retrieval, llm=intent_llm, embedder=models.embedder, reranker=models.reranker, index=index)
         for q in case.questions
     ]
-    evidence = [answer_evidence(wm.units, memory, models.llm, max_edges=pipeline.retrieval.k, attribute_edges=pipeline.graph.attribute_edges,
-                        time_edges=pipeline.graph.time_edges) for wm in working]
+    evidence = [answer_evidence(wm.units, memory, models.llm, max_edges=pipeline.retrieval.k, **graph_options(pipeline.graph)) for wm in working]
     seconds["activation"] = time.perf_counter() - start
 
     chats = [frozen_answer_chat(q.question, None, e) for q, e in zip(case.questions, evidence)]

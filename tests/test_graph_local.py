@@ -217,3 +217,9 @@ def test_a_dated_answer_reaches_the_graph_of_a_built_namespace_only_with_time_ed
 
     assert not answer <= label_words(False)
     assert answer <= label_words(True)
+    from qgmem_train.graph.local_graph import graph_options
+
+    cfg.graph.object = "turn"
+    evidence = answer_evidence(memory.units, memory, None, max_edges=10, **graph_options(cfg.graph))
+    assert [o for _, p, o in evidence.graph.triples() if p not in ("on", "about")] == [f"{t.speaker}: {t.text}" for t in turns], (
+        "graph.object reaches the graph the data prep, evaluation and predictor build (answer_evidence): the whole turn")

@@ -221,6 +221,7 @@ def answer_text_path(
     (re-serialized) outputs; seconds = its activation plus its share of the batched intent and answer calls.
     """
     from qgmem_train.answer.evidence import answer_evidence
+    from qgmem_train.graph.local_graph import graph_options
     from qgmem_train.answer.text_path import answer_chats, chat_tokens, frozen_answer_chat
     from qgmem_train.llm.factory import build_embedder
     from qgmem_train.llm.prompts import QUERY_INTENT
@@ -260,8 +261,7 @@ def answer_text_path(
                 started = time.perf_counter()
                 wm = activate(q.question, q.question_time, memory, cfg=retrieval, llm=llm, embedder=embedder, reranker=reranker,
                               index=index, intent=intent, query_vectors=query_vectors)
-                evidence.append(answer_evidence(wm.units, memory, llm, max_edges=retrieval.k, attribute_edges=cfg.graph.attribute_edges,
-                                               time_edges=cfg.graph.time_edges))
+                evidence.append(answer_evidence(wm.units, memory, llm, max_edges=retrieval.k, **graph_options(cfg.graph)))
                 chats.append(frozen_answer_chat(q.question, q.question_time, evidence[-1]))
                 units.append([u.id for u in wm.units])
                 seconds.append(time.perf_counter() - started + intent_share)

@@ -105,6 +105,7 @@ class PredictorMemory:
     def _retrieve(self, question: str, question_time: str | None) -> Retrieval:
         """Check the question, activate its working memory and serialize it as the answerer reads it."""
         from qgmem_train.answer.evidence import answer_evidence
+        from qgmem_train.graph.local_graph import graph_options
         from qgmem_train.retrieval.activation import activate
 
         checked_text(question, "question")
@@ -124,8 +125,7 @@ class PredictorMemory:
             )  # fmt: skip
             seconds.update(wm.timings)
             start = time.perf_counter()
-            evidence = answer_evidence(wm.units, memory, predictor.llm, max_edges=cfg.retrieval.k, attribute_edges=cfg.graph.attribute_edges,
-                                       time_edges=cfg.graph.time_edges)
+            evidence = answer_evidence(wm.units, memory, predictor.llm, max_edges=cfg.retrieval.k, **graph_options(cfg.graph))
             seconds["serialize"] = time.perf_counter() - start
         return Retrieval(question, question_time, memory, list(wm.units), list(wm.scores), evidence, seconds, started)
 
