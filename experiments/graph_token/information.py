@@ -375,10 +375,12 @@ def rebuilt_against_prepared(args: argparse.Namespace, rebuilt: bool, answer_los
     the same questions) minus its loss with the rebuilt ones: above 0, the rebuilt graphs make the answer likelier."""
     found = []
     prepared = losses_of_prepared(args) if rebuilt else {}
-    for key in ("triples", "context+triples") if rebuilt else ():
-        before = prepared.get(f"{key} as prepared")
+    pairs = [(key, key, "the rebuilt graphs (or units) against the prepared ones") for key in ("triples", "context+triples", "triples-oracle", "context-oracle")]
+    pairs += [("context-oracle", "triples-oracle", "representation cost against the oracle context as stored (no dates, no names)")]
+    for before_key, key, what in pairs if rebuilt else ():
+        before = prepared.get(f"{before_key} as prepared")
         if key in answer_loss and before is not None and set(before) == set(answer_loss[key]):
-            found.append({"control": f"{key} as prepared", "treatment": key, "measures": "the rebuilt graphs against the prepared ones",
+            found.append({"control": f"{before_key} as prepared", "treatment": key, "measures": what,
                           **paired_bootstrap(before, answer_loss[key], args.bootstrap_resamples, args.bootstrap_seed)})  # fmt: skip
     return found
 
