@@ -491,3 +491,23 @@ def test_step_2_aligns_each_arm_on_the_training_conversations_alone_and_resumes(
     assert reused == ["data.json", "encoder/result.json", "linear/result.json"], "the data and both arms are reused"
     assert {arm: (folder / arm / "ckpt" / "last.ckpt").stat().st_mtime_ns for arm in fitted} == fitted, "no fit runs again"
     assert json.loads((folder / "results.json").read_text())["rows"] == report["rows"]
+
+
+def test_the_study_prepares_its_data_with_the_reranker_and_traces_asked_and_refuses_to_mix_them(tmp_path: Path) -> None:
+    import yaml
+
+    from experiments.graph_token.cli import parser
+    from experiments.graph_token.data import prep_config, prepare_data
+
+    demo = parser().parse_args(["--reranker", "cross", "--reranker-model", "checkpoints/reranker-cpu-small/model", "--traces"])
+    pipeline = yaml.safe_load(prep_config(demo, tmp_path / "data" / "data_prep.yaml", tmp_path / "source", 7))["pipeline"]
+    assert pipeline["models"]["reranker"] == "cross" and pipeline["models"]["reranker_model"] == "checkpoints/reranker-cpu-small/model"
+    assert pipeline["construction"]["traces"] is True
+    plain = parser().parse_args(["--out", str(tmp_path)])
+    assert yaml.safe_load(prep_config(plain, tmp_path / "c.yaml", tmp_path, 7))["pipeline"]["models"]["reranker"] == "none"
+    (tmp_path / "data" / "trajectories").mkdir(parents=True)
+    (tmp_path / "data" / "split.json").write_text(json.dumps({"split": {}}))
+    (tmp_path / "data" / "data_prep.yaml").write_text(prep_config(plain, tmp_path / "data" / "data_prep.yaml", tmp_path, 7))
+    assert prepare_data(plain, tmp_path) == {"split": {}}, "the same settings: the data is reused"
+    with pytest.raises(InputError, match=r"data_prep\.yaml.*construction\.traces.*models\.reranker"):
+        prepare_data(demo, tmp_path)

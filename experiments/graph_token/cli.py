@@ -68,6 +68,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--test-conversation", nargs="+", help="name the test conversations (e.g. dataset_2 dataset_6) instead of drawing them")
     p.add_argument("--validation-conversation", help="name the validation conversation instead of drawing it")
     p.add_argument("--sentence-vectors", action="store_true", help="data prep also embeds every sentence of a unit (about 2x slower)")
+    p.add_argument("--reranker", choices=("none", "llm", "cross"), default="none",
+                   help="the data prep's reranker (the demo's: cross with --reranker-model checkpoints/reranker-cpu-small/model, built by make reranker-small)")
+    p.add_argument("--reranker-model", default=None, help="the cross reranker's model folder")
+    p.add_argument("--traces", action="store_true", help="the data prep builds dynamic memory traces (evidence clusters in the context)")
     p.add_argument("--bootstrap-resamples", type=int, default=2000)
     p.add_argument("--bootstrap-seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine, 2 threads ran 8x slower)")
@@ -86,7 +90,7 @@ ANSWER_SETTINGS = ("max_f1_questions",)
 """Settings recorded but free to change: another answer sample extends (or trims) the answers of the finished runs."""
 DATA_SETTINGS = (
     "data", "max_train_questions", "max_val_questions", "max_test_questions", "split_seed", "test_conversation",
-    "validation_conversation", "sentence_vectors", "embedder", "attribute_edges", "test_count",
+    "validation_conversation", "sentence_vectors", "embedder", "attribute_edges", "test_count", "reranker", "reranker_model", "traces",
 )  # fmt: skip
 """Settings that change the data."""
 
@@ -97,7 +101,8 @@ def check_settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     file = out / "settings.json"
     if file.exists():
         before = json.loads(file.read_text())
-        changed = sorted(k for k in settings if k not in ANSWER_SETTINGS and before.get(k) != settings[k])
+        default = parser().get_default
+        changed = sorted(k for k in settings if k not in ANSWER_SETTINGS and before.get(k, default(k)) != settings[k])
         if changed:
             raise InputError(str(file), f"this folder holds runs made with other {', '.join(changed)}; pass another --out")
     write_json_atomic(file, settings)
