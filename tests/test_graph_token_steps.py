@@ -362,6 +362,10 @@ def test_a_step_without_data_is_one_line_and_exit_2(tmp_path: Path, capsys: pyte
         assert information.main(["--data", str(tmp_path), "--out", str(tmp_path / "prompts"), "--prompts", "question", "context"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--prompts" in err and "triples" in err and not (tmp_path / "prompts" / "data").exists(), err
+    with torch_threads_kept():
+        assert information.main(["--data", str(tmp_path), "--out", str(tmp_path / "oracle"), "--prompts", "question", "triples-oracle", "context-oracle"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--prompts" not in err, f"the oracle test alone is a valid set of prompts, the data is what fails: {err}"
 
 
 def test_a_part_saved_with_other_settings_is_measured_again_not_reused(tmp_path: Path) -> None:

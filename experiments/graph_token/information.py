@@ -81,7 +81,10 @@ PROMPTS = (
 )
 REQUIRED_PROMPTS = ("question", "triples", "context")
 REQUIRED_COMPARISONS = (("question", "triples"), ("question", "context"))
-"""The step's test and its reading of the context: the prompts every run measures (``--prompts`` may leave the others out)."""
+"""The step's test and its reading of the context: the prompts every run measures (``--prompts`` may leave the others out),
+unless it measures the oracle test alone (:data:`ORACLE_PROMPTS`)."""
+ORACLE_PROMPTS = ("question", "triples-oracle", "context-oracle")
+"""The step's test under oracle retrieval: enough for a run that measures a graph representation there (:func:`oracle_verdict`)."""
 COMPARISONS = (
     ("question", "triples", "the graph's triples alone (the step's test)"),
     ("context", "context+triples", "the triples on top of the context"),
@@ -437,8 +440,9 @@ def prompt_losses(args: argparse.Namespace, prompt: Prompt, data_path: Path) -> 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Data (the study's, reused when there), the four prompts' losses (each saved as it ends), the report."""
     started = time.perf_counter()
-    if missing := [key for key in REQUIRED_PROMPTS if key not in args.prompts]:
-        raise InputError("--prompts", f"must include {', '.join(missing)} (the step's test and its context reading)")
+    oracle_only = all(key in args.prompts for key in ORACLE_PROMPTS) and not any(key in args.prompts for key in REQUIRED_PROMPTS[1:])
+    if not oracle_only and (missing := [key for key in REQUIRED_PROMPTS if key not in args.prompts]):
+        raise InputError("--prompts", f"must include {', '.join(missing)} (the step's test and its context reading), or be {' '.join(ORACLE_PROMPTS)} (its test under oracle retrieval)")
     if args.speaker_names and not args.session_dates:
         raise InputError("--speaker-names", "needs LoCoMo's own file: pass it as --session-dates LOCOMO_JSON")
     folder, summary, prepared_path = step_folder(args, step_name(args))
@@ -474,18 +478,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     categories = {q: v["category"] for q, v in summary["questions"].items()}
     for comparison in comparisons:
         comparison["per_category"] = per_category(comparison, answer_loss, losses_of_prepared(args), categories, args)
-    verdict, note = step_verdict(comparisons)
     oracle = oracle_verdict(comparisons)
+    verdict, note = step_verdict(comparisons) if not oracle_only else (f"under oracle retrieval only, the graph {oracle[1]}", None)
     found = {(c["control"], c["treatment"]): c for c in comparisons}
     return {
         "step": 0,
         "question": "does the local graph hold the answer?",
-        "passed": verdict.startswith("passes"),
+        "passed": oracle[0] if oracle_only else verdict.startswith("passes"),
         "verdict": verdict,
         "verdict_note": note,
         "oracle_passed": oracle[0] if oracle else None,
         "oracle_verdict": oracle[1] if oracle else None,
-        "context_helps": helps(found[REQUIRED_COMPARISONS[1]]),
+        "context_helps": helps(found[REQUIRED_COMPARISONS[1]]) if REQUIRED_COMPARISONS[1] in found else None,
         "evidence_helps": helps(found[("question", "evidence")]) if ("question", "evidence") in found else None,
         "harness_ok": harness_works(found[("question", "answer")]) if ("question", "answer") in found else None,
         "by_coverage": by_coverage(test, answer_loss, args.bootstrap_resamples, args.bootstrap_seed),
