@@ -204,6 +204,9 @@ def test_the_oracle_verdict_needs_the_triples_to_help_and_to_come_near_the_oracl
     assert oracle_verdict(rows(0.5, 0.2, ORACLE_NATS - 0.01))[0] is True
     assert oracle_verdict(rows(0.5, 0.2, ORACLE_NATS + 0.1)) == (False, f"fails: they cost {ORACLE_NATS + 0.1:.3f} nats a token against the oracle context (the bar is {ORACLE_NATS})")
     assert oracle_verdict(rows(0.5, -0.1, 0.1))[1].startswith("fails: its triples do not beat the question alone")
+    stored = {"control": "context-oracle as prepared", "treatment": "triples-oracle", "mean_difference": -0.4, "ci95": [-0.6, -0.2]}
+    assert oracle_verdict([rows(0.5, 0.2, 0.0)[0], stored]) == (False, f"fails: they cost 0.400 nats a token against the oracle context (the bar is {ORACLE_NATS})"), (
+        "without its own oracle context, the cost against the stored one, the sign turned")
 
 
 def test_capacity_targets_rewrite_the_answer_and_drop_the_context() -> None:

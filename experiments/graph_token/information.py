@@ -83,7 +83,7 @@ REQUIRED_PROMPTS = ("question", "triples", "context")
 REQUIRED_COMPARISONS = (("question", "triples"), ("question", "context"))
 """The step's test and its reading of the context: the prompts every run measures (``--prompts`` may leave the others out),
 unless it measures the oracle test alone (:data:`ORACLE_PROMPTS`)."""
-ORACLE_PROMPTS = ("question", "triples-oracle", "context-oracle")
+ORACLE_PROMPTS = ("question", "triples-oracle")
 """The step's test under oracle retrieval: enough for a run that measures a graph representation there (:func:`oracle_verdict`)."""
 COMPARISONS = (
     ("question", "triples", "the graph's triples alone (the step's test)"),
@@ -286,9 +286,12 @@ cost at most this many nats a token against the oracle context (the representati
 
 def oracle_verdict(comparisons: list[dict[str, Any]]) -> tuple[bool, str] | None:
     """Whether the graph carries what the oracle working memory's text carries (:data:`ORACLE_NATS`), and why; None when
-    the oracle prompts were not run."""
+    the oracle prompts were not run. Without this run's oracle context, the representation cost is taken against the oracle
+    context as stored (``<out>/information``'s)."""
     found = {(c["control"], c["treatment"]): c for c in comparisons}
     alone, cost = found.get(("question", "triples-oracle")), found.get(("triples-oracle", "context-oracle"))
+    if cost is None and (stored := found.get(("context-oracle as prepared", "triples-oracle"))) is not None:
+        cost = {**stored, "mean_difference": -stored["mean_difference"], "ci95": [-stored["ci95"][1], -stored["ci95"][0]]}
     if alone is None or cost is None:
         return None
     within = cost["mean_difference"] <= ORACLE_NATS
