@@ -130,6 +130,9 @@ def test_the_verdict_names_what_failed_from_the_evidence_and_answer_controls() -
     assert verdict.startswith("undecided") and "harness" in verdict, "an answer in the prompt that barely helps: the harness is broken"
     verdict, note = step_verdict([comparison("triples", -0.5, -0.7), comparison("context", 0.3, 0.1)])
     assert verdict == "fails: no information in the graph the frozen LLM can use" and note is None, "the old reading, no controls run"
+    verdict, note = step_verdict([comparison("triples", -0.5, -0.7), comparison("context", -0.5, -0.7), comparison("context-oracle", 0.8, 0.5)])
+    assert verdict.startswith("fails: no information in the graph (or the working memory)") and "able to use" in note, (
+        "the oracle context, like the evidence, shows the LLM reads text that holds the evidence")
 
 
 def test_the_evidence_graph_is_built_from_the_units_whose_turns_are_the_evidence_and_only_them() -> None:

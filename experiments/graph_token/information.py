@@ -252,9 +252,10 @@ def helps(comparison: dict[str, Any] | None) -> bool:
 def step_verdict(comparisons: list[dict[str, Any]]) -> tuple[str, str | None]:
     """The step's verdict and a note on what it rests on, from the question-only comparisons: the harness's answer control
     (when run) first, then the triples (the step's test), the memory context, and the gold evidence turns (when run),
-    which tell a graph without usable information from an LLM too small to use any memory text."""
+    which tell a graph without usable information from an LLM too small to use any memory text (the oracle working memory's
+    context tells them apart alike when the evidence prompt was not run)."""
     against = {c["treatment"]: c for c in comparisons if c["control"] == "question"}
-    answer, evidence = against.get("answer"), against.get("evidence")
+    answer, evidence = against.get("answer"), against.get("evidence") or against.get("context-oracle")
     if answer is not None and not harness_works(answer):
         return (f"undecided: the harness is broken (a line stating the gold answer does not lower its loss by {HARNESS_NATS:g} nats a token)",
                 "With the answer itself in the context slot the loss should fall far below the question-only loss; until it "
