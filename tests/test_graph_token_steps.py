@@ -486,7 +486,7 @@ def test_step_2_aligns_each_arm_on_the_training_conversations_alone_and_resumes(
     assert (hparams["linear"]["readout"]["kind"], hparams["linear"]["readout"]["tokens"]) == ("edges", 3)
 
     split = read_trajectory_dataset(prepared / "data" / "trajectories")
-    aligned = read_trajectory_dataset(report["data"]["dataset"])
+    aligned = read_trajectory_dataset(out / report["data"]["dataset"])  # a report names its files relative to its --out
     assert set(aligned) == {"train", "validation"} and report["data"]["test_cases_in_data"] == []
     for name in ("train", "validation"):
         assert {ex.case_id for ex in aligned[name]} == {ex.case_id for ex in split[name]}, f"the {name} conversation, as the study splits it"
