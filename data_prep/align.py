@@ -70,7 +70,7 @@ def settings_fingerprint(cfg: DataPrepConfig, pipeline: PipelineConfig, pseudo_q
 
 def case_examples(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg: DataPrepConfig, pipeline: PipelineConfig, pseudo_queries: int) -> list[TrajectoryExample]:
     """Build the case's memory, activate a local graph per query, and keep each distinct graph with an edge as an example."""
-    from qgmem_train.graph.local_graph import local_graph_from_units
+    from qgmem_train.graph.local_graph import graph_options, local_graph_from_units
     from qgmem_train.memory.construct import build_conversation
     from qgmem_train.pipeline import NamespaceIndex, activate_question
 
@@ -83,7 +83,7 @@ def case_examples(case: ConvoMemCase, store: MemoryStore, models: PipelineModels
     examples: dict[str, TrajectoryExample] = {}
     for query in queries:
         wm = activate_question(query, None, memory, index, models)
-        graph = local_graph_from_units(wm.units, max_edges=pipeline.retrieval.k, attribute_edges=pipeline.graph.attribute_edges, time_edges=pipeline.graph.time_edges)
+        graph = local_graph_from_units(wm.units, pipeline.retrieval.k, **graph_options(pipeline.graph))
         facts = graph_facts_text(graph)
         if not graph.num_edges or facts in examples:
             continue

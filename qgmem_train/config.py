@@ -178,6 +178,14 @@ class GraphConfig:
     time_edges: bool = False
     """Link each unit's subject to the day it was said (``on``) and the times it names (``about``), in words ("7 May 2023"),
     so dated answers are among the graph's labels (not in the paper; needs dated sessions, ConvoMem has none)."""
+    object: Literal["gist", "fact", "turn"] = "gist"
+    """The object of a unit's own edge: its extracted object (the paper's; in turns mode the turn's first clause, at most
+    15 words), its whole fact text, or its whole source turn(s), each cut to ``object_words`` words."""
+    object_words: int = 60
+    """Words an edge's object keeps (``fact`` and ``turn``): a long turn does not crowd the others out of the prompt."""
+    attribute_cap: int = 0
+    """Attribute edges a unit keeps at most (0: all). Whatever the cap, no attribute edge goes to a stop word ("since",
+    "it") or to a target that more than half the units of a graph of four or more name (it tells them apart no more)."""
 
 
 @dataclass
@@ -213,7 +221,7 @@ _AT_LEAST: dict[str, int] = {
     "max_concurrency": 1, "max_retries": 0, "window": 1, "overlap": 0, "neighbours": 1, "min_cluster_size": 1, "max_trace_size": 2,
     "window_batch_size": 1, "index_batch_size": 1, "embed_batch_size": 1, "embed_windows": 1, "n": 1, "kappa": 0, "k": 1,
     "rerank_batch_size": 1, "rerank_top": 1, "reranker_max_length": 16, "rerank_prior": 0, "lexical_context_turns": 0, "max_new_tokens": 1, "batch_size": 1,
-    "graph_weight": 0, "graph_seeds": 0, "graph_iterations": 2,
+    "graph_weight": 0, "graph_seeds": 0, "graph_iterations": 2, "object_words": 1, "attribute_cap": 0,
 }  # fmt: skip
 """Smallest allowed value of each count setting (any group)."""
 _UNIT_INTERVAL = frozenset({"relation_threshold", "sem_threshold", "graph_restart"})

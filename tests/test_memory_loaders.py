@@ -18,7 +18,7 @@ import pytest
 
 from qgmem_train.__main__ import main
 from qgmem_train.errors import InputError
-from qgmem_train.memory.loaders import load_conversations
+from qgmem_train.memory.loaders import load_conversations, load_convomem, load_locomo
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.windows import annotated_content, session_windows
 
@@ -225,3 +225,25 @@ def test_duplicate_turn_ids_and_unknown_conversation_are_input_errors(tmp_path: 
         load_conversations("jsonl", _write(tmp_path, "dup.json", record))
     with pytest.raises(InputError, match="--conversation conv-99: no such conversation"):
         load_conversations("locomo", SAMPLES / "locomo_sample.json", ["conv-99"])
+
+
+def test_convomem_locomo_sessions_get_their_speakers_names_and_dates_back_where_the_turns_match(tmp_path: Path) -> None:
+    from qgmem_train.memory.loaders import restore_locomo
+
+    locomo = tmp_path / "locomo.json"
+    locomo.write_text(json.dumps([{"sample_id": "conv-1", "conversation": {
+        "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [{"dia_id": "D1:1", "speaker": "Caroline", "text": "I went to a support group."},
+                      {"dia_id": "D1:2", "speaker": "Melanie", "text": "Look at this!", "blip_caption": "a sunset"}],
+        "session_2_date_time": "9 May, 2023",
+        "session_2": [{"dia_id": "D2:1", "speaker": "Caroline", "text": "Hi."}]}}]))  # fmt: skip
+    repacked = [{"id": "locomo_0_session_1", "messages": [{"speaker": "User", "text": "I went to a support group."}, {"speaker": "Assistant", "text": "Look at this!"}]},
+                {"id": "locomo_0_session_2", "messages": [{"speaker": "User", "text": "Something else."}]},
+                {"id": "chat_7", "messages": [{"speaker": "User", "text": "Hello."}]}]  # fmt: skip
+    (tmp_path / "case.json").write_text(json.dumps({"conversations": repacked, "evidenceItems": []}))
+    conversations, found = restore_locomo(load_convomem(tmp_path / "case.json"), load_locomo(locomo))
+    first, second, other = conversations[0].sessions
+    assert [t.speaker for t in first.turns] == ["Caroline", "Melanie"] and first.time == "2023-05-08T13:56:00", "names and date restored"
+    assert [t.text for t in first.turns] == ["I went to a support group.", "Look at this!"], "the turns' own text kept"
+    assert (second.turns[0].speaker, second.time) == ("User", None) and (other.turns[0].speaker, other.time) == ("User", None)
+    assert found == {"restored": 1, "not_locomo": 1, "turns_differ": 1}, "what could not be restored is counted"

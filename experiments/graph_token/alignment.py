@@ -30,7 +30,7 @@ from typing import Any
 
 from qgmem_train.reports import ROOT, commit_text, git_state, machine_info, machine_text
 from experiments.graph_token.cli import parser as study_parser
-from experiments.graph_token.steps import run_step, saved_or_computed, step_folder
+from experiments.graph_token.steps import data_identity, llm_instrument, part_settings, run_step, saved_or_computed, step_folder
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import atomic_output, read_text
 from qgmem_train.trajectory import read_trajectory_dataset
@@ -185,11 +185,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out.resolve()
     folder, summary, trajectories = step_folder(args, "alignment")
     remade = all((folder / part).exists() for part in ("data.json", *(f"{arm}/result.json" for arm in args.arms)))
-    data = saved_or_computed(folder / "data.json", "data", lambda: build_data(args, out, folder, trajectories), {"pseudo_queries": args.pseudo_queries})
-    settings = {key: getattr(args, key) for key in ("align_steps", "align_batch_size", "align_val_checks", "align_val_graphs", "edge_tokens", "llm", "eval_batch_size")}
+    data = saved_or_computed(folder / "data.json", "data", lambda: build_data(args, out, folder, trajectories),
+                             {"pseudo_queries": args.pseudo_queries, "data": data_identity(out)}, stale=folder / "data")  # fmt: skip
+    settings = part_settings(args, out, **{key: getattr(args, key) for key in ("align_steps", "align_batch_size", "align_val_checks", "align_val_graphs", "edge_tokens", "eval_batch_size")})
     rows = []
     for arm in args.arms:
-        record = saved_or_computed(folder / arm / "result.json", f"fit {arm}", lambda: fit_arm(args, arm, folder, data), {**settings, "config": str(args.align_config)})
+        record = saved_or_computed(folder / arm / "result.json", f"fit {arm}", lambda: fit_arm(args, arm, folder, data),
+                                   {**settings, "config": str(args.align_config)}, stale=folder / arm)  # fmt: skip
         rows.append({**record, "name": ARM_NAMES[arm], "passed": arm_verdict(record["reading"])})
     passed, text = step_verdict(rows)
     return {
@@ -197,7 +199,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "split": summary["split"], "data": {k: v for k, v in data.items() if k != "case_ids"}, "rows": rows,
         "settings": {"config": str(args.align_config), "steps": args.align_steps, "batch_size": args.align_batch_size,
                      "val_checks": args.align_val_checks, "val_graphs_cap": args.align_val_graphs, "eval_batch_size": args.eval_batch_size,
-                     "edge_tokens": args.edge_tokens, "pseudo_queries": args.pseudo_queries, "llm": args.llm, "threads": args.threads},
+                     "edge_tokens": args.edge_tokens, "pseudo_queries": args.pseudo_queries, "llm": llm_instrument(args.llm), "threads": args.threads},
         "wall_s": round(data["wall_s"] + sum(r["wall_s"] for r in rows), 1), "machine": machine, "remade": remade, "git": git_state(),
     }  # fmt: skip
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from qgmem_train.reports import commit_text, git_state, machine_info, machine_text, paired_bootstrap
 from experiments.graph_token.cli import parser as study_parser
-from experiments.graph_token.steps import question_sample, run_step, saved_or_computed, step_folder
+from experiments.graph_token.steps import llm_instrument, part_settings, question_sample, run_step, saved_or_computed, step_folder
 
 log = logging.getLogger("experiments.graph_token.capacity")
 
@@ -164,7 +164,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             label = f"{target.key} T={tokens}"
             log.info("[%s] %s: %d steps of free vectors per question and of one shared prompt", label, target.name, args.capacity_steps)
             torch.manual_seed(0)
-            part = {"questions": args.capacity_questions, "steps": args.capacity_steps, "lr": args.capacity_lr, "llm": args.llm}
+            part = part_settings(args, args.out.resolve(), questions=args.capacity_questions, steps=args.capacity_steps, lr=args.capacity_lr,
+                                 target=target.key, tokens=tokens, split_seed=args.split_seed)  # fmt: skip
             record = saved_or_computed(folder / f"{target.key}-T{tokens}.json", label, lambda: measure(args, target, tokens, data_path), part)
             rows.append(summarize(record, args))
     passed, text = verdict(rows)
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "step": 1, "question": "can the graph slot carry content?", "passed": passed, "verdict": text,
         "targets": {t.key: t.name for t in TARGETS}, "rows": rows, "split": summary["split"],
         "settings": {"questions": args.capacity_questions, "steps": args.capacity_steps, "lr": args.capacity_lr,
-                     "llm": args.llm, "max_context_tokens": args.max_context_tokens, "batch": args.eval_batch_size},
+                     "llm": llm_instrument(args.llm), "max_context_tokens": args.max_context_tokens, "batch": args.eval_batch_size},
         "wall_s": round(time.perf_counter() - started, 1), "machine": machine_info(), "git": git_state(),
     }  # fmt: skip
 

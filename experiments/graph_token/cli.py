@@ -18,12 +18,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled models are local; ne
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from qgmem_train.reports import git_state, machine_info  # noqa: E402
+from qgmem_train.reports import git_state, machine_info, portable  # noqa: E402
 from experiments.graph_token.answering import answered_ids, answered_subset  # noqa: E402
 from experiments.graph_token.arms import GRAPH_ARMS, variants  # noqa: E402
 from experiments.graph_token.data import DEFAULT_DATA, ROOT, data_folder, prepare_data  # noqa: E402
 from experiments.graph_token.report import markdown, plot  # noqa: E402
 from experiments.graph_token.stats import summarize  # noqa: E402
+from experiments.graph_token.steps import llm_instrument  # noqa: E402
 from experiments.graph_token.training import extend_answers, run_relative, run_variant  # noqa: E402
 from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM  # noqa: E402
 from qgmem_train.errors import InputError, ModelUnavailableError  # noqa: E402
@@ -66,6 +67,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--test-conversation", nargs="+", help="name the test conversations (e.g. dataset_2 dataset_6) instead of drawing them")
     p.add_argument("--validation-conversation", help="name the validation conversation instead of drawing it")
     p.add_argument("--sentence-vectors", action="store_true", help="data prep also embeds every sentence of a unit (about 2x slower)")
+    p.add_argument("--reranker", choices=("none", "llm", "cross"), default="none",
+                   help="the data prep's reranker (the demo's: cross with --reranker-model checkpoints/reranker-cpu-small/model, built by make reranker-small)")
+    p.add_argument("--reranker-model", default=None, help="the cross reranker's model folder")
+    p.add_argument("--traces", action="store_true", help="the data prep builds dynamic memory traces (evidence clusters in the context)")
     p.add_argument("--bootstrap-resamples", type=int, default=2000)
     p.add_argument("--bootstrap-seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine, 2 threads ran 8x slower)")
@@ -84,7 +89,7 @@ ANSWER_SETTINGS = ("max_f1_questions",)
 """Settings recorded but free to change: another answer sample extends (or trims) the answers of the finished runs."""
 DATA_SETTINGS = (
     "data", "max_train_questions", "max_val_questions", "max_test_questions", "split_seed", "test_conversation",
-    "validation_conversation", "sentence_vectors", "embedder", "attribute_edges", "test_count",
+    "validation_conversation", "sentence_vectors", "embedder", "attribute_edges", "test_count", "reranker", "reranker_model", "traces",
 )  # fmt: skip
 """Settings that change the data."""
 
@@ -95,7 +100,8 @@ def check_settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     file = out / "settings.json"
     if file.exists():
         before = json.loads(file.read_text())
-        changed = sorted(k for k in settings if k not in ANSWER_SETTINGS and before.get(k) != settings[k])
+        default = parser().get_default
+        changed = sorted(k for k in settings if k not in ANSWER_SETTINGS and before.get(k, default(k)) != settings[k])
         if changed:
             raise InputError(str(file), f"this folder holds runs made with other {', '.join(changed)}; pass another --out")
     write_json_atomic(file, settings)
@@ -179,7 +185,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "command": shlex.join(["python", "-m", "experiments.graph_token", *argv]),
         "git": git_state(),
         "machine": machine,
-        "settings": {**settings, "variants": args.variants, "seeds": args.seeds, "seeded": args.seeded, "other_seeds": args.other_seeds,
+        "settings": {**settings, "instrument": llm_instrument(args.llm), "variants": args.variants, "seeds": args.seeds, "seeded": args.seeded, "other_seeds": args.other_seeds,
                      "eval_batch_size": args.eval_batch_size, "bootstrap_resamples": args.bootstrap_resamples,
                      "bootstrap_seed": args.bootstrap_seed},  # fmt: skip
         "out": str(out),
@@ -189,6 +195,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - started, 1),
     }
     result["plots"] = [p.name for p in plot(result, runs, out)]
+    result = portable(result, out)
     write_json_atomic(out / "results.json", result)
     with atomic_output(out / "results.md") as handle:
         handle.write(markdown(result))

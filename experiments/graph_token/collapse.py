@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from qgmem_train.reports import machine_info  # noqa: E402
+from qgmem_train.reports import machine_info, portable  # noqa: E402
 from experiments.graph_token.arms import Variant, shuffled_graphs  # noqa: E402
 from experiments.graph_token.training import WARMUP_FRACTION, build_module  # noqa: E402
 
@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     stem = f"graph_token_collapse_{args.readout}" + (f"_contrast{args.contrast:g}" if args.contrast else "") + ("_centered" if args.center == "reference" else "")
+    result = portable(result, args.out)
     write_report_atomic(args.out / f"{stem}.json", result, markdown(result))
     return 0
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qgmem_train.reports import git_state
 from qgmem_train.config import BUNDLED_LLM
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import write_json_atomic
@@ -159,11 +160,39 @@ def staged_case(conversation: ConversationCases, picked: list[int]) -> dict[str,
     return {"evidenceItems": items, "conversations": sessions}
 
 
+def prep_config(args: argparse.Namespace, config: Path, source: Path, cases: int) -> str:
+    """The study's data-prep config (written to ``config``): turns units, rule intent, gold targets, the study's
+    retrieval k and graph, and the reranker and traces of ``--reranker`` (``--reranker-model``) and ``--traces``."""
+    reranker = f"    reranker: {args.reranker}\n" + (f"    reranker_model: {json.dumps(args.reranker_model)}\n" if args.reranker_model else "")
+    return (
+        "# Written by python -m experiments.graph_token: one staged case per conversation; rerun with\n"
+        f"#   python -m data_prep --config {config}\n"
+        "data_prep:\n"
+        f"  source: {json.dumps(str(source))}\n"
+        f"  categories: {{{STAGED_CATEGORY}: 1}}\n"
+        f"  total_cases: {cases}\n"
+        "  seed: 0\n  intent: rules\n  target: gold\n  validation_fraction: 0.0\n  test_fraction: 0.0\n"
+        f"  out: {json.dumps(str(config.parent / 'prep'))}\n"
+        "pipeline:\n"
+        f"  models:\n    llm: {BUNDLED_LLM}\n    embedder: {args.embedder}\n{reranker}    dtype: float32\n    device: cpu\n"
+        f"  construction:\n    units: turns\n    traces: {str(args.traces).lower()}\n    sentence_vectors: {str(args.sentence_vectors).lower()}\n"
+        f"  retrieval:\n    k: {RETRIEVAL_K}\n"
+        f"  graph:\n    attribute_edges: {str(args.attribute_edges).lower()}\n"
+    )  # fmt: skip
+
+
 def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Split by conversation, stage one case per conversation, run data prep, write the split trajectory folder."""
     data_dir = out / "data"
     summary_file = data_dir / "split.json"
     if summary_file.exists() and (data_dir / "trajectories").exists():
+        import yaml
+
+        config = data_dir / "data_prep.yaml"
+        made, asked = (yaml.safe_load(text)["pipeline"] for text in (config.read_text(), prep_config(args, config, data_dir / "source", 0)))
+        if made != asked:
+            changed = sorted(f"{group}.{key}" for group in asked for key in asked[group] if made.get(group, {}).get(key) != asked[group][key])
+            raise InputError(str(config), f"the data here was prepared with other {', '.join(changed)}; pass another --out")
         log.info("[data] reusing %s", data_dir / "trajectories")
         return json.loads(summary_file.read_text())
 
@@ -196,21 +225,7 @@ def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                 questions[f"{case_id}/q{number}"] = {"conversation": conversation.name, "split": name, "category": conversation.questions[i][0]}
 
     config = data_dir / "data_prep.yaml"
-    config.write_text(
-        "# Written by python -m experiments.graph_token: one staged case per conversation; rerun with\n"
-        f"#   python -m data_prep --config {config}\n"
-        "data_prep:\n"
-        f"  source: {json.dumps(str(source.parent))}\n"
-        f"  categories: {{{STAGED_CATEGORY}: 1}}\n"
-        f"  total_cases: {len(conversations)}\n"
-        "  seed: 0\n  intent: rules\n  target: gold\n  validation_fraction: 0.0\n  test_fraction: 0.0\n"
-        f"  out: {json.dumps(str(data_dir / 'prep'))}\n"
-        "pipeline:\n"
-        f"  models:\n    llm: {BUNDLED_LLM}\n    embedder: {args.embedder}\n    reranker: none\n    dtype: float32\n    device: cpu\n"
-        f"  construction:\n    units: turns\n    traces: false\n    sentence_vectors: {str(args.sentence_vectors).lower()}\n"
-        f"  retrieval:\n    k: {RETRIEVAL_K}\n"
-        f"  graph:\n    attribute_edges: {str(args.attribute_edges).lower()}\n"
-    )  # fmt: skip
+    config.write_text(prep_config(args, config, source.parent, len(conversations)))
     cfg, pipeline = load_data_prep_config(config)
     log.info("[data] data prep: %d staged cases, %d questions (%s)", len(conversations), len(questions), config)
     run_shard(cfg, pipeline)
@@ -231,6 +246,7 @@ def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             for c in conversations
         },
         "split": split,
+        "commit": git_state()["commit"],
         "examples": {name: len(part) for name, part in splits.items()},
         "examples_per_category": per_category,
         "questions": questions,

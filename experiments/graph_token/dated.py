@@ -41,16 +41,54 @@ def citing_units(units: list[MemoryUnit], evidence_texts: list[str]) -> list[Mem
     return [unit for unit in units if cites(unit.source_text, evidence_texts)]
 
 
+def oracle_units(retrieved: list[MemoryUnit], citing: list[MemoryUnit], k: int) -> list[MemoryUnit]:
+    """The oracle working memory: the units citing the gold evidence first (store order), then the retrieved ones in
+    their order, each once, ``k`` in all: retrieval made perfect at the same budget."""
+    return list({unit.id: unit for unit in [*citing, *retrieved]}.values())[:k]
+
+
+MEMORIES = ("retrieved", "evidence", "oracle")
+"""Which units a rebuilt example's graph is made of: its working memory as retrieved, the units citing its gold evidence,
+or the oracle working memory (:func:`oracle_units`, whose memory context is rebuilt too)."""
+
+
+def speaker_names(source: Path, locomo: Path) -> dict[str, str]:
+    """Turn id → its speaker's name, for the study's staged ConvoMem cases (``<out>/data/source``) whose sessions LoCoMo's
+    own file restores (:func:`~qgmem_train.memory.loaders.restore_locomo`); a session it cannot restore is one clear error."""
+    from qgmem_train.memory.loaders import load_convomem, restore_locomo
+
+    conversations, found = restore_locomo(load_convomem(source), load_locomo(locomo))
+    if found["not_locomo"] or found["turns_differ"]:
+        raise InputError(f"--speaker-names: {locomo.name}", f"restores {found['restored']} sessions; {found['not_locomo']} are not LoCoMo's "
+                         f"and {found['turns_differ']} hold other turns than that file's")  # fmt: skip
+    return {turn.id: turn.speaker for c in conversations for s in c.sessions for turn in s.turns}
+
+
+def renamed(unit: MemoryUnit, speakers: dict[str, str], memory: Any) -> MemoryUnit:
+    """``unit`` with its turn's speaker (as ConvoMem names it, ``User`` or ``Assistant``) called by name (``speakers``):
+    in its subject when the subject is the speaker, and where its fact and source text begin with the speaker."""
+    turn = memory.turns[unit.source_turn_ids[0]]
+    name, old = speakers.get(turn.id, turn.speaker), turn.speaker
+    if name == old:
+        return unit
+    again = lambda text: f"{name}{text[len(old):]}" if text.startswith(f"{old}:") else text  # noqa: E731
+    return replace(unit, subject=name if unit.subject == old else unit.subject, fact_text=again(unit.fact_text), source_text=again(unit.source_text))
+
+
 def dated_graphs(
-    examples: list[Any], store_path: Path, dates: dict[str, str | None] | None, *, max_edges: int, attribute_edges: bool, time_edges: bool,
-    evidence: dict[str, list[str]] | None = None,
+    examples: list[Any], store_path: Path, dates: dict[str, str | None] | None, *, max_edges: int, graph: dict[str, Any],
+    evidence: dict[str, list[str]] | None = None, memory: str = "retrieved", speakers: dict[str, str] | None = None,
 ) -> list[Any]:
-    """``examples`` with their local graphs rebuilt from the store at ``store_path``, each unit dated from ``dates`` (as
-    stored when None); with ``evidence`` (question id → its gold evidence turns), each graph is built from the units that
-    cite them (:func:`citing_units`) instead of the question's working memory.
+    """``examples`` with their local graphs rebuilt from the store at ``store_path`` with the graph options ``graph``
+    (:func:`~qgmem_train.graph.local_graph.graph_options`), each unit dated from ``dates`` (as stored when None) and its
+    speaker named from ``speakers`` (:func:`speaker_names`; as stored when None); with ``memory`` ``evidence`` each graph is
+    built from the units that cite the question's gold evidence turns (``evidence``: question id → its turns;
+    :func:`citing_units`), with ``oracle`` from the oracle working memory (:func:`oracle_units`, ``max_edges`` units),
+    whose serialized memory context replaces the example's too.
 
     A unit of a session ``dates`` does not know is an :class:`InputError` (the dates are not this data's).
     """
+    from qgmem_train.answer.memory_context import serialize_working_memory
     from qgmem_train.memory.store import MemoryStore
 
     rebuilt = []
@@ -58,14 +96,20 @@ def dated_graphs(
         memories: dict[str, tuple[Any, dict[str, MemoryUnit]]] = {}
         for ex in examples:
             if ex.namespace not in memories:
-                memory = store.load_namespace(ex.namespace, sentences=False)
-                memories[ex.namespace] = memory, {u.id: u for u in memory.units}
-            memory, by_id = memories[ex.namespace]
-            units = citing_units(memory.units, evidence[ex.question_id]) if evidence is not None else [by_id[unit_id] for unit_id in ex.unit_ids]
+                loaded = store.load_namespace(ex.namespace, sentences=False)
+                memories[ex.namespace] = loaded, {u.id: u for u in loaded.units}
+            namespace, by_id = memories[ex.namespace]
+            units = [by_id[unit_id] for unit_id in ex.unit_ids]
+            if memory != "retrieved":
+                citing = citing_units(namespace.units, evidence[ex.question_id])
+                units = citing if memory == "evidence" else oracle_units(units, citing, max_edges)
             if dates is not None:
-                units = [redated(unit, dates, memory) for unit in units]
-            graph = local_graph_from_units(units, max_edges=max_edges, attribute_edges=attribute_edges, time_edges=time_edges)
-            rebuilt.append(replace(ex, graph=graph))
+                units = [redated(unit, dates, namespace) for unit in units]
+            if speakers is not None:
+                units = [renamed(unit, speakers, namespace) for unit in units]
+            context = serialize_working_memory(units, namespace).text if memory == "oracle" else ex.context
+            rebuilt.append(replace(ex, graph=local_graph_from_units(units, max_edges, **graph), context=context,
+                                   unit_ids=[u.id for u in units] if memory == "oracle" else ex.unit_ids))  # fmt: skip
     return rebuilt
 
 

@@ -52,7 +52,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Data prep (`{dp['config']}`): turns units, rule intent, gold targets, no traces; one staged case per conversation; "
         f"{dp['seconds_per_case']} seconds per case, {dp['questions_per_hour']} questions/hour, {dp['wall_s']:.0f} s in all.", "",
-        f"Training: frozen `{s['llm']}` (float32), {s['steps']} optimizer steps of batch {s['batch_size']}, learning rate {s['lr']} "
+        f"Training: frozen {s.get('instrument') or '`' + s['llm'] + '` (float32)'}, {s['steps']} optimizer steps of batch {s['batch_size']}, learning rate {s['lr']} "
         f"(10% warm-up, cosine), {s['monitor']} every {math.ceil(s['steps'] / s['val_checks'])} steps on the validation conversation "
         f"(best checkpoint tested); context {s['max_context_tokens']} tokens, {s['max_new_tokens']} new tokens, schema-constrained; "
         f"local graphs {'with' if s['attribute_edges'] else 'without'} attribute edges. Losses on every test question; "

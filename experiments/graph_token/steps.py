@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import logging
 import random
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from qgmem_train.reports import portable
 from experiments.graph_token.data import data_folder, prepare_data
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.fileio import atomic_output, write_json_atomic
@@ -38,18 +42,25 @@ def question_sample(examples: list[Any], count: int | None, seed: int) -> list[A
     return [examples[i] for i in sorted(order[:count])]
 
 
-def saved_or_computed(path: Path, label: str, compute: Callable[[], dict[str, Any]], settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The record saved at ``path`` by an earlier run, or ``compute()`` with its wall time, saved there as it ends (so a
-    killed step resumes at the part it was in). ``settings`` are kept in the record; a part saved with other settings is
-    refused, never mixed into this run's report (records saved before settings were kept are reused as they are)."""
+def saved_or_computed(
+    path: Path, label: str, compute: Callable[[], dict[str, Any]], settings: dict[str, Any] | None = None, stale: Path | None = None,
+) -> dict[str, Any]:
+    """The record saved at ``path`` by an earlier run under the same ``settings``, else ``compute()`` with its wall time,
+    saved there as it ends (so a killed step resumes at the part it was in). A record saved under other settings, or
+    before settings were kept, is measured again, never mixed into this run's report; ``stale`` (the part's working
+    folder, such as a fit's checkpoints) is removed first so nothing of the old settings is resumed."""
     settings = settings or {}
     if path.exists():
         record = json.loads(path.read_text())
-        saved = record.get("settings", settings)
-        if saved != settings:
-            raise InputError(str(path), f"measured with {settings_text(saved)}; this run asks {settings_text(settings)}: remove it or use another --out")
-        log.info("[%s] reusing %s", label, path)
-        return record
+        saved = record.get("settings")
+        if saved == settings:
+            log.info("[%s] reusing %s", label, path)
+            return record
+        log.info("[%s] %s was measured under %s; this run asks %s: measuring again", label, path.name,
+                 settings_text(saved) if saved is not None else "unrecorded settings", settings_text(settings))  # fmt: skip
+        path.unlink()
+        if stale is not None and stale.exists():
+            shutil.rmtree(stale)
     began = time.perf_counter()
     record = compute()
     record["wall_s"] = round(time.perf_counter() - began, 1)
@@ -59,8 +70,35 @@ def saved_or_computed(path: Path, label: str, compute: Callable[[], dict[str, An
 
 
 def settings_text(settings: dict[str, Any]) -> str:
-    """``name=value`` pairs in name order, for a refusal."""
+    """``name=value`` pairs in name order, for the log."""
     return ", ".join(f"{name}={settings[name]}" for name in sorted(settings))
+
+
+@functools.lru_cache(maxsize=None)
+def llm_instrument(ref: str) -> str:
+    """The frozen LLM as a report and a part's settings name it: its reference and, for a GGUF, the file and the
+    quantization its weights were stored in (the loader dequantizes them to float32)."""
+    from qgmem_train.llm.resolver import gguf_quantization, gguf_source
+
+    source = gguf_source(ref)
+    return ref if source is None else f"{ref} ({source.name}, GGUF {gguf_quantization(source)}, dequantized to float32)"
+
+
+def data_identity(out: Path) -> str:
+    """The study's prepared data as a part's settings name it: the commit its data prep ran at (as ``split.json``
+    records it) and a digest of the data prep's pipeline settings (models, reranker, traces, retrieval, graph)."""
+    import yaml
+
+    summary = json.loads((out / "data" / "split.json").read_text())
+    config = yaml.safe_load((out / "data" / "data_prep.yaml").read_text())
+    digest = hashlib.sha256(json.dumps(config.get("pipeline", {}), sort_keys=True).encode()).hexdigest()[:12]
+    return f"commit {summary.get('commit', 'unrecorded')[:12]}, pipeline {digest}"
+
+
+def part_settings(args: argparse.Namespace, out: Path, **part: Any) -> dict[str, Any]:
+    """What a study part's measurement depends on: the LLM with its quantization, the context cut, the prepared data,
+    and the part's own settings (prompt, graph representation, retrieval arm, ...)."""
+    return {"llm": llm_instrument(args.llm), "max_context_tokens": args.max_context_tokens, "data": data_identity(out), **part}
 
 
 def run_step(
@@ -85,6 +123,7 @@ def run_step(
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = args.out.resolve() / folder
+    result = portable(result, args.out.resolve())
     write_json_atomic(out / "results.json", result)
     with atomic_output(out / "results.md") as handle:
         handle.write(markdown(result))

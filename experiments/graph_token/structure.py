@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from qgmem_train.reports import git_state, machine_info  # noqa: E402
+from qgmem_train.reports import git_state, machine_info, portable  # noqa: E402
 from experiments.graph_token.data import DEFAULT_DATA, find_conversations  # noqa: E402
 
 from qgmem_train.errors import InputError  # noqa: E402
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join(["python", "-m", "experiments.graph_token.structure", *argv]), "git": git_state()["commit"], "machine": machine,
               "data": str(args.data), "max_questions": args.max_questions, "seed": args.seed, **measured,
               "wall_s": round(time.perf_counter() - started, 1)}  # fmt: skip
+    result = portable(result, args.out)
     write_report_atomic(args.out / "graph_structure.json", result, markdown(result))
     print(json.dumps(result["overall"], indent=1))
     return 0

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from qgmem_train.reports import portable
 from experiments.graph_token.answering import ANSWER_BATCHES, answer_questions, answer_scores, answered_ids, answered_subset, per_question_losses
 from experiments.graph_token.arms import Variant, shuffled_graphs
 from qgmem_train.errors import InputError
@@ -153,7 +154,7 @@ def extend_answers(
             extended.append(record if qid in wanted else {"question_id": qid, **losses})
     result = {**result, **answer_scores(extended), "predictions": extended,
               "answers_extended_s": round(result.get("answers_extended_s", 0.0) + time.perf_counter() - started, 1)}  # fmt: skip
-    write_json_atomic(run_dir / "result.json", result)
+    write_json_atomic(run_dir / "result.json", portable(result, args.out.resolve()))
     (run_dir / "answers.partial.json").unlink(missing_ok=True)
     return result
 
@@ -238,7 +239,7 @@ def run_variant(args: argparse.Namespace, variant: Variant, seed: int, data_path
         **answer_scores(records),
         "predictions": records,
     }
-    write_json_atomic(run_dir / "result.json", result)
+    write_json_atomic(run_dir / "result.json", portable(result, args.out.resolve()))
     (run_dir / "answers.partial.json").unlink(missing_ok=True)
     return result
 

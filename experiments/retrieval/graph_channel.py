@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qgmem_train.reports import machine_info
+from qgmem_train.reports import machine_info, portable
 from experiments.reranker.compare import BOOTSTRAP_RESAMPLES, gain_cell, model_name, read_training, recall_gains
 from qgmem_train.benchmarks.loaders import LOCOMO_CATEGORY_NAMES
 from qgmem_train.benchmarks.question_batches import locomo_question_batches
@@ -283,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
               "conversations": args.conversation, "settings": {name: {**s, "graph_links": list(s["graph_links"])} for name, s in settings.items()},
               "best": best_setting(summary, names), "resamples": BOOTSTRAP_RESAMPLES, "summary": summary, "reranker": record,
               "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    report = portable(report, args.out)
     text = markdown(report)
     write_report_atomic(args.out / f"{args.report}.json", report, text)
     print(text)

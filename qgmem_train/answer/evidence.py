@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qgmem_train.answer.memory_context import SerializedMemory, serialize_working_memory
-from qgmem_train.graph.local_graph import LocalGraph, local_graph_from_units
+from qgmem_train.graph.local_graph import LocalGraph, local_graph_from_units, unit_edges
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.memory.types import MemoryUnit
 
@@ -24,18 +24,13 @@ class AnswerEvidence:
     edge_unit_ids: list[str]
 
 
-def answer_evidence(
-    units: Sequence[MemoryUnit], memory: NamespaceMemory, llm: ChatLLM | None, *, max_edges: int, attribute_edges: bool = False,
-    time_edges: bool = False,
-) -> AnswerEvidence:
-    """MEMORY_CONTEXT of ``units`` (tokens counted with ``llm``) and their local graph of the edges of at most ``max_edges`` units."""
-    graph = local_graph_from_units(units, max_edges=max_edges, attribute_edges=attribute_edges, time_edges=time_edges)
-    ids = edge_unit_ids(units, max_edges=max_edges, attribute_edges=attribute_edges, time_edges=time_edges)
-    return AnswerEvidence(serialize_working_memory(units, memory, llm), graph, ids)
+def answer_evidence(units: Sequence[MemoryUnit], memory: NamespaceMemory, llm: ChatLLM | None, *, max_edges: int, **graph: Any) -> AnswerEvidence:
+    """MEMORY_CONTEXT of ``units`` (tokens counted with ``llm``) and their local graph of the edges of at most ``max_edges``
+    units, built with the ``graph.*`` settings ``graph`` (:func:`~qgmem_train.graph.local_graph.graph_options`)."""
+    graph_ = local_graph_from_units(units, max_edges, **graph)
+    return AnswerEvidence(serialize_working_memory(units, memory, llm), graph_, edge_unit_ids(units, max_edges=max_edges, **graph))
 
 
-def edge_unit_ids(units: Sequence[MemoryUnit], *, max_edges: int, attribute_edges: bool = False, time_edges: bool = False) -> list[str]:
+def edge_unit_ids(units: Sequence[MemoryUnit], *, max_edges: int, **graph: Any) -> list[str]:
     """The id of the unit behind each edge of the local graph, in edge order (a unit repeats for its attribute and time edges)."""
-    counts = [(unit.id, local_graph_from_units([unit], attribute_edges=attribute_edges, time_edges=time_edges).num_edges) for unit in units]
-    contributing = [(unit_id, count) for unit_id, count in counts if count][:max_edges]
-    return [unit_id for unit_id, count in contributing for _ in range(count)]
+    return [unit.id for unit, edges in unit_edges(units, max_edges, **graph) for _ in edges]

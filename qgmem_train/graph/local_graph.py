@@ -12,8 +12,10 @@ attaches embedder features (node: f_emb(label), edge: f_emb(predicate)) for the 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +23,10 @@ from torch_geometric.data import Data
 
 from qgmem_train.memory.timeparse import spoken_date, spoken_span
 from qgmem_train.memory.types import MemoryUnit
+from qgmem_train.text import STOPWORDS
+
+if TYPE_CHECKING:
+    from qgmem_train.config import GraphConfig
 
 _SPACES = re.compile(r"\s+")
 
@@ -63,15 +69,48 @@ ON, ABOUT = "on", "about"
 """Predicates of time edges: subject → the day the unit was said, subject → a time the unit names (its fact time)."""
 
 
-def local_graph_from_units(
-    units: Sequence[MemoryUnit], max_edges: int | None = None, attribute_edges: bool = False, time_edges: bool = False
-) -> LocalGraph:
+def graph_options(settings: GraphConfig) -> dict[str, Any]:
+    """The ``graph.*`` settings (:class:`~qgmem_train.config.GraphConfig`) as :func:`local_graph_from_units`' keywords:
+    data prep, evaluation and the predictor build their graphs alike from one config section."""
+    return {"attribute_edges": settings.attribute_edges, "time_edges": settings.time_edges, "object_kind": settings.object,
+            "object_words": settings.object_words, "attribute_cap": settings.attribute_cap}  # fmt: skip
+
+
+def edge_object(unit: MemoryUnit, kind: str, words: int) -> str:
+    """The object of ``unit``'s own edge: its extracted object (``gist``), its whole fact text (``fact``) or its source
+    turn(s) (``turn``), the last two cut to ``words`` words."""
+    if kind == "gist":
+        return unit.object
+    text = unit.fact_text if kind == "fact" else unit.source_text
+    return " ".join(text.split()[:words])
+
+
+def unit_edges(
+    units: Sequence[MemoryUnit], max_edges: int | None = None, attribute_edges: bool = False, time_edges: bool = False, *,
+    object_kind: str = "gist", object_words: int = 60, attribute_cap: int = 0,
+) -> list[tuple[MemoryUnit, list[tuple[str, str]]]]:
+    """Each contributing unit (at most ``max_edges``, in order) with its ``(predicate, target)`` edges from its subject:
+    what :func:`local_graph_from_units` builds, and whose unit each edge is."""
+    contributing = [u for u in units if normalize_label(u.subject) and normalize_label(edge_object(u, object_kind, object_words))]
+    contributing = contributing[:max_edges] if max_edges is not None else contributing
+    common = common_targets(contributing) if attribute_edges else set()
+    found = []
+    for unit in contributing:
+        attributes = [(p, t) for p, t in unit_attribute_edges(unit) if normalize_label(t) not in common] if attribute_edges else []
+        attributes = attributes[:attribute_cap] if attribute_cap > 0 else attributes
+        edges = [(unit.predicate.strip(), edge_object(unit, object_kind, object_words)), *attributes]
+        found.append((unit, edges + (unit_time_edges(unit) if time_edges else [])))
+    return found
+
+
+def local_graph_from_units(units: Sequence[MemoryUnit], max_edges: int | None = None, **options: Any) -> LocalGraph:
     """Build the local graph of the working memory's units, in their order (edges of at most ``max_edges`` units).
 
-    A unit whose subject or object is empty after normalisation contributes no edge. A node keeps
-    the spelling of its first occurrence. With ``attribute_edges`` each contributing unit's own edge is
-    followed by its attribute edges (:func:`unit_attribute_edges`), with ``time_edges`` by its time edges
-    (:func:`unit_time_edges`); the unit budget counts neither.
+    A unit whose subject or object is empty after normalisation contributes no edge. A node keeps the spelling of its
+    first occurrence. ``options`` (:func:`graph_options`; each off by default) choose the object of a unit's edge
+    (``object_kind``: :func:`edge_object`) and add, after it, its attribute edges (``attribute_edges``:
+    :func:`unit_attribute_edges`, at most ``attribute_cap`` when above 0, none to a target most units name:
+    :func:`common_targets`) and its time edges (``time_edges``: :func:`unit_time_edges`); the unit budget counts neither.
     """
     graph = LocalGraph()
     index: dict[str, int] = {}
@@ -83,33 +122,44 @@ def local_graph_from_units(
             graph.node_labels.append(label.strip())
         return index[key]
 
-    contributing = 0
-    for unit in units:
-        if max_edges is not None and contributing >= max_edges:
-            break
-        if not normalize_label(unit.subject) or not normalize_label(unit.object):
-            continue
-        contributing += 1
-        triples = [(unit.predicate.strip(), unit.object)] + (unit_attribute_edges(unit) if attribute_edges else [])
-        triples += unit_time_edges(unit) if time_edges else []
-        for predicate, target in triples:
+    for unit, edges in unit_edges(units, max_edges, **options):
+        for predicate, target in edges:
             graph.edge_src.append(node(unit.subject))
             graph.edge_dst.append(node(target))
             graph.edge_labels.append(predicate)
     return graph
 
 
+ATTRIBUTE_STOPWORDS = STOPWORDS | frozenset(
+    "since also still yet though although however maybe anyway oh hey hi hello thanks thank okay ok wow well yeah yes sure "
+    "really great good nice awesome cool lol haha hmm sorry please let lets".split()
+)
+"""Words no attribute edge goes to: a target made of them alone ("since", "it", "Thanks") names nothing."""
+COMMON_SHARE, COMMON_MIN_UNITS = 0.5, 4
+"""A target named by more than this share of a graph's units (of at least this many) is common to them: no edge to it."""
+
+
+def common_targets(units: Sequence[MemoryUnit]) -> set[str]:
+    """The normalised attribute targets that more than :data:`COMMON_SHARE` of ``units`` name (none under
+    :data:`COMMON_MIN_UNITS` units): an edge every unit has tells them apart no more than a stop word does."""
+    if len(units) < COMMON_MIN_UNITS:
+        return set()
+    named = Counter(key for unit in units for key in {normalize_label(t) for _, t in unit_attribute_edges(unit)})
+    return {key for key, count in named.items() if count > COMMON_SHARE * len(units)}
+
+
 def unit_attribute_edges(unit: MemoryUnit) -> list[tuple[str, str]]:
     """``(predicate, target)`` of a unit's attribute edges: ``mentions`` per entity, then ``at`` per location.
 
-    Targets that normalise to nothing, to the subject or the object, or to an earlier target are left out.
+    Targets that normalise to nothing, to stop words alone (:data:`ATTRIBUTE_STOPWORDS`), to the subject or the object, or
+    to an earlier target are left out.
     """
     seen = {normalize_label(unit.subject), normalize_label(unit.object), ""}
     edges = []
     for predicate, labels in ((MENTIONS, unit.entities), (AT, unit.locations)):
         for label in labels:
             key = normalize_label(label)
-            if key not in seen:
+            if key not in seen and not set(key.split()) <= ATTRIBUTE_STOPWORDS:
                 seen.add(key)
                 edges.append((predicate, label))
     return edges

@@ -28,6 +28,7 @@ def render_chat(tokenizer: Any, chat: Chat, budget_s: float = TEMPLATE_BUDGET_S)
     from qgmem_train.errors import InputError, first_line
     from qgmem_train.time_budget import OutOfTime, run_within
 
+    require_chat_template(tokenizer, getattr(tokenizer, "name_or_path", "model"))
     where = f"{getattr(tokenizer, 'name_or_path', 'model')}: chat_template"
     try:
         return run_within(lambda: tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, enable_thinking=False), budget_s)
@@ -35,6 +36,19 @@ def render_chat(tokenizer: Any, chat: Chat, budget_s: float = TEMPLATE_BUDGET_S)
         raise InputError(where, f"the sandbox refuses to render it: {first_line(exc)}") from None
     except OutOfTime:
         raise InputError(where, f"rendering takes more than its {budget_s:g} s budget (models.template_budget_s); stopped") from None
+
+
+def require_chat_template(tokenizer: Any, ref: str) -> None:
+    """Refuse, in one line, a model whose tokenizer has no chat template (a GGUF without ``tokenizer.chat_template``, such
+    as the registry's Gemma-3-270M), naming the file that supplies one, instead of transformers' ``ValueError``."""
+    from qgmem_train.errors import ModelUnavailableError
+    from qgmem_train.llm.resolver import CHAT_TEMPLATE_FILE
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelUnavailableError(
+            f"model {ref!r} has no chat template (no tokenizer.chat_template in its GGUF, no {CHAT_TEMPLATE_FILE} in its folder): "
+            f"put the model's Jinja chat template in {CHAT_TEMPLATE_FILE} beside its GGUF file or in its folder, or name an instruction-tuned model"
+        )
 
 
 class ChatLLM(ABC):

@@ -13,7 +13,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from qgmem_train.config import TEMPLATE_BUDGET_S
 from qgmem_train.errors import ModelUnavailableError
-from qgmem_train.llm.base import Chat, ChatLLM, render_chat
+from qgmem_train.llm.base import Chat, ChatLLM, render_chat, require_chat_template
 from qgmem_train.llm.resolver import load_causal_lm
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -122,8 +122,7 @@ class TransformersLLM(ChatLLM):
         self.model, self.tokenizer = loaded or load_causal_lm(
             ref, revision=revision, dtype=dtype, device=device, quantization=quantization, cache_dir=cache_dir, trust_remote_code=trust_remote_code
         )
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ModelUnavailableError(f"model {ref!r} has no chat template; use an instruction-tuned (chat) model")
+        require_chat_template(self.tokenizer, ref)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

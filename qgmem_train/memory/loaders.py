@@ -173,6 +173,41 @@ def load_convomem(path: Path) -> list[Conversation]:
     return conversations
 
 
+LOCOMO_SESSION = re.compile(r"locomo_(\d+)_(session_\d+)")
+"""How ConvoMem names a session it re-packed from LoCoMo: ``locomo_<sample index>_session_<n>``."""
+PHOTO = re.compile(r" \[shares a photo: .*\]$", re.DOTALL)
+"""The photo caption :func:`load_locomo` appends to a turn's text (ConvoMem's turns have none)."""
+
+
+def restore_locomo(conversations: list[Conversation], locomo: list[Conversation]) -> tuple[list[Conversation], dict[str, int]]:
+    """ConvoMem's re-packed LoCoMo sessions given back what the re-packing dropped: the speakers' names (ConvoMem calls
+    nearly every speaker ``User`` or ``Assistant``) and the session dates of LoCoMo's own file (:func:`load_locomo`).
+
+    A session named ``locomo_<i>_session_<n>`` (:data:`LOCOMO_SESSION`) takes them from LoCoMo sample ``i``'s session
+    ``n`` when it holds the same turns (as many, each LoCoMo's text without its photo caption); any other session is kept
+    as it is and counted. Returns the conversations and ``{"restored": sessions, "not_locomo": ..., "turns_differ": ...}``.
+    """
+    found = {"restored": 0, "not_locomo": 0, "turns_differ": 0}
+    restored = []
+    for conversation in conversations:
+        sessions = []
+        for session in conversation.sessions:
+            match = LOCOMO_SESSION.fullmatch(session.id)
+            source = {s.id: s for s in locomo[int(match[1])].sessions}.get(match[2]) if match and int(match[1]) < len(locomo) else None
+            if source is None:
+                found["not_locomo"] += 1
+            elif len(source.turns) != len(session.turns) or any(
+                PHOTO.sub("", theirs.text).strip() != ours.text.strip() for ours, theirs in zip(session.turns, source.turns)
+            ):
+                found["turns_differ"] += 1
+            else:
+                found["restored"] += 1
+                session = Session(session.id, source.time, [Turn(ours.id, theirs.speaker, ours.text) for ours, theirs in zip(session.turns, source.turns)])
+            sessions.append(session)
+        restored.append(Conversation(conversation.id, sessions))
+    return restored, found
+
+
 def _plain_conversation(record: Any, where: str) -> Conversation:
     conv_id = str(require_field(record, "id", (str, int), where))
     where = f"{where} ({conv_id})"

@@ -133,6 +133,7 @@ def search(
     serialization join them.
     """
     from qgmem_train.answer.evidence import answer_evidence
+    from qgmem_train.graph.local_graph import graph_options
 
     started = time.perf_counter() - sum((seconds or {}).values())
     seconds = dict(seconds or {})
@@ -146,7 +147,7 @@ def search(
         wm = dataclasses.replace(wm, units=[u for u, _ in kept], scores=[score for _, score in kept])
     seconds.update(wm.timings)
     start = time.perf_counter()
-    evidence = answer_evidence(wm.units, memory, models.llm, max_edges=k, attribute_edges=cfg.graph.attribute_edges, time_edges=cfg.graph.time_edges)
+    evidence = answer_evidence(wm.units, memory, models.llm, max_edges=k, **graph_options(cfg.graph))
     seconds["serialize"] = time.perf_counter() - start
     return Retrieval(question, question_time, memory, wm, evidence, seconds, started)
 
