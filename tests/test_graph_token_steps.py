@@ -419,7 +419,8 @@ def test_a_step_0_part_saved_under_one_llm_is_measured_again_under_another(tmp_p
 
 
 def reading(gap: float, low: float, cosine: float | None) -> dict[str, object]:
-    return {"shuffle_gap": gap, "shuffle_gap_low": low, "shuffle_gap_high": gap + 0.1, "examples": 50, "floor": 0.01, "token_cosine": cosine}
+    return {"shuffle_gap": gap, "shuffle_gap_low": low, "shuffle_gap_high": gap + 0.1, "examples": 50, "floor": 0.01, "token_raw_cosine": cosine,
+            "token_cosine": -1.0}  # fmt: skip
 
 
 def test_an_alignment_arm_passes_only_with_a_large_gap_above_0_and_tokens_that_differ() -> None:
@@ -429,6 +430,9 @@ def test_an_alignment_arm_passes_only_with_a_large_gap_above_0_and_tokens_that_d
     assert arm_verdict(reading(GAP_NATS - 0.01, 0.1, 0.5)) is False, "a gap under the bar"
     assert arm_verdict(reading(GAP_NATS + 0.2, -0.01, 0.5)) is False, "an interval holding 0"
     assert arm_verdict(reading(GAP_NATS + 0.2, 0.1, COSINE_BELOW)) is False, "tokens alike across graphs"
+    older = {**reading(GAP_NATS + 0.2, 0.1, None), "token_cosine": COSINE_BELOW}
+    del older["token_raw_cosine"]
+    assert arm_verdict(older) is False, "a reading from before the centred cosine: its token_cosine is the raw one"
     assert arm_verdict({"skipped": "no validation graphs"}) is None and arm_verdict(None) is None
     assert step_verdict([{"arm": "linear", "passed": False}, {"arm": "encoder", "passed": True}])[0] is True
     passed, text = step_verdict([{"arm": "linear", "passed": False, "steps": 60, "epochs": 0.091}, {"arm": "encoder", "passed": None}])

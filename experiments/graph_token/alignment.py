@@ -8,7 +8,7 @@ conversations are never built), then one ``python -m qgmem_train fit --config co
 ``edges`` readout (one token per edge, at most ``--edge-tokens``): ``linear`` (frozen node and edge features, no message
 passing, one linear projector without LayerNorm) and ``encoder`` (the config's encoder and projector). Each fit's last
 validation (its checkpoint's ``graph_reading``: the shuffle gap on the validation conversation's graphs with its 95%
-interval, and the graph-token cosine) gives the arm's verdict: it passes when the gap is at least :data:`GAP_NATS` nats
+interval, and the graph-token cosine, uncentred) gives the arm's verdict: it passes when the gap is at least :data:`GAP_NATS` nats
 a token with the interval above 0 and the cosine below :data:`COSINE_BELOW`.
 
 Layout of ``<out>/alignment/``: ``data_prep.yaml`` and ``data/`` (the alignment data, resumable), ``data.json``;
@@ -157,7 +157,7 @@ def arm_verdict(reading: dict[str, Any] | None) -> bool | None:
     """Whether an arm's last validation passes the bar; ``None`` when it measured nothing."""
     if not reading or "skipped" in reading or reading.get("shuffle_gap_low") is None:
         return None
-    cosine = reading.get("token_cosine")
+    cosine = reading.get("token_raw_cosine", reading.get("token_cosine"))  # readings before the centred cosine hold the raw one
     return reading["shuffle_gap"] >= GAP_NATS and reading["shuffle_gap_low"] > 0 and cosine is not None and cosine < COSINE_BELOW
 
 
