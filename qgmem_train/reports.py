@@ -54,11 +54,17 @@ MACHINE_TOPS = frozenset({"tmp", "home", "root", "mnt", "scratch", "work", ROOT.
 this machine, so no result may hold it (system paths such as ``/usr/bin/time`` name a tool, not the machine's files)."""
 MACHINE_PATH = re.compile(rf"(?<![\w.:/~$-])/(?:{'|'.join(sorted(map(re.escape, MACHINE_TOPS)))})(?:/[^\s\"'`()<>,;|\]\[]*)?(?![\w.-])")
 """An absolute path under one of :data:`MACHINE_TOPS`, in any text (JSON, markdown, a command line)."""
+CLIMBING_PATH = re.compile(rf"(?<![\w.])(?:\.\./)+(?:{'|'.join(sorted(map(re.escape, MACHINE_TOPS)))})(?:/[^\s\"'`()<>,;|\]\[]*)?(?![\w.-])")
+"""A relative path that climbs out of the project into one of :data:`MACHINE_TOPS` (``../../tmp/run``): the same path
+of the machine, written relative to where the report was made."""
+OUTSIDE_PROJECT = "[machine]"
+"""What stands for a folder of the machine outside the project and its ``shared/`` neighbours in a portable result."""
 
 
 def machine_paths(text: str) -> list[str]:
-    """The absolute paths of this machine's own files that ``text`` holds (:data:`MACHINE_PATH`)."""
-    return MACHINE_PATH.findall(text)
+    """The paths of this machine's own files that ``text`` holds, absolute (:data:`MACHINE_PATH`) or climbing out of the
+    project to them (:data:`CLIMBING_PATH`)."""
+    return MACHINE_PATH.findall(text) + CLIMBING_PATH.findall(text)
 
 
 RESULTS_FOLDERS = ("experiments/*/results", "bench/results")
@@ -81,8 +87,9 @@ def files_with_machine_paths(root: Path = ROOT) -> dict[str, list[str]]:
 
 def portable(value: Any, base: Path | str | None = None, root: Path | str = ROOT) -> Any:
     """``value`` (a JSON-like record or a string) with every absolute path of the machine made relative: to ``base``
-    (the run's output folder) when under it, else to the repository ``root``; a result then holds no path of the
-    machine it ran on and still says where each file lies."""
+    (the run's output folder) when under it, else to the repository ``root`` when beside it (``../shared/...``), else
+    :data:`OUTSIDE_PROJECT` and the path below its top folder (``/tmp/run`` → ``[machine]/run``); a result then holds no
+    path of the machine it ran on and still says where each file lies."""
     if isinstance(value, dict):
         return {key: portable(item, base, root) for key, item in value.items()}
     if isinstance(value, list | tuple):
@@ -95,7 +102,10 @@ def portable(value: Any, base: Path | str | None = None, root: Path | str = ROOT
         for folder in (base, root):
             if folder is not None and (path == str(folder) or path.startswith(str(folder).rstrip("/") + "/")):
                 return posixpath.relpath(path, str(folder))
-        return posixpath.relpath(path, str(root))
+        beside = posixpath.dirname(str(root).rstrip("/"))
+        if path.startswith(beside + "/"):
+            return posixpath.relpath(path, str(root))
+        return posixpath.join(OUTSIDE_PROJECT, *path.strip("/").split("/")[1:])
 
     return MACHINE_PATH.sub(relative, value)
 
