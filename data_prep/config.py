@@ -53,12 +53,9 @@ class DataPrepConfig:
     """Output folder: shards/, dataset/, manifest.json."""
 
     def fingerprint(self, pipeline: PipelineConfig) -> str:
-        """Hash of every setting that changes the output (not ``out``) and of the trajectory schema: shards made
-        differently, or for another schema, never merge."""
-        from qgmem_train.trajectory import SCHEMA_VERSION
-
+        """Hash of every setting that changes the output (not ``out``): shards made differently never merge."""
         settings = {k: v for k, v in dataclasses.asdict(self).items() if k != "out"}
-        blob = json.dumps({"data_prep": settings, "pipeline": pipeline.to_dict(), "trajectory_schema": SCHEMA_VERSION}, sort_keys=True).encode()
+        blob = json.dumps({"data_prep": settings, "pipeline": pipeline.to_dict()}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
