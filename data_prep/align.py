@@ -3,8 +3,8 @@
 Each drawn case outside the test split has its memory store built (the data-prep construction), and local graphs
 activated for its benchmark questions and for pseudo-queries (a seeded sample of its units' own fact texts). Every
 distinct graph with an edge becomes one trajectory: the alignment instruction as the question, no memory context, and
-the graph's facts as text (``[F#] subject | predicate | object``) as the answer, so the graph tokens are the only
-source of the target. Cases keep the task data's split: the split rule of data prep, or, with ``split_from``, the split
+the graph's facts as text (``[F#] subject | predicate | object``, each labelled as MEMORY_CONTEXT labels its unit) as
+the answer, so the graph tokens are the only source of the target. Cases keep the task data's split: the split rule of data prep, or, with ``split_from``, the split
 each case has in a trajectory folder (cases not found there are left out); test cases are never built.
 
 Layout under ``out/``: ``align.json`` (settings fingerprint), ``store/`` (the memory store, resumable),
@@ -70,7 +70,8 @@ def settings_fingerprint(cfg: DataPrepConfig, pipeline: PipelineConfig, pseudo_q
 
 def case_examples(case: ConvoMemCase, store: MemoryStore, models: PipelineModels, cfg: DataPrepConfig, pipeline: PipelineConfig, pseudo_queries: int) -> list[TrajectoryExample]:
     """Build the case's memory, activate a local graph per query, and keep each distinct graph with an edge as an example."""
-    from qgmem_train.graph.local_graph import graph_options, local_graph_from_units
+    from qgmem_train.answer.evidence import answer_evidence
+    from qgmem_train.graph.local_graph import graph_options
     from qgmem_train.memory.construct import build_conversation
     from qgmem_train.pipeline import NamespaceIndex, activate_question
 
@@ -83,7 +84,7 @@ def case_examples(case: ConvoMemCase, store: MemoryStore, models: PipelineModels
     examples: dict[str, TrajectoryExample] = {}
     for query in queries:
         wm = activate_question(query, None, memory, index, models)
-        graph = local_graph_from_units(wm.units, pipeline.retrieval.k, **graph_options(pipeline.graph))
+        graph = answer_evidence(wm.units, memory, None, max_edges=pipeline.retrieval.k, **graph_options(pipeline.graph)).graph
         facts = graph_facts_text(graph)
         if not graph.num_edges or facts in examples:
             continue

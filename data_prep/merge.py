@@ -93,6 +93,9 @@ def merge(cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:
             if record is None:
                 problem = "is empty or partial" if path.exists() else "is missing"
                 raise InputError(str(path), f"the record of case {case_id} {problem}; rerun the shard to compute it again")
+            if any("edge_unit_labels" not in question["graph"] for question in record["questions"]):
+                raise InputError(str(path), f"case {case_id} was run before graph edges carried their units' labels (trajectory "
+                                 "schema 2); run data prep again with a new data_prep.out")  # fmt: skip
             records.append(record)
     records.sort(key=lambda r: r["case_id"])
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from qgmem_train.config import PipelineConfig, load_pipeline_config
+from qgmem_train.config import PipelineConfig, load_pipeline_config, refuse_other_graph_settings
 from qgmem_train.errors import InputError, first_line
 from qgmem_train.fileio import OUTPUT_MARKER, refuse_foreign_folder, replace_folder
 from qgmem_train.llm.prompts import ALL_PROMPTS, JSON_RETRY, PROMPTS_VERSION, RERANK
@@ -110,7 +110,8 @@ def check_checkpoint(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any], 
 
 
 def check_pipeline_matches(cfg: PipelineConfig, hparams: Mapping[str, Any], data_hparams: Mapping[str, Any], config_path: Path) -> None:
-    """Refuse a fit config whose models differ from the ones the checkpoint was trained with."""
+    """Refuse a fit config whose models or ``graph.*`` settings differ from the ones the checkpoint was trained with (a
+    checkpoint that records no graph settings exports the config's)."""
     pairs = [("llm", hparams["llm"]), ("llm_revision", hparams["llm_revision"])]
     if "embedder" in data_hparams:
         pairs.append(("embedder", data_hparams["embedder"]))
@@ -118,6 +119,7 @@ def check_pipeline_matches(cfg: PipelineConfig, hparams: Mapping[str, Any], data
         configured = getattr(cfg.models, name)
         if configured != trained:
             raise InputError(f"{config_path}: pipeline.models.{name}", f"is {configured!r} but the checkpoint was trained with {trained!r}")
+    refuse_other_graph_settings(data_hparams.get("graph"), dataclasses.asdict(cfg.graph), f"{config_path}: pipeline.graph")
 
 
 def save_lora(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any], folder: Path) -> None:

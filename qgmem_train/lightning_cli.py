@@ -3,7 +3,8 @@
 A config holds LightningCLI's sections (``seed_everything``, ``trainer``, ``model``, ``data``,
 ``checkpoint``) and the pipeline's (``pipeline``: models, construction, retrieval, generation). The
 model references are written once, under ``pipeline.models``, and linked into the model and data
-module; the node/edge feature width is linked from the loaded embedder. A ModelCheckpoint that keeps
+module; the ``graph.*`` settings go to the data module, which records them in every checkpoint; the node/edge feature
+width is linked from the loaded embedder. A ModelCheckpoint that keeps
 ``last.ckpt`` is always present, so ``--ckpt_path last`` resumes the latest run. The model's settings are grouped
 (``model.encoder.hidden_dim``, :mod:`qgmem_train.model.settings`); a flat key of before (``model.gnn_hidden``) is refused
 in one line naming its new key, and a checkpoint with flat hyperparameters is read as groups.
@@ -54,6 +55,7 @@ class QGMemCLI(LightningCLI):
         for source, targets in PIPELINE_LINKS.items():
             for target in [targets] if isinstance(targets, str) else targets:
                 parser.link_arguments(source, target)
+        parser.link_arguments("pipeline.graph", "data.graph", compute_fn=lambda graph: graph.as_dict())
         parser.link_arguments("data.feature_dim", "model.feature_dim", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(JsonlPredictionWriter, "predictions")

@@ -22,7 +22,9 @@ from qgmem_train.errors import InputError
 from qgmem_train.fileio import publish_output_folder, staging_beside
 from qgmem_train.graph.local_graph import LocalGraph
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: each edge records the MEMORY_CONTEXT label of its unit (``edge_unit_labels``); version 1 numbered the graph's facts
+apart from the memory context's, so a label could name two units."""
 
 TRAJECTORY_FEATURES = datasets.Features(
     {
@@ -39,6 +41,7 @@ TRAJECTORY_FEATURES = datasets.Features(
         "edge_src": datasets.Sequence(datasets.Value("int32")),
         "edge_dst": datasets.Sequence(datasets.Value("int32")),
         "edge_labels": datasets.Sequence(datasets.Value("string")),
+        "edge_unit_labels": datasets.Sequence(datasets.Value("string")),
         "answer": datasets.Value("string"),
         "reasoning_path": datasets.Value("string"),
     }
@@ -87,6 +90,7 @@ class TrajectoryExample:
             edge_src=[int(i) for i in row["edge_src"]],
             edge_dst=[int(i) for i in row["edge_dst"]],
             edge_labels=list(row["edge_labels"]),
+            edge_unit_labels=list(row["edge_unit_labels"]),
         )
         _check_graph(graph, where)
         for name in ("question", "answer"):
@@ -101,9 +105,9 @@ class TrajectoryExample:
 
 
 def _check_graph(graph: LocalGraph, where: str) -> None:
-    edges = {len(graph.edge_src), len(graph.edge_dst), len(graph.edge_labels)}
+    edges = {len(graph.edge_src), len(graph.edge_dst), len(graph.edge_labels), len(graph.edge_unit_labels)}
     if len(edges) != 1:
-        raise InputError(f"{where}.edge_src", "edge_src, edge_dst and edge_labels differ in length")
+        raise InputError(f"{where}.edge_src", "edge_src, edge_dst, edge_labels and edge_unit_labels differ in length")
     if any(not 0 <= i < graph.num_nodes for i in graph.edge_src + graph.edge_dst):
         raise InputError(f"{where}.edge_src", f"edge endpoint outside 0..{graph.num_nodes - 1}")
 

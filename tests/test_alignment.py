@@ -84,7 +84,7 @@ def test_alignment_data_never_holds_a_test_conversation(align_data: tuple[Path, 
 
 
 def test_a_split_folder_decides_the_split_and_its_test_cases_never_count(tmp_path: Path) -> None:
-    graph = LocalGraph(["a", "b"], [0], [1], ["likes"])
+    graph = LocalGraph(["a", "b"], [0], [1], ["likes"], ["F1"])
 
     def example(case_id: str) -> TrajectoryExample:
         return TrajectoryExample(case_id, f"{case_id}/q0", "convomem/x", "ns", "q?", "", "", "an answer", "", graph)

@@ -55,20 +55,40 @@ def _graph_facts(chat: Chat) -> str:
 
 def test_the_frozen_chat_lists_every_units_triple_clustered_ones_included() -> None:
     evidence = answer_evidence(WORKING_MEMORY, _memory(), None, max_edges=10)
-    assert set(evidence.context.labels.values()) == {"u1", "u2", "u3", "u4"} and evidence.edge_unit_ids == ["u1", "u2", "u4"]
+    assert set(evidence.context.labels.values()) == {"u1", "u2", "u3", "u4"}
+    assert [evidence.context.labels[label] for label in evidence.graph.edge_unit_labels] == ["u1", "u2", "u4"]
     facts = _graph_facts(frozen_answer_chat("What does Caroline plan?", None, evidence))
     for unit in (WORKING_MEMORY[0], WORKING_MEMORY[1], WORKING_MEMORY[3]):
         assert f"{unit.subject} | {unit.predicate} | {unit.object}" in facts
-    assert answer_evidence(WORKING_MEMORY, _memory(), None, max_edges=1).edge_unit_ids == ["u1"]
+    assert answer_evidence(WORKING_MEMORY, _memory(), None, max_edges=1).graph.edge_unit_labels == ["MU1"]
 
 
 def test_graph_fact_labels_cite_the_units_behind_their_edges() -> None:
     evidence = answer_evidence(WORKING_MEMORY, _memory(), None, max_edges=10)
     facts = _graph_facts(frozen_answer_chat("What does Caroline plan?", None, evidence))
-    label = re.search(r"\[(F\d+)\] Caroline \| plans \| to adopt children", facts)[1]
-    assert label not in evidence.context.labels
-    assert cited_units(f"{label} is the latest plan.", evidence, text_path=True) == ["u4"]
-    assert cited_units(f"{label} is the latest plan.", evidence, text_path=False) == []
+    label = re.search(r"\[((?:MU|F)\d+)\] Caroline \| plans \| to adopt children", facts)[1]
+    assert evidence.context.labels[label] == "u4", "a clustered unit's edge carries its cluster label"
+    assert cited_units(f"{label} is the latest plan.", evidence) == ["u4"]
+
+
+def test_a_reasoning_path_label_names_one_unit_in_every_prompt() -> None:
+    """The gold reasoning path cites an evidence unit by its MEMORY_CONTEXT label; that label names the same unit in a
+    triples-only prompt, in the context + triples prompt and in the citations (no graph fact numbered apart from it)."""
+    from data_prep.targets import gold_reasoning_path
+    from qgmem_train.answer.prompt import final_answer_chat
+
+    evidence = answer_evidence(WORKING_MEMORY, _memory(), None, max_edges=10)
+    triples_only = final_answer_chat(QUESTION, None, "", evidence.graph, text_path=True)[-1]["content"]
+    with_context = frozen_answer_chat(QUESTION, None, evidence)[-1]["content"]
+    for unit in (WORKING_MEMORY[1], WORKING_MEMORY[3]):
+        path = gold_reasoning_path(evidence.context.labels, {unit.id})
+        label = re.search(r"\b(?:MU|F)\d+\b", path)[0]
+        triple = f"{unit.subject} | {unit.predicate} | {unit.object}"
+        for prompt in (triples_only, with_context):
+            named = re.findall(rf"^\[{label}\] (.*)$", prompt, re.MULTILINE)
+            assert named and all(triple in line or unit.fact_text in line for line in named), (label, named)
+        assert f"[{label}] {triple}" in triples_only and f"[{label}] {triple}" in _graph_facts([{"content": with_context}])
+        assert cited_units(path, evidence) == [unit.id]
 
 
 def test_answer_chats_parses_the_answer_of_each_chat() -> None:

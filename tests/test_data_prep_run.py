@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,6 +133,23 @@ def test_merge_refuses_shards_of_another_config(reference: tuple[Path, Path]) ->
     assert result.returncode == 2
     assert "made with another config" in result.stderr
     assert result.stderr.strip().count("\n") == 0
+
+
+def test_merge_refuses_a_case_run_before_graph_edges_carried_their_units_labels(reference: tuple[Path, Path], tmp_path: Path) -> None:
+    tmp, one = reference
+    copy = shutil.copytree(one, tmp_path / "one")
+    raw = yaml.safe_load(make_config(tmp, "one").read_text())
+    raw["data_prep"]["out"] = str(copy)
+    config = tmp_path / "copy.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    case = sorted(copy.glob("shards/*/cases/*.json"))[0]
+    record = json.loads(case.read_text())
+    for question in record["questions"]:
+        del question["graph"]["edge_unit_labels"]
+    case.write_text(json.dumps(record))
+    result = data_prep("merge", "--config", str(config))
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr[-2000:]
+    assert case.name in result.stderr and "trajectory schema 2" in result.stderr
 
 
 def _scripted_reply(chat: list[dict[str, str]]) -> str:

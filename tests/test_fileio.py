@@ -14,7 +14,7 @@ from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, w
 
 
 def example(case: str, answer: str) -> TrajectoryExample:
-    graph = LocalGraph(node_labels=["Alice", "Paris"], edge_src=[0], edge_dst=[1], edge_labels=["moved to"])
+    graph = LocalGraph(node_labels=["Alice", "Paris"], edge_src=[0], edge_dst=[1], edge_labels=["moved to"], edge_unit_labels=["F1"])
     return TrajectoryExample(
         case_id=case, question_id=f"{case}/q0", source_dataset="convomem/user_evidence", namespace=case,
         question="Where does Alice live?", question_time="", context="[F1] Alice | moved to | Paris",

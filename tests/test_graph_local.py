@@ -54,13 +54,15 @@ def test_features_come_from_the_embedder_and_batch(minilm) -> None:
     assert batch.edge_index.max().item() == 7 and batch.edge_labels[0] == graph.edge_labels
 
 
-def test_text_path_appends_labelled_facts_after_the_context_labels() -> None:
-    graph = local_graph_from_units(UNITS)
-    context = "Facts:\n[F1] Alice | moved to | Paris (utterance_time: 2023-05-01) Alice moved to Paris\n[F2] x | y | z"
-    assert graph_facts_text(graph).splitlines()[0] == "[F1] Alice | moved to | Paris"
+def test_text_path_appends_facts_labelled_as_the_context_labels_their_units() -> None:
+    graph = local_graph_from_units(UNITS, labels={"u0": "F2", "u1": "MU1", "u2": "F1", "u3": "F3"})
+    context = "Facts:\n[F1] Bob | visited | paris (utterance_time: 2023-05-01) Bob visited paris\n[F2] Alice | moved to | Paris"
+    assert graph_facts_text(graph).splitlines()[0] == "[F2] Alice | moved to | Paris"
     chat = final_answer_chat("Where is Alice?", "2023-06-01", context, graph, text_path=True)
     user = chat[-1]["content"]
-    assert f"{GRAPH_FACTS_HEADING}\n[F3] Alice | moved to | Paris\n[F4] Alice | works at | The Bakery." in user
+    assert f"{GRAPH_FACTS_HEADING}\n[F2] Alice | moved to | Paris\n[MU1] Alice | works at | The Bakery.\n[F1] Bob | visited | Paris" in user
+    assert graph_facts_text(local_graph_from_units(UNITS)).splitlines()[-1] == "[F3] Bob | visited | Paris", (
+        "without labels, every unit is numbered in working-memory order, as a memory context without clusters numbers it")
     plain = final_answer_chat("Where is Alice?", "2023-06-01", context, graph, text_path=False)[-1]["content"]
     assert GRAPH_FACTS_HEADING not in plain and context in plain
 
@@ -92,13 +94,11 @@ def test_attribute_edges_join_two_units_that_share_an_entity() -> None:
 
 
 def test_attribute_edges_keep_the_unit_budget_and_name_each_edges_unit() -> None:
-    from qgmem_train.answer.evidence import edge_unit_ids
-
     units = [attributed(i, f"s{i}", f"o{i}", ["Biscuit"], []) for i in range(5)]
     graph = local_graph_from_units(units, max_edges=3, attribute_edges=True)
     assert graph.num_edges == 6 and {s for s, _, _ in graph.triples()} == {"s0", "s1", "s2"}
-    assert edge_unit_ids(units, max_edges=3, attribute_edges=True) == ["u0", "u0", "u1", "u1", "u2", "u2"]
-    assert edge_unit_ids(units, max_edges=3) == ["u0", "u1", "u2"]
+    assert graph.edge_unit_labels == ["F1", "F1", "F2", "F2", "F3", "F3"]
+    assert local_graph_from_units(units, max_edges=3).edge_unit_labels == ["F1", "F2", "F3"]
 
 
 def test_the_object_switch_keeps_a_units_whole_fact_or_turn_cut_to_its_words() -> None:
@@ -169,12 +169,10 @@ def test_time_edges_link_each_unit_to_its_day_and_the_times_it_names_in_words() 
 
 
 def test_time_edges_keep_the_unit_budget_and_name_each_edges_unit() -> None:
-    from qgmem_train.answer.evidence import edge_unit_ids
-
     units = [dated(i, f"s{i}", f"o{i}", "2023-05-08", [TimeSpan("2023-05-01", "2023-05-07", "week")]) for i in range(4)]
     graph = local_graph_from_units(units, max_edges=2, time_edges=True)
     assert graph.num_edges == 6 and ("s0", "about", "the week of 1 May 2023") in graph.triples()
-    assert edge_unit_ids(units, max_edges=2, time_edges=True) == ["u0"] * 3 + ["u1"] * 3
+    assert graph.edge_unit_labels == ["F1"] * 3 + ["F2"] * 3
 
 
 def test_spoken_span_writes_a_span_as_dated_answers_do() -> None:

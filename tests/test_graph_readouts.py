@@ -22,7 +22,7 @@ def _module(llm_dir, data, **overrides) -> GraphAugmentedLM:
 def _cut(example, edges: int):
     """``example`` with only the first ``edges`` edges of its local graph (nodes kept)."""
     g = example.graph
-    graph = LocalGraph(list(g.node_labels), g.edge_src[:edges], g.edge_dst[:edges], g.edge_labels[:edges])
+    graph = LocalGraph(list(g.node_labels), g.edge_src[:edges], g.edge_dst[:edges], g.edge_labels[:edges], g.edge_unit_labels[:edges])
     return dataclasses.replace(example, graph=graph)
 
 

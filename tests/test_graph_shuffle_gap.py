@@ -106,10 +106,10 @@ def test_the_verdict_reads_the_answer_span_where_the_whole_target_dilutes_it() -
 def _example(case: str, number: int, colour: str, animal: str, graph_answers: bool) -> TrajectoryExample:
     """A question whose answer (a colour) is in its graph and nowhere in its text, or in its question with a graph of animals."""
     if graph_answers:
-        graph = LocalGraph(node_labels=["the code", colour], edge_src=[0], edge_dst=[1], edge_labels=["is"])
+        graph = LocalGraph(node_labels=["the code", colour], edge_src=[0], edge_dst=[1], edge_labels=["is"], edge_unit_labels=["F1"])
         question = "Which colour is the code?"
     else:
-        graph = LocalGraph(node_labels=[animal, "the river"], edge_src=[0], edge_dst=[1], edge_labels=["swims in"])
+        graph = LocalGraph(node_labels=[animal, "the river"], edge_src=[0], edge_dst=[1], edge_labels=["swims in"], edge_unit_labels=["F1"])
         question = f"Say {colour}."
     return TrajectoryExample(
         case_id=case, question_id=f"{case}/q{number}", source_dataset="synthetic", namespace=case, question=question,

@@ -94,7 +94,7 @@ def test_shuffled_graphs_never_give_a_question_its_own_graph_and_stay_in_its_con
     from qgmem_train.trajectory import TrajectoryExample
 
     def ex(case: str, i: int) -> TrajectoryExample:
-        graph = LocalGraph([f"{case}-s", f"{case}-o{i}"], [0], [1], ["says"])
+        graph = LocalGraph([f"{case}-s", f"{case}-o{i}"], [0], [1], ["says"], ["F1"])
         return TrajectoryExample(case, f"{case}/q{i}", "test", case, f"question {i}?", "", "", "answer", "", graph=graph)
 
     examples = [ex("conv-a", i) for i in range(5)] + [ex("conv-b", i) for i in range(2)] + [ex("conv-a", 9)]

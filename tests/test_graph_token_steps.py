@@ -46,7 +46,7 @@ def example(qid: str, answer: str, context: str, graph: LocalGraph) -> Trajector
                              question_time="", context=context, answer=answer, reasoning_path="MU1", graph=graph)  # fmt: skip
 
 
-BEACH = LocalGraph(node_labels=["Alex", "the beach"], edge_src=[0], edge_dst=[1], edge_labels=["walks Biscuit on"])
+BEACH = LocalGraph(node_labels=["Alex", "the beach"], edge_src=[0], edge_dst=[1], edge_labels=["walks Biscuit on"], edge_unit_labels=["F1"])
 
 
 def test_coverage_counts_answers_whose_words_the_graph_labels_hold() -> None:

@@ -216,7 +216,7 @@ def chat_tokenizers() -> dict[str, Any]:
 @pytest.mark.parametrize("name", CHATS)
 def test_graph_slot_opens_the_user_content_never_a_role_header(chat_tokenizers, name: str) -> None:
     tokenizer = chat_tokenizers[name]
-    graph = LocalGraph(node_labels=["Alice", "Paris"], edge_src=[0], edge_dst=[1], edge_labels=["moved to"])
+    graph = LocalGraph(node_labels=["Alice", "Paris"], edge_src=[0], edge_dst=[1], edge_labels=["moved to"], edge_unit_labels=["F1"])
     chat = final_answer_chat("Where does Alice live?", "2023-06-01", "[F1] Alice | moved to | Paris", graph, text_path=False)
     prompt = chat_prompt_ids(tokenizer, chat)
     decode = partial(tokenizer.decode, clean_up_tokenization_spaces=False)

@@ -33,7 +33,7 @@ CONSTANT_RATE = {"optim": {"warmup_fraction": 0.0, "min_lr_ratio": 1.0}, "genera
 
 def _example(i: int) -> TrajectoryExample:
     person, city = PEOPLE[i], CITIES[i]
-    graph = LocalGraph(node_labels=[person, city], edge_src=[0], edge_dst=[1], edge_labels=["moved to"])
+    graph = LocalGraph(node_labels=[person, city], edge_src=[0], edge_dst=[1], edge_labels=["moved to"], edge_unit_labels=["F1"])
     return TrajectoryExample(
         case_id=f"case-{i}", question_id=f"q{i}", source_dataset="convomem/user_evidence", namespace=f"case-{i}",
         question=f"Where does {person} live?", question_time="2023-06-01", context=f"Facts:\n[F1] {person} | moved to | {city}",

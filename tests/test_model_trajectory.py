@@ -19,7 +19,7 @@ from tests.tiny_decoder import FIXTURE
 
 
 def example(case: str, number: int) -> TrajectoryExample:
-    graph = LocalGraph(node_labels=["Alice", "Paris"], edge_src=[0], edge_dst=[1], edge_labels=["moved to"])
+    graph = LocalGraph(node_labels=["Alice", "Paris"], edge_src=[0], edge_dst=[1], edge_labels=["moved to"], edge_unit_labels=["F1"])
     return TrajectoryExample(
         case_id=case, question_id=f"{case}/q{number}", source_dataset="convomem/user_evidence", namespace=case,
         question="Where does Alice live?", question_time="2023-06-01", context="Facts:\n[F1] Alice | moved to | Paris",
@@ -37,7 +37,8 @@ def test_record_round_trip_matches_the_features() -> None:
 
 @pytest.mark.parametrize(
     ("change", "field"),
-    [({"edge_dst": [5]}, "edge_src"), ({"edge_labels": []}, "edge_src"), ({"answer": " "}, "answer"), ({"schema_version": 9}, "schema_version")],
+    [({"edge_dst": [5]}, "edge_src"), ({"edge_labels": []}, "edge_src"), ({"edge_unit_labels": []}, "edge_src"), ({"answer": " "}, "answer"),
+     ({"schema_version": 1}, "schema_version")],
 )
 def test_bad_records_name_the_field(change, field) -> None:
     record = {**example("c1", 0).to_record(), **change}

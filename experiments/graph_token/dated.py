@@ -6,7 +6,8 @@ dated answer ("7 May 2023") cannot be in any graph built from it. With LoCoMo's 
 ``session_<n>_date_time`` back; each test question's units are read from the data prep's store (the same units in the
 same order as its trajectory), dated as the turns mode dates them (utterance time: the session's; fact times: the
 turn's time expressions resolved against it), and their local graph is built again with ``graph.time_edges`` as asked.
-The memory context is left as prepared, so only the prompts that read the graph change. A graph built around the
+The memory context is left as prepared, so only the prompts that read the graph change; a graph of other units (the
+evidence's, the oracle's) brings their memory context and reasoning path along, labelled alike. A graph built around the
 evidence is made of the store's units that cite one of the question's evidence turns (:func:`citing_units`): does a
 graph of the units that hold the answer's evidence keep what the answer needs?
 """
@@ -83,11 +84,14 @@ def dated_graphs(
     (:func:`~qgmem_train.graph.local_graph.graph_options`), each unit dated from ``dates`` (as stored when None) and its
     speaker named from ``speakers`` (:func:`speaker_names`; as stored when None); with ``memory`` ``evidence`` each graph is
     built from the units that cite the question's gold evidence turns (``evidence``: question id → its turns;
-    :func:`citing_units`), with ``oracle`` from the oracle working memory (:func:`oracle_units`, ``max_edges`` units),
-    whose serialized memory context replaces the example's too.
+    :func:`citing_units`), with ``oracle`` from the oracle working memory (:func:`oracle_units`, ``max_edges`` units).
+    Each edge carries its unit's MEMORY_CONTEXT label; a graph of other units than the retrieved ones brings their memory
+    context, unit ids and gold reasoning path (citing the evidence units by those labels) along, so a label names one
+    unit in the context, the triples and the target.
 
     A unit of a session ``dates`` does not know is an :class:`InputError` (the dates are not this data's).
     """
+    from data_prep.targets import gold_reasoning_path
     from qgmem_train.answer.memory_context import serialize_working_memory
     from qgmem_train.memory.store import MemoryStore
 
@@ -107,9 +111,12 @@ def dated_graphs(
                 units = [redated(unit, dates, namespace) for unit in units]
             if speakers is not None:
                 units = [renamed(unit, speakers, namespace) for unit in units]
-            context = serialize_working_memory(units, namespace).text if memory == "oracle" else ex.context
-            rebuilt.append(replace(ex, graph=local_graph_from_units(units, max_edges, **graph), context=context,
-                                   unit_ids=[u.id for u in units] if memory == "oracle" else ex.unit_ids))  # fmt: skip
+            serialized = serialize_working_memory(units, namespace)
+            example = replace(ex, graph=local_graph_from_units(units, max_edges, labels=serialized.label_of, **graph))
+            if memory != "retrieved":
+                example = replace(example, context=serialized.text, unit_ids=[u.id for u in units],
+                                  reasoning_path=gold_reasoning_path(serialized.labels, {u.id for u in citing}))  # fmt: skip
+            rebuilt.append(example)
     return rebuilt
 
 

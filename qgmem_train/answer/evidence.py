@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from qgmem_train.answer.memory_context import SerializedMemory, serialize_working_memory
-from qgmem_train.graph.local_graph import LocalGraph, local_graph_from_units, unit_edges
+from qgmem_train.graph.local_graph import LocalGraph, local_graph_from_units
 from qgmem_train.llm.base import ChatLLM
 from qgmem_train.memory.types import MemoryUnit
 
@@ -17,20 +17,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class AnswerEvidence:
-    """MEMORY_CONTEXT, the local graph, and the id of the unit behind each graph edge (edge order)."""
+    """MEMORY_CONTEXT and the local graph, whose edges carry the labels of their units in it."""
 
     context: SerializedMemory
     graph: LocalGraph
-    edge_unit_ids: list[str]
 
 
 def answer_evidence(units: Sequence[MemoryUnit], memory: NamespaceMemory, llm: ChatLLM | None, *, max_edges: int, **graph: Any) -> AnswerEvidence:
     """MEMORY_CONTEXT of ``units`` (tokens counted with ``llm``) and their local graph of the edges of at most ``max_edges``
-    units, built with the ``graph.*`` settings ``graph`` (:func:`~qgmem_train.graph.local_graph.graph_options`)."""
-    graph_ = local_graph_from_units(units, max_edges, **graph)
-    return AnswerEvidence(serialize_working_memory(units, memory, llm), graph_, edge_unit_ids(units, max_edges=max_edges, **graph))
-
-
-def edge_unit_ids(units: Sequence[MemoryUnit], *, max_edges: int, **graph: Any) -> list[str]:
-    """The id of the unit behind each edge of the local graph, in edge order (a unit repeats for its attribute and time edges)."""
-    return [unit.id for unit, edges in unit_edges(units, max_edges, **graph) for _ in edges]
+    units, built with the ``graph.*`` settings ``graph`` (:func:`~qgmem_train.graph.local_graph.graph_options`), each edge
+    labelled as its unit is in MEMORY_CONTEXT."""
+    context = serialize_working_memory(units, memory, llm)
+    return AnswerEvidence(context, local_graph_from_units(units, max_edges, labels=context.label_of, **graph))

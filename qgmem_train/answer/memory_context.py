@@ -11,7 +11,8 @@ Two parts, as the final-answer prompt describes them:
   subject | predicate | object triple followed by the fact text.
 
 Each unit shows its utterance time (``serial-N`` when the dialogue has no dates) and fact time, so
-the answerer can order evidence. Labels map back to unit ids for citations.
+the answerer can order evidence. Labels map back to unit ids for citations; the local graph's facts carry the same
+labels (:attr:`SerializedMemory.label_of`), one scheme for every prompt.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ class SerializedMemory:
     text: str
     labels: dict[str, str]
     n_tokens: int
+
+    @property
+    def label_of(self) -> dict[str, str]:
+        """Unit id → its label: what the local graph's edges are labelled with, so a label names one unit in every prompt."""
+        return {unit_id: label for label, unit_id in self.labels.items()}
 
 
 def _times(unit: MemoryUnit) -> str:

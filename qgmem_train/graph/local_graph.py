@@ -5,15 +5,17 @@ working memory of k units gives at most k edges and 2k nodes; nodes are deduplic
 normalised label. With ``attribute_edges`` a unit also links its subject to each entity it names
 (``mentions``) and each location (``at``), so two units about "Biscuit" or "Lisbon" meet in one node. With ``time_edges``
 it links its subject to the day it was said (``on``) and to each time it names (``about``), in words ("7 May 2023"), so a
-dated answer is among the labels. The label-only :class:`LocalGraph` is what trajectories record; :func:`graph_to_data`
-attaches embedder features (node: f_emb(label), edge: f_emb(predicate)) for the encoder.
+dated answer is among the labels. Each edge keeps the MEMORY_CONTEXT label of its unit (``MU#``/``F#``), so the graph's
+facts as text name a unit as the memory context and a reasoning path do. The label-only :class:`LocalGraph` is what
+trajectories record; :func:`graph_to_data` attaches embedder features (node: f_emb(label), edge: f_emb(predicate)) for
+the encoder.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +49,8 @@ class LocalGraph:
     edge_src: list[int] = field(default_factory=list)
     edge_dst: list[int] = field(default_factory=list)
     edge_labels: list[str] = field(default_factory=list)
+    edge_unit_labels: list[str] = field(default_factory=list)
+    """The MEMORY_CONTEXT label (``MU#``/``F#``) of the unit behind each edge, in edge order: a unit's edges share it."""
 
     @property
     def num_nodes(self) -> int:
@@ -103,17 +107,27 @@ def unit_edges(
     return found
 
 
-def local_graph_from_units(units: Sequence[MemoryUnit], max_edges: int | None = None, **options: Any) -> LocalGraph:
+def fact_labels(units: Sequence[MemoryUnit]) -> dict[str, str]:
+    """Unit id → ``F1``, ``F2``, ... in working-memory order: how MEMORY_CONTEXT labels a working memory without evidence
+    clusters (:func:`~qgmem_train.answer.memory_context.serialize_working_memory`)."""
+    return {unit.id: f"F{number}" for number, unit in enumerate(units, start=1)}
+
+
+def local_graph_from_units(
+    units: Sequence[MemoryUnit], max_edges: int | None = None, *, labels: Mapping[str, str] | None = None, **options: Any
+) -> LocalGraph:
     """Build the local graph of the working memory's units, in their order (edges of at most ``max_edges`` units).
 
     A unit whose subject or object is empty after normalisation contributes no edge. A node keeps the spelling of its
-    first occurrence. ``options`` (:func:`graph_options`; each off by default) choose the object of a unit's edge
+    first occurrence. Each edge records its unit's label from ``labels`` (unit id → its MEMORY_CONTEXT label, as
+    :class:`~qgmem_train.answer.memory_context.SerializedMemory` ``.label_of`` gives it; :func:`fact_labels` when None). ``options`` (:func:`graph_options`; each off by default) choose the object of a unit's edge
     (``object_kind``: :func:`edge_object`) and add, after it, its attribute edges (``attribute_edges``:
     :func:`unit_attribute_edges`, at most ``attribute_cap`` when above 0, none to a target most units name:
     :func:`common_targets`) and its time edges (``time_edges``: :func:`unit_time_edges`); the unit budget counts neither.
     """
     graph = LocalGraph()
     index: dict[str, int] = {}
+    label_of = fact_labels(units) if labels is None else labels
 
     def node(label: str) -> int:
         key = normalize_label(label)
@@ -127,6 +141,7 @@ def local_graph_from_units(units: Sequence[MemoryUnit], max_edges: int | None = 
             graph.edge_src.append(node(unit.subject))
             graph.edge_dst.append(node(target))
             graph.edge_labels.append(predicate)
+            graph.edge_unit_labels.append(label_of[unit.id])
     return graph
 
 

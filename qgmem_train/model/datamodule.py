@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torch_geometric.data import Batch
 from tqdm.auto import tqdm
 
-from qgmem_train.config import BUNDLED_EMBEDDER
+from qgmem_train.config import BUNDLED_EMBEDDER, refuse_other_graph_settings
 from qgmem_train.errors import InputError
 from qgmem_train.graph.local_graph import LocalGraph, graph_to_data
 from qgmem_train.graph.shuffle_gap import graph_donors
@@ -127,6 +127,7 @@ class TrajectoryDataModule(L.LightningDataModule):
         shuffle_seed: int = 0,
         predict_split: str = "test",
         max_examples: int | None = None,
+        graph: dict[str, Any] | None = None,
     ) -> None:
         """Load the embedder (its width becomes the model's ``feature_dim``).
 
@@ -144,6 +145,9 @@ class TrajectoryDataModule(L.LightningDataModule):
             shuffle_seed: seed of that permutation.
             predict_split: split that ``predict`` runs over.
             max_examples: keep at most this many examples per split (smoke runs).
+            graph: the ``graph.*`` settings the trajectories' graphs were built with (:class:`~qgmem_train.config.GraphConfig`
+                as a mapping); linked from ``pipeline.graph``, recorded in every checkpoint (``datamodule_hyper_parameters``,
+                which the export checks its config against), and a checkpoint of other settings is refused on resume.
         """
         super().__init__()
         from qgmem_train.llm.embedder import Embedder
@@ -157,6 +161,15 @@ class TrajectoryDataModule(L.LightningDataModule):
         self.shuffled_graphs = False
         """Whether validation and test batches also carry their examples with other examples' graphs (``shuffled``): set
         under a trainer whose module measures the shuffle gap (``wants_shuffled_graphs``)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the data: the ``graph.*`` settings, checked again on resume (:meth:`load_state_dict`)."""
+        return {"graph": self.hparams.graph}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Refuse to go on from a checkpoint whose graph settings are not this config's (None: not recorded, either side):
+        its graph path learned graphs built otherwise, as a checkpoint of another base model is refused."""
+        refuse_other_graph_settings(state_dict.get("graph"), self.hparams.graph, "pipeline.graph")
 
     @property
     def feature_dim(self) -> int:

@@ -132,9 +132,7 @@ class PredictorMemory:
         """The result of one retrieval answered with ``generated`` (parsed), its cited units marked."""
         from qgmem_train.answer.citations import cited_units
 
-        model = self.predictor.model
-        text_path = model is None or model.prompt_args.text_path
-        cited = set(cited_units(parsed.reasoning_path, found.evidence, text_path=text_path)) if parsed else set()
+        cited = set(cited_units(parsed.reasoning_path, found.evidence)) if parsed else set()
         units = found.evidence_units(cited)
         seconds = {**found.seconds, "total": time.perf_counter() - found.started}
         return AskResult(

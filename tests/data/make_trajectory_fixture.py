@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                     context=serialized.text,
                     answer=str(qa["answer"]),
                     reasoning_path=reasoning_path(serialized.labels, evidence),
-                    graph=local_graph_from_units(wm.units, max_edges=args.k),
+                    graph=local_graph_from_units(wm.units, max_edges=args.k, labels=serialized.label_of),
                     unit_ids=[u.id for u in wm.units],
                 )
             )
