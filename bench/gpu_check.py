@@ -58,7 +58,7 @@ import yaml
 
 from bench.gpu_module_steps import time_module_variants
 from bench.gpu_report import PARTS, load_results, status_line, write
-from bench.gpu_standins import export_models, resolve_or_standin, slim_wheel
+from bench.gpu_standins import export_models, resolve_or_standin, shaped_standin, slim_wheel
 from qgmem_train.reports import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,6 +146,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, cuda: bool) -> None:
         self.args, self.cuda = args, cuda
         self._data: Any = None
+        self._backbone: str | None = None
         self.models: dict[str, str] = {}
         self.llm, self._embedder = args.llm, args.embedder
 
@@ -170,6 +171,26 @@ class Bench:
             self.llm, self.models["llm"] = resolve_or_standin(self.args.llm, "llm", self.args.models)
             self._embedder, self.models["embedder"] = resolve_or_standin(self.args.embedder, "embedder", self.args.models)
         return {"llm": self.llm, "embedder": self._embedder}
+
+    def timed_backbone(self) -> str:
+        """The folder of the timed parts' backbone: :data:`QWEN3_8B`'s widths with ``--standin-layers`` layers on CUDA (the smoke
+        run: the tiny :data:`SMOKE` shape on CPU), random weights, this check's tokenizer; built once and kept in ``--models``
+        (else the temp folder), so the three parts and their processes share one build."""
+        if self._backbone is None:
+            import torch
+
+            from bench.gpu_prefix_timing import QWEN3_8B, SMOKE
+
+            shape, dtype, device = (QWEN3_8B, torch.bfloat16, "cuda") if self.cuda else (SMOKE, torch.float32, "cpu")
+            root = (self.args.models or Path(tempfile.gettempdir()) / "qgmem_gpu_check") / "shaped"
+            self._backbone = str(shaped_standin(self.model_refs()["llm"], shape, self.args.standin_layers, dtype, device, root))
+        return self._backbone
+
+    def backbone_record(self) -> dict[str, Any]:
+        """The timed parts' backbone for the results: its shape's name and the sizes of its config."""
+        config = json.loads((Path(self.timed_backbone()) / "config.json").read_text())
+        sizes = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "num_hidden_layers", "vocab_size")
+        return {"shape": "Qwen3-8B" if self.cuda else "tiny Qwen3 (smoke)", "weights": "random", **{k: config[k] for k in sizes}}
 
     def module_settings(self, **overrides: Any) -> dict[str, Any]:
         """configs/demo-cpu.yaml's model section with this check's overrides, reduced to what the module accepts."""
@@ -456,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="timed steps of each variant a round (default 8; smoke 1)")
     parser.add_argument("--warmup-steps", type=int, help="untimed steps of each variant before them, every round (default 2; smoke 0)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds the variants of a timed part alternate for (a verdict needs 5)")
+    parser.add_argument("--standin-layers", type=int, help="bf16, nf4, lora_nf4: decoder layers of the Qwen3-8B-shaped backbone (default 4; smoke 2)")
     parser.add_argument("--cache-tokens", type=int, help="prefix_cache: tokens a sequence (default 600; smoke 360)")
     parser.add_argument("--logit-layers", type=int, help="prefix_cache: decoder layers of the fp32 logits check (default 4; smoke all)")
     parser.add_argument("--predict-fit-steps", type=int, help="training steps before predict (default 20; smoke 1)")
@@ -481,12 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     defaults = (
         dict(
             batch_size=2, seq_tokens=32, steps=1, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32, cache_tokens=360,
-            tests_timeout=540,
+            standin_layers=2, tests_timeout=540,
         )
         if args.smoke
         else dict(
             batch_size=4, seq_tokens=1000, steps=8, warmup_steps=2, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens,
-            cache_tokens=600, logit_layers=4, tests_timeout=240,
+            cache_tokens=600, logit_layers=4, standin_layers=4, tests_timeout=240,
         )
     )
     for key, value in defaults.items():
