@@ -64,6 +64,8 @@ from qgmem_train.reports import machine_info
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu.json"
 GIB = 1024**3
+STANDIN_LAYERS = 4
+"""Decoder layers of the Qwen3-8B-shaped backbone the bf16, nf4 and lora_nf4 parts time (``--standin-layers``)."""
 
 
 class Skipped(Exception):
@@ -172,16 +174,20 @@ class Bench:
             self._embedder, self.models["embedder"] = resolve_or_standin(self.args.embedder, "embedder", self.args.models)
         return {"llm": self.llm, "embedder": self._embedder}
 
+    def timed_shape(self) -> tuple[dict[str, Any], Any, str]:
+        """The timed parts' backbone shape, dtype and device: :data:`QWEN3_8B`'s widths in bf16 on CUDA; the smoke run's tiny
+        :data:`SMOKE` shape in fp32 on CPU."""
+        import torch
+
+        from bench.gpu_prefix_timing import QWEN3_8B, SMOKE
+
+        return (QWEN3_8B, torch.bfloat16, "cuda") if self.cuda else (SMOKE, torch.float32, "cpu")
+
     def timed_backbone(self) -> str:
-        """The folder of the timed parts' backbone: :data:`QWEN3_8B`'s widths with ``--standin-layers`` layers on CUDA (the smoke
-        run: the tiny :data:`SMOKE` shape on CPU), random weights, this check's tokenizer; built once and kept in ``--models``
-        (else the temp folder), so the three parts and their processes share one build."""
+        """The folder of the timed parts' backbone: :meth:`timed_shape` with ``--standin-layers`` layers, random weights, this
+        check's tokenizer; built once and kept in ``--models`` (else the temp folder), so the parts' processes share one build."""
         if self._backbone is None:
-            import torch
-
-            from bench.gpu_prefix_timing import QWEN3_8B, SMOKE
-
-            shape, dtype, device = (QWEN3_8B, torch.bfloat16, "cuda") if self.cuda else (SMOKE, torch.float32, "cpu")
+            shape, dtype, device = self.timed_shape()
             root = (self.args.models or Path(tempfile.gettempdir()) / "qgmem_gpu_check") / "shaped"
             self._backbone = str(shaped_standin(self.model_refs()["llm"], shape, self.args.standin_layers, dtype, device, root))
         return self._backbone
@@ -508,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke
         else dict(
             batch_size=4, seq_tokens=1000, steps=8, warmup_steps=2, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens,
-            cache_tokens=600, logit_layers=4, standin_layers=4, tests_timeout=240,
+            cache_tokens=600, logit_layers=4, standin_layers=STANDIN_LAYERS, tests_timeout=240,
         )
     )
     for key, value in defaults.items():

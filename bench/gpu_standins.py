@@ -99,6 +99,12 @@ def resolve_or_standin(ref: str, kind: str, models: Path | None) -> tuple[str, s
         return str(folder), f"random weights with the architecture and tokenizer of {source} ({str(exc).splitlines()[0]})"
 
 
+def shaped_config(tokenizer: Any, shape: dict[str, Any], layers: int) -> dict[str, Any]:
+    """A Qwen3 config of ``shape`` with ``layers`` decoder layers and ``tokenizer``'s vocabulary and special tokens."""
+    config = {**shape, "vocab_size": len(tokenizer), "num_hidden_layers": layers}
+    return {**config, **{name: getattr(tokenizer, name) for name in ("bos_token_id", "eos_token_id", "pad_token_id")}}
+
+
 def shaped_standin(tokenizer_ref: str, shape: dict[str, Any], layers: int, dtype: Any, device: str, root: Path) -> Path:
     """A folder holding a random Qwen3 decoder of ``shape`` with ``layers`` layers and the tokenizer of ``tokenizer_ref``.
 
@@ -111,9 +117,7 @@ def shaped_standin(tokenizer_ref: str, shape: dict[str, Any], layers: int, dtype
     from qgmem_train.model.backbone import describe_backbone
 
     tokenizer = describe_backbone(tokenizer_ref, None, None, False).tokenizer
-    config = {**shape, "vocab_size": len(tokenizer), "num_hidden_layers": layers}
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        config[name] = getattr(tokenizer, name)
+    config = shaped_config(tokenizer, shape, layers)
     key = json.dumps([tokenizer_ref, config, str(dtype)], sort_keys=True)
     final = root / f"qwen3-{layers}-layers-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     if final.exists():

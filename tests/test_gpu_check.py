@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpu_prefix_timing import QWEN3_8B, SMOKE
 from bench.gpu_report import comparison_line
 from bench.gpu_timing import alternate, compare
 from bench.gpu_verdict_simulation import rates
@@ -25,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ["tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict"]
 TITLES = [
     "## CUDA-marked tests (`pytest -m gpu`)",
-    "## bf16 training steps: gradient checkpointing off vs on",
+    "## bf16 training steps: gradient checkpointing off vs on (Qwen3-8B-shaped backbone, a few layers)",
     "## Frozen-prefix cache: decoder step off vs on, explicit mask vs bottom-right bias (Qwen3-8B shape, bf16), fp32 logits",
-    "## NF4 (4-bit) backbone: load and train",
-    "## LoRA (r=8) on the NF4 backbone",
+    "## NF4 (4-bit) backbone: load and train (Qwen3-8B-shaped, a few layers)",
+    "## LoRA (r=8) on the NF4 backbone (Qwen3-8B-shaped, a few layers)",
     "## predict (constrained generation)",
 ]
 
@@ -45,7 +46,8 @@ ROUNDS = 2
 def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
     command = [sys.executable, "bench/gpu_check.py", "--smoke", "--llm", str(tiny_llm), "--out", str(out), "--rounds", str(ROUNDS)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, as scripts/gpu_check.sh runs it
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # this checkout's code, as scripts/gpu_check.sh runs it;
+    # the timed parts' stand-in is built under the temp folder
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     report = out.with_suffix(".md").read_text() if out.with_suffix(".md").exists() else ""
     assert result.returncode == 0, report or result.stderr[-3000:]
@@ -62,6 +64,12 @@ def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_
     for variant in (off, on):
         assert len(variant["device_ms_round_medians"]) == ROUNDS and variant["host_ms_median"] > 0 and variant["losses_finite"]
         assert variant["steps"] == ROUNDS * (bf16["steps"] + bf16["warmup_steps"])
+    from transformers import AutoTokenizer
+
+    sizes = {key: SMOKE[key] for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")}
+    vocab = len(AutoTokenizer.from_pretrained(tiny_llm))
+    assert bf16["backbone"] == {"shape": "tiny Qwen3 (smoke)", "weights": "random", **sizes, "num_hidden_layers": 2, "vocab_size": vocab}
+    assert "Backbone: tiny Qwen3 (smoke) shape, random weights: 2 decoder layers of hidden size 64, 4 query and 2 key-value heads of 16" in report
     assert off["decoder_layer_calls_per_step"] == 1.0
     assert on["decoder_layer_calls_per_step"] == 2.0, "with checkpointing on, backward recomputes every decoder layer"
     assert len(bf16["comparison"]["per_round"]) == ROUNDS
@@ -87,6 +95,31 @@ def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_
     predict = parts["predict"]
     assert predict["status"] == "ok" and predict["examples"] == 2 and 0.0 <= predict["schema_valid"] <= 1.0
     assert predict["predict_s"] > 0
+
+
+def test_the_timed_parts_backbone_on_cuda_has_qwen3_8b_widths_and_a_few_layers(tiny_llm: Path) -> None:
+    """bf16, nf4 and lora_nf4 time a decoder of Qwen3-8B's config.json widths (hidden 4096, 32 query and 8 key-value heads of
+    128, intermediate 12288) with a few layers and the check's tokenizer; built here on the meta device (no weights)."""
+    import argparse
+
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    from bench.gpu_check import STANDIN_LAYERS, Bench
+    from bench.gpu_standins import shaped_config
+
+    shape, dtype, device = Bench(argparse.Namespace(llm=None, embedder=None), cuda=True).timed_shape()
+    assert (shape, dtype, device) == (QWEN3_8B, torch.bfloat16, "cuda")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llm)
+    config = shaped_config(tokenizer, shape, STANDIN_LAYERS)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**config))
+    assert 2 <= len(model.model.layers) == STANDIN_LAYERS <= 8
+    attention, mlp = model.model.layers[-1].self_attn, model.model.layers[-1].mlp
+    assert [tuple(getattr(attention, name).weight.shape) for name in ("q_proj", "k_proj", "v_proj", "o_proj")] == [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096)]
+    assert [tuple(getattr(mlp, name).weight.shape) for name in ("gate_proj", "up_proj", "down_proj")] == [(12288, 4096), (12288, 4096), (4096, 12288)]
+    assert tuple(model.get_input_embeddings().weight.shape) == tuple(model.get_output_embeddings().weight.shape) == (len(tokenizer), 4096)
+    assert (config["eos_token_id"], config["pad_token_id"]) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 
 def test_shell_entry_records_a_part_killed_at_its_limit(tmp_path: Path) -> None:
