@@ -6,15 +6,16 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
 
 1. ``tests``: ``pytest -m gpu`` over the test files that carry the marker, on this check's LLM and embedder (the
    stand-ins below where the bundled packages are missing).
-2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct in bf16 autocast, contexts cut to
-   ``--seq-tokens`` (``model.prompt.max_context_tokens``), gradient checkpointing off vs on: training steps alternated for
+2. ``bf16``: configs/demo-cpu.yaml's model settings over the timed backbone (a random decoder of Qwen3-8B's widths with
+   ``--standin-layers`` layers and the check's tokenizer, built once from config: :meth:`Bench.timed_backbone`) in bf16
+   autocast, contexts cut to ``--seq-tokens`` (``model.prompt.max_context_tokens``), gradient checkpointing off vs on: training steps alternated for
    ``--rounds`` rounds in one process (``gpu_module_steps.py``), device time (CUDA events) apart from host preparation,
    peak CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer passes a step.
 3. ``prefix_cache``: the frozen-prefix cache on a random Qwen3-8B-shaped decoder in bf16 (``gpu_prefix_timing.py``): the
    decoder step's device time off, on with transformers' explicit mask, on with the bottom-right causal bias, alternated
    for ``--rounds`` rounds at ``--cache-tokens`` tokens, batch 4 and 1; fp32 first-step logits of each cached variant
    against those without the cache within 1e-4 relative; and the attention call alone for the same three cases.
-4. ``nf4``: the backbone in bf16 vs in 4-bit NF4 (``quantization: 4bit``), alternated as ``bf16``; 4-bit layers, load time.
+4. ``nf4``: the timed backbone in bf16 vs in 4-bit NF4 (``quantization: 4bit``), alternated as ``bf16``; 4-bit layers, load time.
 5. ``lora_nf4``: the NF4 backbone without vs with LoRA (``model.lora.r: 8``), alternated as ``bf16``; the LoRA B tensors train.
 6. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
    schema-valid rate, exact match and seconds.
@@ -24,7 +25,7 @@ The parts' helpers live beside this entry point: ``gpu_timing.py`` (device clock
 ``gpu_standins.py`` (random-weight stand-ins, slim wheels) and ``gpu_report.py`` (``gpu.md``); docs/gpu-check.md says
 what each part measures.
 
-``--smoke`` runs the same code on CPU (one step a round, short contexts; ``--llm`` may name a tiny decoder):
+``--smoke`` runs the same code on CPU (one step a round, short contexts, a tiny timed backbone; ``--llm`` may name a tiny decoder):
 the marked tests run on CPU where they can (bf16; NF4 skips itself) and the NF4 parts report ``skipped: no CUDA``. Without CUDA and without ``--smoke`` nothing is
 measured or written, so ``bench/run_all.py`` (which finds this file too) leaves the GPU results alone.
 
