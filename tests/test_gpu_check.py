@@ -43,14 +43,19 @@ ROUNDS = 2
 """Rounds of the smoke run's timed parts (default three): two already show the variants alternating round by round."""
 
 
-def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_path: Path) -> None:
+def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The script's ``main`` in this process (the shell entry's own process per part is checked below): the imports a new
+    interpreter would pay are the suite's already; the ``tests`` part still runs pytest in its own process."""
+    import tempfile
+
+    from bench.gpu_check import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the timed parts' stand-in is built under the temp folder
     out = tmp_path / "gpu.json"
-    command = [sys.executable, "bench/gpu_check.py", "--smoke", "--llm", str(tiny_llm), "--out", str(out), "--rounds", str(ROUNDS)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # this checkout's code, as scripts/gpu_check.sh runs it;
-    # the timed parts' stand-in is built under the temp folder
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    code = main(["--smoke", "--llm", str(tiny_llm), "--out", str(out), "--rounds", str(ROUNDS)])
     report = out.with_suffix(".md").read_text() if out.with_suffix(".md").exists() else ""
-    assert result.returncode == 0, report or result.stderr[-3000:]
+    assert code == 0, report
+    assert list((tmp_path / "qgmem_gpu_check" / "shaped").iterdir()), "the stand-in is built once under the temp folder"
     parts = json.loads(out.read_text())["parts"]
     assert list(parts) == PARTS
     assert [line for line in report.splitlines() if line.startswith("## ")] == TITLES
