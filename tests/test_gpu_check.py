@@ -284,9 +284,12 @@ def test_the_report_of_the_cuda_only_parts_names_their_variants_layers_and_lora_
                 "above_resident_gib": 0.4, "decoder_layer_calls_per_step": 1.0, "sequence_tokens": 1000.0, "loss_first": 12.0,
                 "loss_last": 11.0, "losses_finite": True, "linear_4bit_layers": 0, **extra}  # fmt: skip
 
+    sizes = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
+    backbone = {"shape": "Qwen3-8B", "weights": "random", **{k: QWEN3_8B[k] for k in sizes}, "num_hidden_layers": 4, "vocab_size": 49152}
+
     def part(base: str, other: str, extra: dict) -> dict:
         variants = {base: variant([100.0, 101.0, 102.0, 100.0, 100.0]), other: variant([150.0, 151.0, 149.0, 150.0, 150.0], **extra)}
-        return {"status": "ok", "seconds": 40.0, "rounds": 5, "steps": 8, "warmup_steps": 2, "variants": variants, "comparison": compare(variants, base, other)}
+        return {"status": "ok", "seconds": 40.0, "backbone": backbone, "rounds": 5, "steps": 8, "warmup_steps": 2, "variants": variants, "comparison": compare(variants, base, other)}
 
     lora = {"linear_4bit_layers": 210, "trainable_parameters": 1_500_000, "lora_parameters": 460_800, "lora_b_tensors": 60, "lora_b_trained": 60}
     result = {"parts": {"nf4": part("bf16", "nf4", {"linear_4bit_layers": 210}), "lora_nf4": part("nf4", "nf4 + LoRA", lora)}}
@@ -294,4 +297,6 @@ def test_the_report_of_the_cuda_only_parts_names_their_variants_layers_and_lora_
     assert "| nf4 | 151.0 | 150.0, 151.0, 149.0, 150.0, 150.0 |" in report and "| nf4 + LoRA | 151.0 |" in report
     assert "nf4 / bf16, device time a step: ×1.49 (90% interval ×1.47 to ×1.51; rounds ×1.46 to ×1.50)." in report
     assert "nf4: 210 Linear4bit layers." in report
+    line = "Backbone: Qwen3-8B shape, random weights: 4 decoder layers of hidden size 4096, 32 query and 8 key-value heads of 128, intermediate size 12288; vocabulary 49,152"
+    assert report.count(line) == 2, "above the tables of nf4 and lora_nf4"
     assert "nf4 + LoRA: 210 Linear4bit layers; 1,500,000 trainable parameters, 460,800 of them LoRA; 60 of 60 LoRA B tensors trained." in report
