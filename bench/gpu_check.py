@@ -8,8 +8,8 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
    stand-ins below where the bundled packages are missing).
 2. ``bf16``: configs/demo-cpu.yaml's model settings over the timed backbone (a random decoder of Qwen3-8B's widths with
    ``--standin-layers`` layers and the check's tokenizer, built once from config: :meth:`Bench.timed_backbone`) in bf16
-   autocast, contexts cut to ``--seq-tokens`` (``model.prompt.max_context_tokens``), gradient checkpointing off vs on: training steps alternated for
-   ``--rounds`` rounds in one process (``gpu_module_steps.py``), device time (CUDA events) apart from host preparation,
+   autocast, contexts cut to ``--seq-tokens`` (``model.prompt.max_context_tokens``), gradient checkpointing off vs on:
+   training steps alternated for ``--rounds`` rounds in one process (``gpu_module_steps.py``), device time (CUDA events) apart from host preparation,
    peak CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer passes a step.
 3. ``prefix_cache``: the frozen-prefix cache on a random Qwen3-8B-shaped decoder in bf16 (``gpu_prefix_timing.py``): the
    decoder step's device time off, on with transformers' explicit mask, on with the bottom-right causal bias, alternated

@@ -2,8 +2,8 @@
 
 Each variant is a ``GraphAugmentedLM`` with the check's settings and its own overrides (checkpointing, 4-bit, LoRA)
 over the check's timed backbone (a random decoder of Qwen3-8B's widths and a few layers: on a 135M model a step is mostly
-host work, so its ratios would speak of the host), built once on the device beside the others, with AdamW over its trainable parameters. A step's host preparation
-(``training_inputs``: embeddings of the batch's prompt ids, which were tokenised beforehand as the loader workers do,
+host work, so its ratios would speak of the host), built once on the device beside the others, with AdamW over its
+trainable parameters. A step's host preparation (``training_inputs``: embeddings of the batch's prompt ids, which were tokenised beforehand as the loader workers do,
 graph tokens, padding, the prefix cache's mask) is timed with the wall clock; its device work (decoder, loss, backward,
 gradient clipping, optimizer step) with CUDA events. Variants alternate for ``rounds`` rounds (:mod:`gpu_timing`);
 peak memory is read per variant round, decoder-layer passes are counted (a recomputation runs a layer again).
