@@ -1,8 +1,9 @@
 """The GPU check (``scripts/gpu_check.sh``, ``bench/gpu_check.py``) on CPU: its smoke run writes every section.
 
-The smoke run runs the CUDA-marked tests on CPU where they can, trains the tiny random Qwen3 decoder for two steps
-with and without gradient checkpointing and predicts two examples; the NF4 parts report ``skipped: no CUDA``. The shell entry is checked for what it
-adds: one process per part under a time limit, and a part killed at its limit recorded as timed out.
+The smoke run trains over a tiny random Qwen3 stand-in of the timed parts' kind with and without gradient checkpointing,
+times the prefix cache on a tiny decoder and predicts two examples; the NF4 parts report ``skipped: no CUDA``; the
+CUDA-marked tests run on CPU where they can (in the run on the prepared stand-ins). The shell entry is checked for what
+it adds: one process per part under a time limit, and a part killed at its limit recorded as timed out.
 """
 
 from __future__ import annotations
@@ -45,21 +46,22 @@ ROUNDS = 2
 
 def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The script's ``main`` in this process (the shell entry's own process per part is checked below): the imports a new
-    interpreter would pay are the suite's already; the ``tests`` part still runs pytest in its own process."""
+    interpreter would pay are the suite's already. The ``tests`` part (pytest in its own process, 10 s) runs in the test on
+    the prepared stand-ins below, which checks its section."""
     import tempfile
 
     from bench.gpu_check import main
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the timed parts' stand-in is built under the temp folder
     out = tmp_path / "gpu.json"
-    code = main(["--smoke", "--llm", str(tiny_llm), "--out", str(out), "--rounds", str(ROUNDS)])
+    code = main(["--smoke", "--part", *PARTS[1:], "--llm", str(tiny_llm), "--out", str(out), "--rounds", str(ROUNDS)])
     report = out.with_suffix(".md").read_text() if out.with_suffix(".md").exists() else ""
     assert code == 0, report
     assert list((tmp_path / "qgmem_gpu_check" / "shaped").iterdir()), "the stand-in is built once under the temp folder"
     parts = json.loads(out.read_text())["parts"]
-    assert list(parts) == PARTS
+    assert list(parts) == PARTS[1:]
     assert [line for line in report.splitlines() if line.startswith("## ")] == TITLES
-    assert parts["tests"]["status"] == "ok" and "1 passed, 1 skipped" in parts["tests"]["summary"]
+    assert report.count("**not run**") == 1, "tests, left out here"
     for name in ("nf4", "lora_nf4"):
         assert (parts[name]["status"], parts[name]["reason"]) == ("skipped", "no CUDA")
     assert report.count("**skipped**: no CUDA") == 2
@@ -199,7 +201,8 @@ def test_smoke_passes_without_the_model_packages_on_the_prepared_standins(tiny_l
     parts = json.loads(out.read_text())["parts"]
     tests = parts["tests"]
     assert tests["status"] == "ok" and tests["exit_code"] == 0, tests
-    assert "1 passed" in tests["summary"], "the bf16 CUDA test runs on the stand-ins (on CPU in the smoke run)"
+    assert "1 passed, 1 skipped" in tests["summary"], "the bf16 CUDA test runs on the stand-ins (on CPU in the smoke run), NF4 skips itself"
+    assert "## CUDA-marked tests (`pytest -m gpu`)\n\n**ok**" in out.with_suffix(".md").read_text()
     for name in ("tests", "predict"):
         assert parts[name]["status"] == "ok", parts[name]
         assert all(note.startswith("random weights") for note in parts[name]["models"].values()), parts[name]["models"]
