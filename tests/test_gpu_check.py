@@ -129,6 +129,27 @@ def test_the_timed_parts_backbone_on_cuda_has_qwen3_8b_widths_and_a_few_layers(t
     assert (config["eos_token_id"], config["pad_token_id"]) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 
+def test_the_timed_backbone_is_built_once_and_reused_by_the_next_part_process(tiny_llm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16, nf4 and lora_nf4 run in processes of their own: the first builds the stand-in folder, the others load it."""
+    import torch
+
+    import bench.gpu_prefix_timing
+    from bench.gpu_standins import shaped_standin
+
+    first = shaped_standin(str(tiny_llm), SMOKE, 2, torch.float32, "cpu", tmp_path)
+    assert {p.name for p in first.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "STANDIN.json"}
+
+    def no_build(*_: object) -> None:
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(bench.gpu_prefix_timing, "random_decoder", no_build)
+    assert shaped_standin(str(tiny_llm), SMOKE, 2, torch.float32, "cpu", tmp_path) == first
+    assert [p.name for p in tmp_path.iterdir()] == [first.name], "no staging folder left behind"
+    with pytest.raises(AssertionError, match="built again"):
+        shaped_standin(str(tiny_llm), SMOKE, 3, torch.float32, "cpu", tmp_path)  # another shape is another folder
+    assert [p.name for p in tmp_path.iterdir()] == [first.name], "a failed build leaves nothing behind"
+
+
 def test_shell_entry_records_a_part_killed_at_its_limit(tmp_path: Path) -> None:
     """A part over its limit is killed and recorded as timed out; the next part still runs into the same results."""
     out = tmp_path / "gpu.json"
