@@ -6,15 +6,16 @@ part in its own process under its own time limit (``--part``, ``--run-id``) and 
 
 1. ``tests``: ``pytest -m gpu`` over the test files that carry the marker, on this check's LLM and embedder (the
    stand-ins below where the bundled packages are missing).
-2. ``bf16``: configs/demo-cpu.yaml's model settings over SmolLM2-135M-Instruct in bf16 autocast, contexts cut to
-   ``--seq-tokens`` (``model.prompt.max_context_tokens``), gradient checkpointing off vs on: training steps alternated for
-   ``--rounds`` rounds in one process (``gpu_module_steps.py``), device time (CUDA events) apart from host preparation,
+2. ``bf16``: configs/demo-cpu.yaml's model settings over the timed backbone (a random decoder of Qwen3-8B's widths with
+   ``--standin-layers`` layers and the check's tokenizer, built once from config: :meth:`Bench.timed_backbone`) in bf16
+   autocast, contexts cut to ``--seq-tokens`` (``model.prompt.max_context_tokens``), gradient checkpointing off vs on:
+   training steps alternated for ``--rounds`` rounds in one process (``gpu_module_steps.py``), device time (CUDA events) apart from host preparation,
    peak CUDA memory (``torch.cuda.max_memory_allocated``) and decoder-layer passes a step.
 3. ``prefix_cache``: the frozen-prefix cache on a random Qwen3-8B-shaped decoder in bf16 (``gpu_prefix_timing.py``): the
    decoder step's device time off, on with transformers' explicit mask, on with the bottom-right causal bias, alternated
    for ``--rounds`` rounds at ``--cache-tokens`` tokens, batch 4 and 1; fp32 first-step logits of each cached variant
    against those without the cache within 1e-4 relative; and the attention call alone for the same three cases.
-4. ``nf4``: the backbone in bf16 vs in 4-bit NF4 (``quantization: 4bit``), alternated as ``bf16``; 4-bit layers, load time.
+4. ``nf4``: the timed backbone in bf16 vs in 4-bit NF4 (``quantization: 4bit``), alternated as ``bf16``; 4-bit layers, load time.
 5. ``lora_nf4``: the NF4 backbone without vs with LoRA (``model.lora.r: 8``), alternated as ``bf16``; the LoRA B tensors train.
 6. ``predict``: ``--predict-fit-steps`` of training, then ``Trainer.predict`` on ``--predict-examples`` examples:
    schema-valid rate, exact match and seconds.
@@ -24,7 +25,7 @@ The parts' helpers live beside this entry point: ``gpu_timing.py`` (device clock
 ``gpu_standins.py`` (random-weight stand-ins, slim wheels) and ``gpu_report.py`` (``gpu.md``); docs/gpu-check.md says
 what each part measures.
 
-``--smoke`` runs the same code on CPU (one step a round, short contexts; ``--llm`` may name a tiny decoder):
+``--smoke`` runs the same code on CPU (one step a round, short contexts, a tiny timed backbone; ``--llm`` may name a tiny decoder):
 the marked tests run on CPU where they can (bf16; NF4 skips itself) and the NF4 parts report ``skipped: no CUDA``. Without CUDA and without ``--smoke`` nothing is
 measured or written, so ``bench/run_all.py`` (which finds this file too) leaves the GPU results alone.
 
@@ -58,12 +59,14 @@ import yaml
 
 from bench.gpu_module_steps import time_module_variants
 from bench.gpu_report import PARTS, load_results, status_line, write
-from bench.gpu_standins import export_models, resolve_or_standin, slim_wheel
+from bench.gpu_standins import export_models, resolve_or_standin, shaped_standin, slim_wheel
 from qgmem_train.reports import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu.json"
 GIB = 1024**3
+STANDIN_LAYERS = 4
+"""Decoder layers of the Qwen3-8B-shaped backbone the bf16, nf4 and lora_nf4 parts time (``--standin-layers``)."""
 
 
 class Skipped(Exception):
@@ -146,6 +149,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, cuda: bool) -> None:
         self.args, self.cuda = args, cuda
         self._data: Any = None
+        self._backbone: str | None = None
         self.models: dict[str, str] = {}
         self.llm, self._embedder = args.llm, args.embedder
 
@@ -170,6 +174,30 @@ class Bench:
             self.llm, self.models["llm"] = resolve_or_standin(self.args.llm, "llm", self.args.models)
             self._embedder, self.models["embedder"] = resolve_or_standin(self.args.embedder, "embedder", self.args.models)
         return {"llm": self.llm, "embedder": self._embedder}
+
+    def timed_shape(self) -> tuple[dict[str, Any], Any, str]:
+        """The timed parts' backbone shape, dtype and device: :data:`QWEN3_8B`'s widths in bf16 on CUDA; the smoke run's tiny
+        :data:`SMOKE` shape in fp32 on CPU."""
+        import torch
+
+        from bench.gpu_prefix_timing import QWEN3_8B, SMOKE
+
+        return (QWEN3_8B, torch.bfloat16, "cuda") if self.cuda else (SMOKE, torch.float32, "cpu")
+
+    def timed_backbone(self) -> str:
+        """The folder of the timed parts' backbone: :meth:`timed_shape` with ``--standin-layers`` layers, random weights, this
+        check's tokenizer; built once and kept in ``--models`` (else the temp folder), so the parts' processes share one build."""
+        if self._backbone is None:
+            shape, dtype, device = self.timed_shape()
+            root = (self.args.models or Path(tempfile.gettempdir()) / "qgmem_gpu_check") / "shaped"
+            self._backbone = str(shaped_standin(self.model_refs()["llm"], shape, self.args.standin_layers, dtype, device, root))
+        return self._backbone
+
+    def backbone_record(self) -> dict[str, Any]:
+        """The timed parts' backbone for the results: its shape's name and the sizes of its config."""
+        config = json.loads((Path(self.timed_backbone()) / "config.json").read_text())
+        sizes = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "num_hidden_layers", "vocab_size")
+        return {"shape": "Qwen3-8B" if self.cuda else "tiny Qwen3 (smoke)", "weights": "random", **{k: config[k] for k in sizes}}
 
     def module_settings(self, **overrides: Any) -> dict[str, Any]:
         """configs/demo-cpu.yaml's model section with this check's overrides, reduced to what the module accepts."""
@@ -456,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="timed steps of each variant a round (default 8; smoke 1)")
     parser.add_argument("--warmup-steps", type=int, help="untimed steps of each variant before them, every round (default 2; smoke 0)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds the variants of a timed part alternate for (a verdict needs 5)")
+    parser.add_argument("--standin-layers", type=int, help="bf16, nf4, lora_nf4: decoder layers of the Qwen3-8B-shaped backbone (default 4; smoke 2)")
     parser.add_argument("--cache-tokens", type=int, help="prefix_cache: tokens a sequence (default 600; smoke 360)")
     parser.add_argument("--logit-layers", type=int, help="prefix_cache: decoder layers of the fp32 logits check (default 4; smoke all)")
     parser.add_argument("--predict-fit-steps", type=int, help="training steps before predict (default 20; smoke 1)")
@@ -481,12 +510,12 @@ def main(argv: list[str] | None = None) -> int:
     defaults = (
         dict(
             batch_size=2, seq_tokens=32, steps=1, warmup_steps=0, predict_fit_steps=1, predict_examples=2, max_new_tokens=32, cache_tokens=360,
-            tests_timeout=540,
+            standin_layers=2, tests_timeout=540,
         )
         if args.smoke
         else dict(
             batch_size=4, seq_tokens=1000, steps=8, warmup_steps=2, predict_fit_steps=20, predict_examples=8, max_new_tokens=demo_new_tokens,
-            cache_tokens=600, logit_layers=4, tests_timeout=240,
+            cache_tokens=600, logit_layers=4, standin_layers=STANDIN_LAYERS, tests_timeout=240,
         )
     )
     for key, value in defaults.items():

@@ -1,8 +1,9 @@
 """The GPU check's ``bf16``, ``nf4`` and ``lora_nf4`` parts: training steps of module variants, alternated in one process.
 
-Each variant is a ``GraphAugmentedLM`` with the check's settings and its own overrides (checkpointing, 4-bit, LoRA),
-built once on the device beside the others, with AdamW over its trainable parameters. A step's host preparation
-(``training_inputs``: embeddings of the batch's prompt ids, which were tokenised beforehand as the loader workers do,
+Each variant is a ``GraphAugmentedLM`` with the check's settings and its own overrides (checkpointing, 4-bit, LoRA)
+over the check's timed backbone (a random decoder of Qwen3-8B's widths and a few layers: on a 135M model a step is mostly
+host work, so its ratios would speak of the host), built once on the device beside the others, with AdamW over its
+trainable parameters. A step's host preparation (``training_inputs``: embeddings of the batch's prompt ids, which were tokenised beforehand as the loader workers do,
 graph tokens, padding, the prefix cache's mask) is timed with the wall clock; its device work (decoder, loss, backward,
 gradient clipping, optimizer step) with CUDA events. Variants alternate for ``rounds`` rounds (:mod:`gpu_timing`);
 peak memory is read per variant round, decoder-layer passes are counted (a recomputation runs a layer again).
@@ -58,9 +59,10 @@ def build_variant(bench: Any, overrides: dict[str, Any]) -> Variant:
     from qgmem_train.model.module import GraphAugmentedLM
 
     data, size = bench.data(), bench.args.batch_size  # set up (models resolved, labels embedded) before the load is timed
+    backbone = bench.timed_backbone()  # built once, before the load is timed
     L.seed_everything(bench.args.seed, verbose=False)
     started = time.perf_counter()
-    model = GraphAugmentedLM(**bench.module_settings(**overrides))
+    model = GraphAugmentedLM(**bench.module_settings(**{"llm": backbone, **overrides}))
     model.load_backbone("cuda" if bench.cuda else "cpu")
     model.train()
     if bench.cuda:
@@ -156,6 +158,6 @@ def time_module_variants(
         records[name] = record
     base, other = list(variants)[:2]
     return {
-        "rounds": args.rounds, "steps": args.steps, "warmup_steps": args.warmup_steps, "variants": records,
+        "backbone": bench.backbone_record(), "rounds": args.rounds, "steps": args.steps, "warmup_steps": args.warmup_steps, "variants": records,
         "comparison": compare(summary, base, other),
     }  # fmt: skip

@@ -12,10 +12,10 @@ from qgmem_train.fileio import write_report_atomic
 PARTS = ("tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict")
 TITLES = {
     "tests": "CUDA-marked tests (`pytest -m gpu`)",
-    "bf16": "bf16 training steps: gradient checkpointing off vs on",
+    "bf16": "bf16 training steps: gradient checkpointing off vs on (Qwen3-8B-shaped backbone, a few layers)",
     "prefix_cache": "Frozen-prefix cache: decoder step off vs on, explicit mask vs bottom-right bias (Qwen3-8B shape, bf16), fp32 logits",
-    "nf4": "NF4 (4-bit) backbone: load and train",
-    "lora_nf4": "LoRA (r=8) on the NF4 backbone",
+    "nf4": "NF4 (4-bit) backbone: load and train (Qwen3-8B-shaped, a few layers)",
+    "lora_nf4": "LoRA (r=8) on the NF4 backbone (Qwen3-8B-shaped, a few layers)",
     "predict": "predict (constrained generation)",
 }
 
@@ -71,11 +71,21 @@ def variant_row(label: str, r: dict[str, Any]) -> str:
     )
 
 
+def backbone_line(backbone: dict[str, Any]) -> str:
+    """The timed parts' backbone in words: its shape and the sizes that set a step's work."""
+    return (
+        f"Backbone: {backbone['shape']} shape, {backbone['weights']} weights: {backbone['num_hidden_layers']} decoder layers of hidden size "
+        f"{backbone['hidden_size']}, {backbone['num_attention_heads']} query and {backbone['num_key_value_heads']} key-value heads of "
+        f"{backbone['head_dim']}, intermediate size {backbone['intermediate_size']}; vocabulary {backbone['vocab_size']:,} (the check's tokenizer)."
+    )
+
+
 def module_steps_markdown(name: str, record: dict[str, Any]) -> list[str]:
     """A timed part's table (one row a variant) and its comparison in words."""
     prefix = "checkpointing " if name == "bf16" else ""
     comparison = record["comparison"]
-    lines = [
+    lines = [backbone_line(record["backbone"]), ""] if record.get("backbone") else []
+    lines += [
         f"{len(record['variants'])} variants alternated for {record['rounds']} rounds in one process, each round {record['warmup_steps']} "
         f"untimed then {record['steps']} timed training steps a variant; device time by CUDA events (the wall clock on a CPU), host preparation apart.",
         "",

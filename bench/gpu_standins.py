@@ -6,12 +6,14 @@ are replaced by random weights of the same architecture and tokenizer; step time
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf", "*.pt", "*.onnx")
 
@@ -95,3 +97,38 @@ def resolve_or_standin(ref: str, kind: str, models: Path | None) -> tuple[str, s
         folder = standin_model(kind, models)
         source = json.loads((models / kind / "STANDIN.json").read_text()).get("reference", "?")
         return str(folder), f"random weights with the architecture and tokenizer of {source} ({str(exc).splitlines()[0]})"
+
+
+def shaped_config(tokenizer: Any, shape: dict[str, Any], layers: int) -> dict[str, Any]:
+    """A Qwen3 config of ``shape`` with ``layers`` decoder layers and ``tokenizer``'s vocabulary and special tokens."""
+    config = {**shape, "vocab_size": len(tokenizer), "num_hidden_layers": layers}
+    return {**config, **{name: getattr(tokenizer, name) for name in ("bos_token_id", "eos_token_id", "pad_token_id")}}
+
+
+def shaped_standin(tokenizer_ref: str, shape: dict[str, Any], layers: int, dtype: Any, device: str, root: Path) -> Path:
+    """A folder holding a random Qwen3 decoder of ``shape`` with ``layers`` layers and the tokenizer of ``tokenizer_ref``.
+
+    The model loads through the module's own path (bf16, or NF4 by bitsandbytes), so the timed parts run on decoder
+    layers of a large model's widths rather than a 135M model's, whose steps are mostly host work. The vocabulary is the
+    tokenizer's (the loss reads 40 labelled positions, so its size barely moves a step). Built once under ``root``, in a
+    folder named by the tokenizer, shape, layers and dtype, atomically; a folder already there is reused.
+    """
+    from bench.gpu_prefix_timing import random_decoder
+    from qgmem_train.model.backbone import describe_backbone
+
+    tokenizer = describe_backbone(tokenizer_ref, None, None, False).tokenizer
+    config = shaped_config(tokenizer, shape, layers)
+    key = json.dumps([tokenizer_ref, config, str(dtype)], sort_keys=True)
+    final = root / f"qwen3-{layers}-layers-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if final.exists():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        tokenizer.save_pretrained(staging)
+        random_decoder(config, None, dtype, device).save_pretrained(staging, safe_serialization=True)
+        (staging / "STANDIN.json").write_text(json.dumps({"tokenizer": tokenizer_ref, "config": config, "weights": "random"}) + "\n")
+        staging.rename(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final

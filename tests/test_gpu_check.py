@@ -1,8 +1,9 @@
 """The GPU check (``scripts/gpu_check.sh``, ``bench/gpu_check.py``) on CPU: its smoke run writes every section.
 
-The smoke run runs the CUDA-marked tests on CPU where they can, trains the tiny random Qwen3 decoder for two steps
-with and without gradient checkpointing and predicts two examples; the NF4 parts report ``skipped: no CUDA``. The shell entry is checked for what it
-adds: one process per part under a time limit, and a part killed at its limit recorded as timed out.
+The smoke run trains over a tiny random Qwen3 stand-in of the timed parts' kind with and without gradient checkpointing,
+times the prefix cache on a tiny decoder and predicts two examples; the NF4 parts report ``skipped: no CUDA``; the
+CUDA-marked tests run on CPU where they can (in the run on the prepared stand-ins). The shell entry is checked for what
+it adds: one process per part under a time limit, and a part killed at its limit recorded as timed out.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpu_prefix_timing import QWEN3_8B, SMOKE
 from bench.gpu_report import comparison_line
 from bench.gpu_timing import alternate, compare
 from bench.gpu_verdict_simulation import rates
@@ -25,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ["tests", "bf16", "prefix_cache", "nf4", "lora_nf4", "predict"]
 TITLES = [
     "## CUDA-marked tests (`pytest -m gpu`)",
-    "## bf16 training steps: gradient checkpointing off vs on",
+    "## bf16 training steps: gradient checkpointing off vs on (Qwen3-8B-shaped backbone, a few layers)",
     "## Frozen-prefix cache: decoder step off vs on, explicit mask vs bottom-right bias (Qwen3-8B shape, bf16), fp32 logits",
-    "## NF4 (4-bit) backbone: load and train",
-    "## LoRA (r=8) on the NF4 backbone",
+    "## NF4 (4-bit) backbone: load and train (Qwen3-8B-shaped, a few layers)",
+    "## LoRA (r=8) on the NF4 backbone (Qwen3-8B-shaped, a few layers)",
     "## predict (constrained generation)",
 ]
 
@@ -42,17 +44,24 @@ ROUNDS = 2
 """Rounds of the smoke run's timed parts (default three): two already show the variants alternating round by round."""
 
 
-def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_path: Path) -> None:
+def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The script's ``main`` in this process (the shell entry's own process per part is checked below): the imports a new
+    interpreter would pay are the suite's already. The ``tests`` part (pytest in its own process, 10 s) runs in the test on
+    the prepared stand-ins below, which checks its section."""
+    import tempfile
+
+    from bench.gpu_check import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the timed parts' stand-in is built under the temp folder
     out = tmp_path / "gpu.json"
-    command = [sys.executable, "bench/gpu_check.py", "--smoke", "--llm", str(tiny_llm), "--out", str(out), "--rounds", str(ROUNDS)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, as scripts/gpu_check.sh runs it
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    code = main(["--smoke", "--part", *PARTS[1:], "--llm", str(tiny_llm), "--out", str(out), "--rounds", str(ROUNDS)])
     report = out.with_suffix(".md").read_text() if out.with_suffix(".md").exists() else ""
-    assert result.returncode == 0, report or result.stderr[-3000:]
+    assert code == 0, report
+    assert list((tmp_path / "qgmem_gpu_check" / "shaped").iterdir()), "the stand-in is built once under the temp folder"
     parts = json.loads(out.read_text())["parts"]
-    assert list(parts) == PARTS
+    assert list(parts) == PARTS[1:]
     assert [line for line in report.splitlines() if line.startswith("## ")] == TITLES
-    assert parts["tests"]["status"] == "ok" and "1 passed, 1 skipped" in parts["tests"]["summary"]
+    assert report.count("**not run**") == 1, "tests, left out here"
     for name in ("nf4", "lora_nf4"):
         assert (parts[name]["status"], parts[name]["reason"]) == ("skipped", "no CUDA")
     assert report.count("**skipped**: no CUDA") == 2
@@ -62,6 +71,12 @@ def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_
     for variant in (off, on):
         assert len(variant["device_ms_round_medians"]) == ROUNDS and variant["host_ms_median"] > 0 and variant["losses_finite"]
         assert variant["steps"] == ROUNDS * (bf16["steps"] + bf16["warmup_steps"])
+    from transformers import AutoTokenizer
+
+    sizes = {key: SMOKE[key] for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")}
+    vocab = len(AutoTokenizer.from_pretrained(tiny_llm))
+    assert bf16["backbone"] == {"shape": "tiny Qwen3 (smoke)", "weights": "random", **sizes, "num_hidden_layers": 2, "vocab_size": vocab}
+    assert "Backbone: tiny Qwen3 (smoke) shape, random weights: 2 decoder layers of hidden size 64, 4 query and 2 key-value heads of 16" in report
     assert off["decoder_layer_calls_per_step"] == 1.0
     assert on["decoder_layer_calls_per_step"] == 2.0, "with checkpointing on, backward recomputes every decoder layer"
     assert len(bf16["comparison"]["per_round"]) == ROUNDS
@@ -87,6 +102,52 @@ def test_smoke_run_writes_every_section_and_skips_nf4_parts(tiny_llm: Path, tmp_
     predict = parts["predict"]
     assert predict["status"] == "ok" and predict["examples"] == 2 and 0.0 <= predict["schema_valid"] <= 1.0
     assert predict["predict_s"] > 0
+
+
+def test_the_timed_parts_backbone_on_cuda_has_qwen3_8b_widths_and_a_few_layers(tiny_llm: Path) -> None:
+    """bf16, nf4 and lora_nf4 time a decoder of Qwen3-8B's config.json widths (hidden 4096, 32 query and 8 key-value heads of
+    128, intermediate 12288) with a few layers and the check's tokenizer; built here on the meta device (no weights)."""
+    import argparse
+
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    from bench.gpu_check import STANDIN_LAYERS, Bench
+    from bench.gpu_standins import shaped_config
+
+    shape, dtype, device = Bench(argparse.Namespace(llm=None, embedder=None), cuda=True).timed_shape()
+    assert (shape, dtype, device) == (QWEN3_8B, torch.bfloat16, "cuda")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llm)
+    config = shaped_config(tokenizer, shape, STANDIN_LAYERS)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**config))
+    assert 2 <= len(model.model.layers) == STANDIN_LAYERS <= 8
+    attention, mlp = model.model.layers[-1].self_attn, model.model.layers[-1].mlp
+    assert [tuple(getattr(attention, name).weight.shape) for name in ("q_proj", "k_proj", "v_proj", "o_proj")] == [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096)]
+    assert [tuple(getattr(mlp, name).weight.shape) for name in ("gate_proj", "up_proj", "down_proj")] == [(12288, 4096), (12288, 4096), (4096, 12288)]
+    assert tuple(model.get_input_embeddings().weight.shape) == tuple(model.get_output_embeddings().weight.shape) == (len(tokenizer), 4096)
+    assert (config["eos_token_id"], config["pad_token_id"]) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+
+def test_the_timed_backbone_is_built_once_and_reused_by_the_next_part_process(tiny_llm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16, nf4 and lora_nf4 run in processes of their own: the first builds the stand-in folder, the others load it."""
+    import torch
+
+    import bench.gpu_prefix_timing
+    from bench.gpu_standins import shaped_standin
+
+    first = shaped_standin(str(tiny_llm), SMOKE, 2, torch.float32, "cpu", tmp_path)
+    assert {p.name for p in first.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "STANDIN.json"}
+
+    def no_build(*_: object) -> None:
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(bench.gpu_prefix_timing, "random_decoder", no_build)
+    assert shaped_standin(str(tiny_llm), SMOKE, 2, torch.float32, "cpu", tmp_path) == first
+    assert [p.name for p in tmp_path.iterdir()] == [first.name], "no staging folder left behind"
+    with pytest.raises(AssertionError, match="built again"):
+        shaped_standin(str(tiny_llm), SMOKE, 3, torch.float32, "cpu", tmp_path)  # another shape is another folder
+    assert [p.name for p in tmp_path.iterdir()] == [first.name], "a failed build leaves nothing behind"
 
 
 def test_shell_entry_records_a_part_killed_at_its_limit(tmp_path: Path) -> None:
@@ -141,11 +202,10 @@ importlib.machinery.PathFinder.find_spec = classmethod(_hidden_path_find_spec)
 @pytest.mark.slow
 def test_smoke_passes_without_the_model_packages_on_the_prepared_standins(tiny_llm: Path, tmp_path: Path) -> None:
     """As on the GPU machine: no model package imports, the stand-ins of ``--models`` serve the fits and the CUDA tests."""
+    from bench.gpu_check import main
+
     models = tmp_path / "models"
-    exported = subprocess.run(
-        [sys.executable, "bench/gpu_check.py", "--export-models", str(models), "--llm", str(tiny_llm)], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert main(["--export-models", str(models), "--llm", str(tiny_llm)]) == 0  # here, where the models resolve (in this process)
     hide = tmp_path / "hide"
     hide.mkdir()
     (hide / "sitecustomize.py").write_text(HIDE_PACKAGES)
@@ -161,7 +221,8 @@ def test_smoke_passes_without_the_model_packages_on_the_prepared_standins(tiny_l
     parts = json.loads(out.read_text())["parts"]
     tests = parts["tests"]
     assert tests["status"] == "ok" and tests["exit_code"] == 0, tests
-    assert "1 passed" in tests["summary"], "the bf16 CUDA test runs on the stand-ins (on CPU in the smoke run)"
+    assert "1 passed, 1 skipped" in tests["summary"], "the bf16 CUDA test runs on the stand-ins (on CPU in the smoke run), NF4 skips itself"
+    assert "## CUDA-marked tests (`pytest -m gpu`)\n\n**ok**" in out.with_suffix(".md").read_text()
     for name in ("tests", "predict"):
         assert parts[name]["status"] == "ok", parts[name]
         assert all(note.startswith("random weights") for note in parts[name]["models"].values()), parts[name]["models"]
@@ -246,9 +307,12 @@ def test_the_report_of_the_cuda_only_parts_names_their_variants_layers_and_lora_
                 "above_resident_gib": 0.4, "decoder_layer_calls_per_step": 1.0, "sequence_tokens": 1000.0, "loss_first": 12.0,
                 "loss_last": 11.0, "losses_finite": True, "linear_4bit_layers": 0, **extra}  # fmt: skip
 
+    sizes = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
+    backbone = {"shape": "Qwen3-8B", "weights": "random", **{k: QWEN3_8B[k] for k in sizes}, "num_hidden_layers": 4, "vocab_size": 49152}
+
     def part(base: str, other: str, extra: dict) -> dict:
         variants = {base: variant([100.0, 101.0, 102.0, 100.0, 100.0]), other: variant([150.0, 151.0, 149.0, 150.0, 150.0], **extra)}
-        return {"status": "ok", "seconds": 40.0, "rounds": 5, "steps": 8, "warmup_steps": 2, "variants": variants, "comparison": compare(variants, base, other)}
+        return {"status": "ok", "seconds": 40.0, "backbone": backbone, "rounds": 5, "steps": 8, "warmup_steps": 2, "variants": variants, "comparison": compare(variants, base, other)}
 
     lora = {"linear_4bit_layers": 210, "trainable_parameters": 1_500_000, "lora_parameters": 460_800, "lora_b_tensors": 60, "lora_b_trained": 60}
     result = {"parts": {"nf4": part("bf16", "nf4", {"linear_4bit_layers": 210}), "lora_nf4": part("nf4", "nf4 + LoRA", lora)}}
@@ -256,4 +320,6 @@ def test_the_report_of_the_cuda_only_parts_names_their_variants_layers_and_lora_
     assert "| nf4 | 151.0 | 150.0, 151.0, 149.0, 150.0, 150.0 |" in report and "| nf4 + LoRA | 151.0 |" in report
     assert "nf4 / bf16, device time a step: ×1.49 (90% interval ×1.47 to ×1.51; rounds ×1.46 to ×1.50)." in report
     assert "nf4: 210 Linear4bit layers." in report
+    line = "Backbone: Qwen3-8B shape, random weights: 4 decoder layers of hidden size 4096, 32 query and 8 key-value heads of 128, intermediate size 12288; vocabulary 49,152"
+    assert report.count(line) == 2, "above the tables of nf4 and lora_nf4"
     assert "nf4 + LoRA: 210 Linear4bit layers; 1,500,000 trainable parameters, 460,800 of them LoRA; 60 of 60 LoRA B tensors trained." in report
