@@ -5,6 +5,7 @@ another incarnation (a delete, a unit written again) builds it whole. Real MiniL
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,35 @@ def test_a_delete_still_drops_the_grown_index(minilm, tmp_path) -> None:
         context = memory.search("Which pet does Caroline keep?").memory_context
         assert "Zorblatt" in context and "LGBTQ" not in context
         assert (memory.index.builds, memory.index.appends) == (2, 1)
+
+
+def test_searches_on_other_threads_while_adds_grow_the_index(minilm, tmp_path) -> None:
+    """As in ``serve``: searches on worker threads read the index they were handed while an add grows it."""
+    sessions = load_conversations("locomo", SAMPLE)[0].sessions
+    predictor = _predictor(minilm)
+    with predictor.memory("conv", tmp_path / "store") as memory:
+        _add(memory, sessions[0])
+        memory.search(QUESTIONS[0])
+        stop, errors, searched = threading.Event(), [], []
+
+        def searching() -> None:
+            while not stop.is_set():
+                try:
+                    searched.append(len(memory.search(QUESTIONS[0]).units))
+                except Exception as exc:  # noqa: BLE001 - any error of a search is the failure reported
+                    errors.append(exc)
+                    return
+
+        workers = [threading.Thread(target=searching) for _ in range(2)]
+        for worker in workers:
+            worker.start()
+        try:
+            for session in sessions[1:3]:  # as serve adds: one transaction, which a search or the add's end grows the index by
+                memory.add_session(session.turns, time=session.time, session_id=session.id, whole=True)
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join()
+        assert not errors and searched
+        assert (memory.index.builds, memory.index.appends) == (1, 2)
+        assert _rankings(memory.index) == _rankings(NamespaceIndex(memory.store, "conv", predictor.models))
