@@ -1,6 +1,6 @@
 """The next search after a change: after another namespace's delete, and after an add to the namespace searched.
 
-Run ``python bench/bench_namespace_index.py --help``. Results go to bench/results/namespace_index.{json,md}.
+Run ``python -m bench.bench_namespace_index --help``. Results go to bench/results/namespace_index.{json,md}.
 
 A turns-mode store of LoCoMo conversations (``--input``, built once under ``--work``) is copied for every run; a
 text-path predictor (rule intents, no reranker, MiniLM, SmolLM2's tokenizer counting context tokens) searches the
@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -82,13 +81,13 @@ def child(store: Path, namespace: str, rounds: int) -> dict[str, Any]:
 
 def run_child(code: Path, template: Path, namespace: str, rounds: int, work: Path) -> dict[str, Any]:
     """:func:`child` in a fresh process over a fresh copy of the store, with ``qgmem_train`` from ``code``."""
-    store = Path(tempfile.mkdtemp(prefix="run-", dir=work)) / "store"
+    from qgmem_train.reports import child_json
+
+    store = Path(tempfile.mkdtemp(prefix="run-", dir=work)).resolve() / "store"
     shutil.copytree(template, store)
-    env = dict(os.environ, PYTHONPATH=str(code), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    command = [sys.executable, __file__, "--child", str(store), "--namespace", namespace, "--rounds", str(rounds)]
-    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env, cwd=work)
+    found = child_json(__file__, code, ["--child", str(store), "--namespace", namespace, "--rounds", str(rounds)], work)
     shutil.rmtree(store.parent, ignore_errors=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return found
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -150,7 +149,7 @@ def build_template(input_path: Path, conversations: list[str], work: Path) -> Pa
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the options, run the children (alternating codes), write the report."""
-    parser = argparse.ArgumentParser(prog="python bench/bench_namespace_index.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_namespace_index", description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT, help="LoCoMo file")
     parser.add_argument("--conversations", nargs="+", default=["conv-26"], help="conversations stored; the first is searched")
     parser.add_argument("--work", type=Path, default=ROOT / "out" / "bench_namespace_index", help="where the store is built and copied")

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -121,10 +119,9 @@ def child(work: Path) -> dict[str, Any]:
 
 def run_child(code: Path, work: Path) -> dict[str, Any]:
     """:func:`child` in a fresh process with ``qgmem_train`` from ``code``."""
-    folder = Path(tempfile.mkdtemp(prefix="walk-", dir=work))
-    env = dict(os.environ, PYTHONPATH=str(code), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    done = subprocess.run([sys.executable, __file__, "--child", str(folder)], check=True, capture_output=True, text=True, env=env, cwd=work)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from qgmem_train.reports import child_json
+
+    return child_json(__file__, code, ["--child", str(Path(tempfile.mkdtemp(prefix="walk-", dir=work)))], work)
 
 
 def markdown(report: dict[str, Any]) -> str:

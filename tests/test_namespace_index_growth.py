@@ -5,10 +5,12 @@ another incarnation (a delete, a unit written again) builds it whole. Real MiniL
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from qgmem_train.config import PipelineConfig
 from qgmem_train.memory.construct import embed_units
@@ -36,8 +38,20 @@ def _predictor(minilm) -> QGMemPredictor:
     return QGMemPredictor(None, cfg, llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
 
 
+@pytest.fixture(scope="module")
+def sessions():
+    """The LoCoMo sample's four sessions."""
+    return load_conversations("locomo", SAMPLE)[0].sessions
+
+
 def _add(memory, session) -> None:
     memory.add_session(session.turns, time=session.time, session_id=session.id)
+
+
+def _searched(memory, session) -> None:
+    """``session`` added and a search made: the memory holds its index."""
+    _add(memory, session)
+    memory.search(QUESTIONS[0])
 
 
 def _rankings(index: NamespaceIndex) -> list[tuple]:
@@ -50,8 +64,7 @@ def _rankings(index: NamespaceIndex) -> list[tuple]:
     return found
 
 
-def test_an_add_grows_the_index_to_what_a_build_from_scratch_ranks(minilm, tmp_path) -> None:
-    sessions = load_conversations("locomo", SAMPLE)[0].sessions
+def test_an_add_grows_the_index_to_what_a_build_from_scratch_ranks(minilm, tmp_path, sessions) -> None:
     predictor = _predictor(minilm)
     root = tmp_path / "store"
     with predictor.memory("conv", root) as memory, predictor.memory("conv", root) as other:
@@ -79,12 +92,10 @@ def test_an_add_grows_the_index_to_what_a_build_from_scratch_ranks(minilm, tmp_p
         assert any(uid not in before[0][1] for uid in after[0][1])  # new units reach the fused pool
 
 
-def test_a_unit_written_again_builds_the_index_whole(minilm, tmp_path) -> None:
-    sessions = load_conversations("locomo", SAMPLE)[0].sessions
+def test_a_unit_written_again_builds_the_index_whole(minilm, tmp_path, sessions) -> None:
     predictor = _predictor(minilm)
     with predictor.memory("conv", tmp_path / "store") as memory:
-        _add(memory, sessions[0])
-        memory.search(QUESTIONS[0])
+        _searched(memory, sessions[0])
         version = memory.store.version("conv")
         unit = memory.index.current()[0].units[0]
         rewritten = dataclasses.replace(unit, fact_text="Caroline: I keep a pet iguana named Zorblatt.")
@@ -94,13 +105,11 @@ def test_a_unit_written_again_builds_the_index_whole(minilm, tmp_path) -> None:
         assert (memory.index.builds, memory.index.appends) == (2, 0)
 
 
-def test_a_delete_still_drops_the_grown_index(minilm, tmp_path) -> None:
-    sessions = load_conversations("locomo", SAMPLE)[0].sessions
+def test_a_delete_still_drops_the_grown_index(minilm, tmp_path, sessions) -> None:
     predictor = _predictor(minilm)
     root = tmp_path / "store"
     with predictor.memory("conv", root) as memory, predictor.memory("conv", root) as other:
-        _add(memory, sessions[0])
-        memory.search(QUESTIONS[0])
+        _searched(memory, sessions[0])
         _add(memory, sessions[1])
         assert other.store.delete_namespace("conv")
         other.add_session([{"speaker": "Caroline", "text": "I keep a pet iguana named Zorblatt."}], session_id="Z1")
@@ -109,13 +118,11 @@ def test_a_delete_still_drops_the_grown_index(minilm, tmp_path) -> None:
         assert (memory.index.builds, memory.index.appends) == (2, 1)
 
 
-def test_searches_on_other_threads_while_adds_grow_the_index(minilm, tmp_path) -> None:
+def test_searches_on_other_threads_while_adds_grow_the_index(minilm, tmp_path, sessions) -> None:
     """As in ``serve``: searches on worker threads read the index they were handed while an add grows it."""
-    sessions = load_conversations("locomo", SAMPLE)[0].sessions
     predictor = _predictor(minilm)
     with predictor.memory("conv", tmp_path / "store") as memory:
-        _add(memory, sessions[0])
-        memory.search(QUESTIONS[0])
+        _searched(memory, sessions[0])
         stop, errors, searched = threading.Event(), [], []
 
         def searching() -> None:
@@ -139,3 +146,19 @@ def test_searches_on_other_threads_while_adds_grow_the_index(minilm, tmp_path) -
         assert not errors and searched
         assert (memory.index.builds, memory.index.appends) == (1, 2)
         assert _rankings(memory.index) == _rankings(NamespaceIndex(memory.store, "conv", predictor.models))
+
+
+def test_an_add_whose_index_cannot_grow_still_succeeds_and_the_next_search_builds_it(minilm, tmp_path, sessions, monkeypatch) -> None:
+    predictor = _predictor(minilm)
+    with predictor.memory("conv", tmp_path / "store") as memory:
+        _searched(memory, sessions[0])
+
+        def unreadable(held):
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(memory.store, "load_additions", unreadable)
+        report = memory.add_session(sessions[1].turns, time=sessions[1].time, session_id=sessions[1].id)
+        assert report.units > 0 and memory.index.appends == 0
+        monkeypatch.undo()
+        assert any(u.cited is False for u in memory.search(QUESTIONS[1]).units)
+        assert (memory.index.builds, memory.index.appends) == (2, 0)

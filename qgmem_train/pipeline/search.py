@@ -1,14 +1,16 @@
 """Search a namespace: its index kept while the namespace lives, a question's working memory and its MEMORY_CONTEXT.
 
 :class:`NamespaceIndex` loads a namespace and builds its :class:`~qgmem_train.retrieval.activation.ActivationIndex`
-once, keyed by the namespace's own version (:meth:`~qgmem_train.memory.store.MemoryStore.version`: its incarnation
-and write count), so another namespace's writes or delete leave it in place. :func:`search` walks one question:
+once, checked against the namespace's own version (:meth:`~qgmem_train.memory.store.MemoryStore.version`: its
+incarnation and write count), so another namespace's writes or delete leave it in place, and grown by the namespace's
+adds (:meth:`~qgmem_train.memory.store.MemoryStore.load_additions`) rather than built again. :func:`search` walks one question:
 activation (intent, channels, RRF, rerank) over that index, then the evidence the answerer reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from qgmem_train.memory.types import MemoryUnit
     from qgmem_train.retrieval.activation import ActivationIndex, WorkingMemory
     from qgmem_train.retrieval.intent import QueryIntent
+
+log = logging.getLogger(__name__)
 
 UnitFilter = Callable[["NamespaceMemory", "MemoryUnit"], bool]
 """Whether a unit of a loaded namespace may enter a working memory (a search's speaker, session or time filter)."""
@@ -64,10 +68,14 @@ class NamespaceIndex:
 
     def refresh(self) -> None:
         """Grow the index held by what the namespace gained (after an add): the next search finds it ready. Nothing when
-        no index is held yet (the first search builds it)."""
+        no index is held yet; when it cannot grow (or reading the additions fails) it is let go, and the next search
+        builds it whole (and meets the error, if it lasts), so that an add that committed is never reported failed."""
         with self._loading:
-            if self._loaded is not None:
-                self._loaded = self._grown() or self._built()
+            try:
+                self._loaded = self._grown()
+            except Exception as exc:  # noqa: BLE001 - the add committed; the search that builds the index reports a lasting error
+                log.warning("namespace %s: its search index could not grow (%s); the next search builds it", self.namespace, exc)
+                self._loaded = None
 
     def _built(self) -> tuple[NamespaceMemory, ActivationIndex]:
         """The namespace loaded whole and its index built."""

@@ -55,15 +55,22 @@ def lexical_postings(memory: NamespaceMemory, count: int, start: int = 0) -> tup
     rows, docs = [own], [own]
     if count > 0:
         turn_terms, (row_of, previous) = turn_context(memory), turn_rows(memory)
-        units = TermLists.concat([units, turn_terms])  # turn row r is row n_units + r
         chain = np.append(previous, -1)  # row -1 (no turn) leads to no turn
         first_turns = first_source_turn_ids(memory.units, start)
         turn = np.fromiter((row_of.get(t, -1) if t is not None else -1 for t in first_turns), np.int64, len(own))
+        context = []
         for _ in range(count):
             turn = chain[turn]
             has = np.flatnonzero(turn >= 0)
-            rows.append(n_units + turn[has])
+            context.append(turn[has])
             docs.append(own[has])
+        if start:  # only the later units' lists and their turns': their vocabulary alone is merged
+            units, turns = units.take(own).without_unused_terms(), np.unique(np.concatenate(context))
+            turn_terms, own = turn_terms.take(turns).without_unused_terms(), np.arange(len(own), dtype=np.int64)
+            context = [np.searchsorted(turns, c) for c in context]
+            rows = [own]
+        units = TermLists.concat([units, turn_terms])  # turn row r is row len(units) + r
+        rows += [len(units) - len(turn_terms) + c for c in context]
     row, doc = np.concatenate(rows), np.concatenate(docs)
     lengths = units.lengths[row]
     return units.vocab.tolist(), units.ids[ranges(units.starts[row], lengths)], np.repeat(doc, lengths)  # type: ignore[return-value]
