@@ -166,18 +166,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child, args.namespace, args.rounds)))
         return 0
     from qgmem_train.fileio import write_report_atomic
-    from qgmem_train.reports import machine_info
+    from qgmem_train.reports import compared_codes, machine_info
 
     if not args.input.is_file():
         print(f"{args.input}: LoCoMo file not found (pass --input)", file=sys.stderr)
         return 2
-    if args.baseline is not None and not (args.baseline / "qgmem_train").is_dir():
-        print(f"{args.baseline}: no qgmem_train folder (pass a checkout of the code to compare)", file=sys.stderr)
+    codes = compared_codes(ROOT, args.baseline, args.baseline_label)
+    if codes is None:
         return 2
     info = machine_info()
     args.work.mkdir(parents=True, exist_ok=True)
     template = args.work / "template" if (args.work / "template").exists() else build_template(args.input, args.conversations, args.work)
-    codes = {"this code": ROOT} | ({args.baseline_label or "baseline": args.baseline} if args.baseline else {})
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label in codes}
     for number in range(args.runs):
         for label, code in (codes.items() if number % 2 == 0 else reversed(codes.items())):

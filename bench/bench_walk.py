@@ -159,13 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child)))
         return 0
     from qgmem_train.fileio import write_report_atomic
-    from qgmem_train.reports import machine_info
+    from qgmem_train.reports import compared_codes, machine_info
 
-    if args.baseline is not None and not (args.baseline / "qgmem_train").is_dir():
-        print(f"{args.baseline}: no qgmem_train folder (pass a checkout of the code to compare)", file=sys.stderr)
+    codes = compared_codes(ROOT, args.baseline, args.baseline_label)
+    if codes is None:
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
-    codes = {"this code": ROOT} | ({args.baseline_label or "baseline": args.baseline} if args.baseline else {})
     report = {
         "machine": machine_info(), "question": QUESTION, "namespace": NAMESPACE,
         "codes": {label: run_child(code, args.work) for label, code in codes.items()},
