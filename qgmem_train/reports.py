@@ -132,6 +132,23 @@ def seed_interval(differences: list[float]) -> dict[str, Any]:
     return {"seeds": len(values), "mean": mean, "std": std, "ci95": [mean - half, mean + half]}
 
 
+def compared_codes(root: Path, baseline: Path | None, label: str | None) -> dict[str, Path] | None:
+    """The code of each side of a comparison by label: ``root``'s (this code) and, with ``baseline``, that checkout's;
+    None, with one line on stderr, when ``baseline`` holds no ``qgmem_train``."""
+    if baseline is not None and not (baseline / "qgmem_train").is_dir():
+        print(f"{baseline}: no qgmem_train folder (pass a checkout of the code to compare)", file=sys.stderr)
+        return None
+    return {"this code": root} | ({label or "baseline": baseline} if baseline is not None else {})
+
+
+def child_json(script: str | Path, code: Path, args: list[str], cwd: Path) -> Any:
+    """The JSON last line ``script`` prints, run with ``args`` in a fresh process whose ``qgmem_train`` is ``code``'s (a
+    checkout compared with this one), offline, one OpenMP thread."""
+    env = dict(os.environ, PYTHONPATH=str(code), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    done = subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, text=True, env=env, cwd=cwd)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def git_state() -> dict[str, Any]:
     """The commit this runs from and how many tracked files differ from it."""
     try:

@@ -333,3 +333,20 @@ def test_each_segment_stores_the_terms_of_its_rows_and_no_other(tmp_path: Path) 
                 stored.setdefault(kind, []).extend(texts)
     assert "walrus" in " ".join(stored[segments.UNITS]) and "place 1. It was fun" not in " ".join(stored[segments.UNITS])
     assert len(stored[segments.TURNS]) == 2
+
+
+def test_term_lists_concatenated_keep_every_rows_terms_over_one_vocabulary() -> None:
+    """The first list's vocabulary is kept as it is and the others' new terms follow; a first list whose vocabulary
+    repeats a term is numbered afresh, so every term is there once."""
+    from qgmem_train.memory.search_terms import TermLists
+    from qgmem_train.text import tokenize
+
+    texts = ["red apple", "green apple", "apple pie", "blue sky"]
+    first, second = TermLists.from_texts(texts[:2]), TermLists.from_texts(texts[2:])
+    repeated = TermLists(first.ends, first.ids + 1, TextColumn.from_strings([first.vocab[0], *first.vocab.tolist()]))
+    for head in (first, repeated):
+        joined = TermLists.concat([head, second])
+        words = joined.vocab.tolist()
+        assert [[words[i] for i in joined.ids[a:b]] for a, b in zip(joined.starts, joined.ends)] == [tokenize(t) for t in texts]
+        assert len(set(words)) == len(words)
+    assert TermLists.concat([first, second]).vocab.tolist()[: len(first.vocab)] == first.vocab.tolist()

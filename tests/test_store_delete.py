@@ -73,12 +73,13 @@ def test_a_handle_does_not_answer_from_a_namespace_another_process_deleted_and_w
 
 @pytest.fixture
 def index_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The namespace of every search index built from here on."""
+    """The namespace of every search index built whole from here on (not grown from a previous one)."""
     built: list[str] = []
 
     class Counted(activation.ActivationIndex):
         def __init__(self, memory, *args, **kwargs) -> None:
-            built.append(memory.namespace)
+            if kwargs.get("previous") is None:
+                built.append(memory.namespace)
             super().__init__(memory, *args, **kwargs)
 
     monkeypatch.setattr(activation, "ActivationIndex", Counted)
@@ -110,7 +111,7 @@ def test_another_namespaces_delete_leaves_the_index_and_its_own_delete_ends_it(n
     assert index_builds == ["alice", "alice"]
 
 
-def test_a_write_to_the_namespace_rebuilds_its_index(new_store, minilm, index_builds) -> None:
+def test_an_add_to_the_namespace_grows_its_index(new_store, minilm, index_builds) -> None:
     predictor = _predictor(minilm)
     with predictor.memory("alice", new_store()) as alice:
         alice.add_session([{"speaker": "Alice", "text": SECRET}], session_id="A1")
@@ -119,4 +120,5 @@ def test_a_write_to_the_namespace_rebuilds_its_index(new_store, minilm, index_bu
         assert index_builds == ["alice"]
         alice.add_session([{"speaker": "Alice", "text": "I moved the locker to the Quorvex gym."}], session_id="A2")
         assert "Quorvex" in alice.search("Which gym is the locker at?").memory_context
-    assert index_builds == ["alice", "alice"]
+        assert alice.index.appends == 1
+    assert index_builds == ["alice"]

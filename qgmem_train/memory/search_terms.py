@@ -91,18 +91,22 @@ class TermLists:
 
     @staticmethod
     def concat(lists: Sequence[TermLists]) -> TermLists:
-        """The rows of ``lists`` one after the other, over one vocabulary (each distinct term once)."""
-        vocab: dict[str, int] = {}
-        ids, ends, shift = [], [], 0
-        for terms in lists:
+        """The rows of ``lists`` one after the other, over one vocabulary (each distinct term once): the first list's,
+        kept as it is, then the terms the others add (a large list grown by a small one is not encoded again)."""
+        first = lists[0] if lists else None
+        vocab: dict[str, int] = dict(zip(first.vocab.tolist(), range(len(first.vocab)))) if first else {}  # type: ignore[arg-type]
+        kept = first is not None and len(vocab) == len(first.vocab)  # else a term repeats in it: all are numbered afresh
+        ids, ends, shift = ([np.asarray(first.ids, np.int32)], [first.ends], len(first.ids)) if kept else ([], [], 0)  # type: ignore[union-attr]
+        if not kept:
+            vocab = {}
+        for terms in lists[1:] if kept else lists:
             words = terms.vocab.tolist()
             remap = np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), np.int32, len(words))  # type: ignore[arg-type]
             ids.append(remap[terms.ids])
             ends.append(terms.ends + shift)
             shift += len(terms.ids)
-        return TermLists(
-            np.concatenate([np.zeros(0, np.int64), *ends]), np.concatenate([np.zeros(0, np.int32), *ids]), TextColumn.from_strings(vocab)
-        )
+        words = TextColumn.concat([first.vocab, TextColumn.from_strings(list(vocab)[len(first.vocab):])]) if kept else TextColumn.from_strings(vocab)  # type: ignore[union-attr]
+        return TermLists(np.concatenate([np.zeros(0, np.int64), *ends]), np.concatenate([np.zeros(0, np.int32), *ids]), words)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The lists as named arrays for :func:`~qgmem_train.memory.columns.pack_arrays`, with the tokenizer's version."""

@@ -180,11 +180,11 @@ def read_units(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence
     return _concat([table for table, _ in _read_segments(db, namespace, dim, parts, lo, hi)], dim)
 
 
-def read_units_and_codes(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence[str] = VECTOR_PARTS) -> tuple[UnitTable, list[tuple[object, float, int]] | None]:
-    """All units (as :func:`read_units`) and each segment's codes (a faiss index of its facts, then its
+def read_units_and_codes(db: sqlite3.Connection, namespace: str, dim: int, parts: Sequence[str] = VECTOR_PARTS, lo: int = 0) -> tuple[UnitTable, list[tuple[object, float, int]] | None]:
+    """The units of the segments from ``lo`` on (as :func:`read_units`) and each segment's codes (a faiss index of its facts, then its
     sentences, its scale and its unit count); None when a segment has none (written without faiss or before codes were
     kept, or its codes file removed by a writer that keeps none: the codes are then encoded at load)."""
-    segments = _read_segments(db, namespace, dim, parts, 0, LAST_SEQ)
+    segments = _read_segments(db, namespace, dim, parts, lo, LAST_SEQ)
     codes = []
     for table, stored in segments:
         arrays, path = stored.arrays, stored.codes

@@ -34,8 +34,8 @@ import numpy as np
 
 from qgmem_train.errors import InputError
 from qgmem_train.memory import segments, sidecar, trace_graph_file
-from qgmem_train.memory.columns import take_children
-from qgmem_train.memory.row_stack import RowStack
+from qgmem_train.memory.columns import group_bounds, take_children
+from qgmem_train.memory.row_stack import RowStack, row_blocks
 from qgmem_train.memory.sidecar import SidecarMissing
 from qgmem_train.memory.store_file import BUSY_TIMEOUT_S, StoreFile
 from qgmem_train.memory.store_uri import is_store_uri
@@ -58,6 +58,10 @@ OWN_FOLDERS = (sidecar.FOLDER, trace_graph_file.FOLDER)
 """The folders a store writes and removes files in, beside its SQLite file: never links, so no write reaches outside the store."""
 LOAD_ATTEMPTS = 3
 """Reads of a namespace tried before giving up when writers keep replacing the segments read (see :mod:`~qgmem_train.memory.sidecar`)."""
+GROWN_BLOCKS_MAX = 32
+"""Vector blocks a memory grown by :meth:`MemoryStore.load_additions` holds at most; beyond, the namespace is read whole
+(as the store has merged its segments), so that a long-lived index neither scans many small blocks nor keeps the
+files of merged-away segments mapped."""
 NAMESPACE_TABLES = ("turns", "windows", "unit_keys", "segments", "segment_parts", "traces")
 """The tables whose rows belong to one namespace (its ``namespace`` column), less those of its vectors (``segment_files``
 or ``segment_vectors``, see :class:`~qgmem_train.memory.segments.VectorStorage`); ``namespaces`` holds the namespace itself."""
@@ -106,6 +110,10 @@ class NamespaceMemory:
     code_blocks: list[CodeBlock] | None = None
     """The codes of the facts and sentence vectors, from each segment's codes file (int8 mapped, product-quantised read),
     when loaded with the sentences from segments that all have one (the dense channel searches them rather than encoding)."""
+    incarnation: str = ""
+    """The namespace's incarnation when it was read (see :meth:`MemoryStore.version`)."""
+    segments: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    """(seq, rows, level) of each unit and turn segment read, by kind: what :meth:`MemoryStore.load_additions` reads beyond."""
 
 
 @dataclass
@@ -402,7 +410,8 @@ class MemoryStore:
         if latest:
             dim = self.dim or 0
             table = UnitTable.from_embedded([i for i, _ in latest.values()], [sub for _, sub in latest.values()], dim).in_unit_order()
-            self._drop_units(db, namespace, list(latest), dim)
+            if self._drop_units(db, namespace, list(latest), dim):  # what was loaded of it is no longer a part of it
+                db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", (incarnation_key(namespace), uuid.uuid4().hex))
             seq = segments.append(db, namespace, table)
             db.executemany(
                 "INSERT INTO unit_keys VALUES (?, ?, ?) ON CONFLICT (namespace, id) DO UPDATE SET seq = excluded.seq",
@@ -421,8 +430,8 @@ class MemoryStore:
         )
 
     @staticmethod
-    def _drop_units(db: sqlite3.Connection, namespace: str, ids: list[str], dim: int) -> None:
-        """Take the stored units with these ids out of their segments (they are about to be written again)."""
+    def _drop_units(db: sqlite3.Connection, namespace: str, ids: list[str], dim: int) -> bool:
+        """Take the stored units with these ids out of their segments (they are about to be written again); whether any was stored."""
         found = db.execute(
             "SELECT seq, id FROM unit_keys WHERE namespace = ? AND id IN (SELECT value FROM json_each(?))", (namespace, json.dumps(ids))
         ).fetchall()
@@ -436,6 +445,7 @@ class MemoryStore:
             segments.delete(db, namespace, segments.UNITS, seq, seq)
             if len(keep):
                 segments.append(db, namespace, table.take(keep).without_unused_texts(), seq=seq, level=levels[seq])
+        return bool(found)
 
     def count_units(self, namespace: str) -> int:
         """Number of units stored in ``namespace``."""
@@ -461,11 +471,8 @@ class MemoryStore:
         made again is another one; one created before incarnations were written stands for the store's
         :attr:`deletions` count instead (it then changes with any namespace's delete, as every cache's key once did).
         """
-        query = "SELECT n.generation, m.value FROM namespaces n LEFT JOIN meta m ON m.key = ? WHERE n.name = ?"
-        row = self._db.execute(query, (incarnation_key(namespace), namespace)).fetchone()
-        if row is None:
-            return None
-        return (row[1] if row[1] is not None else f"deletions {self.deletions}", int(row[0]))
+        found = self._generations(namespace)
+        return None if found is None else (found[2], found[0])
 
     @property
     def deletions(self) -> int:
@@ -572,21 +579,91 @@ class MemoryStore:
             return self._load_namespace(namespace, embedder_id, sentences, relations)
 
     def _load_namespace(self, namespace: str, embedder_id: str | None, sentences: bool, relations: bool) -> NamespaceMemory:
-        generations = self._db.execute("SELECT generation, units_generation FROM namespaces WHERE name = ?", (namespace,)).fetchone()
+        generations = self._generations(namespace)
         if generations is None:
             raise InputError(f"{self.path}: namespace {namespace}", "not in this store")
         if embedder_id is not None and self.embedder_id != embedder_id:
             raise InputError(f"{self.path}: namespace {namespace}", f"built with embedder {self.embedder_id!r}, configured {embedder_id!r}")
+        listings = {kind: segments.listing(self._db, namespace, kind) for kind in (segments.UNITS, segments.TURNS)}
+        table, codes = self._read_units(namespace, sentences, relations)
+        order = table.unit_order()
+        code_blocks = None if codes is None else _code_blocks(codes, *_final_rows(table, order))
+        return self._memory(namespace, table.in_unit_order(order), segments.read_turns(self._db, namespace), generations, listings,
+                            code_blocks, sentences=sentences, relations=relations)  # fmt: skip
+
+    def load_additions(self, memory: NamespaceMemory) -> NamespaceMemory | None:
+        """``memory`` with what its namespace gained since it was read appended, reading only the segments written or
+        merged since; ``None`` when that is not the namespace as :meth:`load_namespace` reads it now (deleted, a unit
+        written again, or units added that sort before some read: read it whole), ``memory`` itself when unchanged.
+
+        A namespace only grows while its incarnation holds: writes add units and turns (a merge keeps its segments'
+        rows, the older first), and a write that replaces units gives the namespace a new incarnation.
+        """
+        for _ in range(LOAD_ATTEMPTS - 1):
+            try:
+                with self.snapshot():
+                    return self._load_additions(memory)
+            except SidecarMissing:
+                continue
+        with self.snapshot():
+            return self._load_additions(memory)
+
+    def _load_additions(self, memory: NamespaceMemory) -> NamespaceMemory | None:
+        namespace = memory.namespace
+        generations = self._generations(namespace)
+        if generations is None or generations[2] != memory.incarnation or not isinstance(memory.units, UnitView) or not isinstance(memory.turns, TurnMap):
+            return None
+        if generations[0] == memory.generation:
+            return memory
+        if len(row_blocks(memory.fact_embeddings)) >= GROWN_BLOCKS_MAX:
+            return None
+        listings = {kind: segments.listing(self._db, namespace, kind) for kind in (segments.UNITS, segments.TURNS)}
+        known, now = memory.segments[segments.UNITS], listings[segments.UNITS]
+        same = _common_prefix(known, now)
+        sentences, relations = memory.sentence_embeddings is not None, memory.relation_embeddings is not None
+        old = memory.units.table
+        table, code_blocks = old, memory.code_blocks
+        if same < len(now):
+            read, codes = self._read_units(namespace, sentences, relations, lo=now[same][0])
+            row_of = {unit_id: row for row, unit_id in enumerate(old.ids.tolist())}
+            unit_row = np.fromiter((row_of.get(unit_id, -1) for unit_id in read.ids.tolist()), np.int64, len(read))
+            added = np.flatnonzero(unit_row < 0)
+            if len(read) - len(added) != sum(rows for _, rows, _ in known[same:]) or (codes is None) != (code_blocks is None):
+                return None
+            order = added[read.take(added).unit_order()]
+            if len(old) and len(order) and _unit_key(old, len(old) - 1) >= _unit_key(read, int(order[0])):
+                return None  # the new units would sort among the old ones
+            unit_row[order] = len(old) + np.arange(len(order))
+            table = UnitTable.concat([old, read.take(order).without_unused_texts()]) if len(order) else old
+            if codes is not None:
+                code_blocks = [*memory.code_blocks[:same], *_code_blocks(codes, unit_row, _sentence_rows(read, unit_row, table))]  # type: ignore[index]
+        turns = memory.turns.table
+        known, now = memory.segments[segments.TURNS], listings[segments.TURNS]
+        same = _common_prefix(known, now)
+        if same < len(now):
+            read_turns = segments.read_turns(self._db, namespace, lo=now[same][0])
+            kept = sum(rows for _, rows, _ in known[same:])
+            turns = TurnTable.concat([turns, read_turns.take(np.arange(kept, len(read_turns)))])
+        return self._memory(namespace, table, turns, generations, listings, code_blocks, sentences=sentences, relations=relations)
+
+    def _generations(self, namespace: str) -> tuple[int, int, str] | None:
+        """(generation, units generation, incarnation) of ``namespace``, ``None`` when it is not stored."""
+        query = "SELECT n.generation, n.units_generation, m.value FROM namespaces n LEFT JOIN meta m ON m.key = ? WHERE n.name = ?"
+        row = self._db.execute(query, (incarnation_key(namespace), namespace)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]), row[2] if row[2] is not None else f"deletions {self.deletions}")
+
+    def _read_units(self, namespace: str, sentences: bool, relations: bool, lo: int = 0) -> tuple[UnitTable, list[tuple[object, float, int]] | None]:
+        """The unit segments from ``lo`` on (in seq order) with the vector parts retrieval reads, and their codes when the
+        sentences are read (see :func:`~qgmem_train.memory.segments.read_units_and_codes`)."""
         dim = self.dim or 0
         parts = ("fact", "text", *(("sentence",) if sentences else ()), *(("relation",) if relations else ()))
         if sentences:
-            table, codes = segments.read_units_and_codes(self._db, namespace, dim, parts)
-        else:
-            table, codes = segments.read_units(self._db, namespace, dim, parts), None
-        order = table.unit_order()
-        code_blocks = None if codes is None else _code_blocks(table, order, codes)
-        table = table.in_unit_order(order)
-        turns = segments.read_turns(self._db, namespace)
+            return segments.read_units_and_codes(self._db, namespace, dim, parts, lo=lo)
+        return segments.read_units(self._db, namespace, dim, parts, lo=lo), None
+
+    def _memory(self, namespace: str, table: UnitTable, turns: TurnTable, generations: tuple[int, int, str], listings: dict[str, list[tuple[int, int, int]]],
+                code_blocks: list[CodeBlock] | None, *, sentences: bool, relations: bool) -> NamespaceMemory:  # fmt: skip
+        """The namespace read as ``table`` (in unit order), ``turns`` and its traces as stored now."""
         traces = self.load_traces(namespace)
         return NamespaceMemory(
             namespace=namespace,
@@ -605,17 +682,45 @@ class MemoryStore:
             units_generation=generations[1],
             relation_embeddings=table.vectors["relation"] if relations else None,
             code_blocks=code_blocks,
+            incarnation=generations[2],
+            segments=listings,
         )
 
 
-def _code_blocks(table: UnitTable, order: np.ndarray, codes: list[tuple[object, float, int]]) -> list[CodeBlock]:
-    """Each segment's codes (``table`` holds the segments one after the other; ``codes``: index, scale, units) as a
-    block naming the unit rows and sentence rows it codes once the rows are put in unit ``order``."""
+def _common_prefix(known: Sequence[tuple[int, int, int]], now: Sequence[tuple[int, int, int]]) -> int:
+    """How many segments, oldest first, are listed alike in both listings."""
+    same = 0
+    while same < min(len(known), len(now)) and tuple(known[same]) == tuple(now[same]):
+        same += 1
+    return same
+
+
+def _unit_key(table: UnitTable, row: int) -> tuple[int, int, str]:
+    """The unit's place in unit order (:meth:`UnitTable.unit_order`): serial, index in its window, id."""
+    return int(table.serials[row]), int(table.subs[row]), table.ids[row]
+
+
+def _final_rows(table: UnitTable, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The unit row and the sentence row of each of ``table``'s units and sentences once its rows are put in unit ``order``."""
     unit_row = np.empty(len(order), np.int64)
     unit_row[order] = np.arange(len(order))
     moved, _ = take_children(table.sentence_owner, len(table), order)
     sentence_row = np.empty(len(moved), np.int64)
     sentence_row[moved] = np.arange(len(moved))
+    return unit_row, sentence_row
+
+
+def _sentence_rows(read: UnitTable, unit_row: np.ndarray, table: UnitTable) -> np.ndarray:
+    """The row in ``table``'s sentence vectors of each sentence of ``read``, whose units are at ``unit_row`` in ``table``."""
+    owner = np.asarray(read.sentence_owner, np.int64)
+    read_start, _ = group_bounds(owner, len(read))
+    table_start, _ = group_bounds(np.asarray(table.sentence_owner, np.int64), len(table))
+    return table_start[unit_row[owner]] + np.arange(len(owner)) - read_start[owner]
+
+
+def _code_blocks(codes: list[tuple[object, float, int]], unit_row: np.ndarray, sentence_row: np.ndarray) -> list[CodeBlock]:
+    """Each segment's codes (``codes``: index, scale and unit count of the segments read one after the other) as a
+    block naming the unit rows and sentence rows it codes: those at ``unit_row`` and ``sentence_row`` of the rows read."""
     blocks, units, sentences = [], 0, 0
     for index, scale, count in codes:
         own_sentences = index.ntotal - count

@@ -372,34 +372,41 @@ class UnitView(Sequence):
         self._complete = True
 
 
-def unit_texts(units: Sequence[MemoryUnit], field: str) -> list[str | None]:
-    """One text field of every unit (``"id"``, ``"predicate"``, ...): from its packed column when ``units`` is a
-    loaded :class:`UnitView`, so that no unit is built (building all of a large namespace's units takes seconds)."""
+def unit_texts(units: Sequence[MemoryUnit], field: str, start: int = 0) -> list[str | None]:
+    """One text field of every unit from ``start`` on (``"id"``, ``"predicate"``, ...): from its packed column when ``units``
+    is a loaded :class:`UnitView`, so that no unit is built (building all of a large namespace's units takes seconds)."""
     if isinstance(units, UnitView):
-        return getattr(units.table, _COLUMN_OF_FIELD[field]).tolist()
-    return [getattr(unit, field) for unit in units]
+        column = getattr(units.table, _COLUMN_OF_FIELD[field])
+        return (column.take(np.arange(start, len(column))) if start else column).tolist()
+    return [getattr(unit, field) for unit in units[start:]]
 
 
-def unit_fact_spans(units: Sequence[MemoryUnit]) -> tuple[np.ndarray, list[TimeSpan]]:
-    """Every unit's fact time spans, grouped by unit in unit order, and the unit row of each: from the packed columns
-    when ``units`` is a loaded :class:`UnitView`, as :func:`unit_texts` reads its fields."""
+def unit_fact_spans(units: Sequence[MemoryUnit], start: int = 0) -> tuple[np.ndarray, list[TimeSpan]]:
+    """The fact time spans of every unit from ``start`` on, grouped by unit in unit order, and the unit row of each: from the
+    packed columns when ``units`` is a loaded :class:`UnitView`, as :func:`unit_texts` reads its fields."""
     if not isinstance(units, UnitView):
-        return np.array([row for row, u in enumerate(units) for _ in u.fact_time], np.int64), [s for u in units for s in u.fact_time]
+        rows = range(start, len(units))
+        return np.array([row for row in rows for _ in units[row].fact_time], np.int64), [s for row in rows for s in units[row].fact_time]
     t = units.table
-    spans = [TimeSpan(a, b, g) for a, b, g in zip(t.span_starts.tolist(), t.span_ends.tolist(), t.span_granularities.tolist())]
-    return np.asarray(t.span_owner, np.int64), spans
+    owner = np.asarray(t.span_owner, np.int64)
+    first = int(np.searchsorted(owner, start))
+    rows = np.arange(first, len(owner))
+    columns = (t.span_starts, t.span_ends, t.span_granularities)
+    spans = [TimeSpan(a, b, g) for a, b, g in zip(*((c.take(rows) if first else c).tolist() for c in columns))]
+    return owner[first:], spans
 
 
-def first_source_turn_ids(units: Sequence[MemoryUnit]) -> list[str | None]:
-    """The first source turn id of every unit (None for a unit without one): from the packed columns when ``units``
-    is a loaded :class:`UnitView`, as :func:`unit_texts` reads its fields."""
+def first_source_turn_ids(units: Sequence[MemoryUnit], start: int = 0) -> list[str | None]:
+    """The first source turn id of every unit from ``start`` on (None for a unit without one): from the packed columns when
+    ``units`` is a loaded :class:`UnitView`, as :func:`unit_texts` reads its fields."""
     if not isinstance(units, UnitView):
-        return [u.source_turn_ids[0] if u.source_turn_ids else None for u in units]
+        return [u.source_turn_ids[0] if u.source_turn_ids else None for u in units[start:]]
     table = units.table
     starts, ends = group_bounds(table.turn_owner, len(table))
     has = np.flatnonzero(ends > starts)
-    out: list[str | None] = [None] * len(table)
-    for row, turn_id in zip(has.tolist(), table.turn_ids.take(starts[has]).tolist()):
+    has = has[has >= start]
+    out: list[str | None] = [None] * (len(table) - start)
+    for row, turn_id in zip((has - start).tolist(), table.turn_ids.take(starts[has]).tolist()):
         out[row] = turn_id
     return out
 

@@ -1,7 +1,7 @@
 """The question pipeline every caller shares: the models of a config, a namespace's search, the text-path answer, the results.
 
 :class:`PipelineModels` builds a config's embedder, reranker, intent parser and answering LLM, each once and only when a
-stage needs it; :class:`NamespaceIndex` keeps a namespace's search index as long as the namespace lives; :func:`search`
+stage needs it; :class:`NamespaceIndex` keeps a namespace's search index as long as the namespace lives, grown by its adds; :func:`search`
 walks one question to its working memory and MEMORY_CONTEXT; :func:`answer_text_path` answers on the text path;
 :class:`AskResult` and :class:`SearchResult` are what callers get back (:func:`ask_record`: as JSON).
 """

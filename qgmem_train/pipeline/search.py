@@ -1,14 +1,16 @@
 """Search a namespace: its index kept while the namespace lives, a question's working memory and its MEMORY_CONTEXT.
 
 :class:`NamespaceIndex` loads a namespace and builds its :class:`~qgmem_train.retrieval.activation.ActivationIndex`
-once, keyed by the namespace's own version (:meth:`~qgmem_train.memory.store.MemoryStore.version`: its incarnation
-and write count), so another namespace's writes or delete leave it in place. :func:`search` walks one question:
+once, checked against the namespace's own version (:meth:`~qgmem_train.memory.store.MemoryStore.version`: its
+incarnation and write count), so another namespace's writes or delete leave it in place, and grown by the namespace's
+adds (:meth:`~qgmem_train.memory.store.MemoryStore.load_additions`) rather than built again. :func:`search` walks one question:
 activation (intent, channels, RRF, rerank) over that index, then the evidence the answerer reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -29,14 +31,19 @@ if TYPE_CHECKING:
     from qgmem_train.retrieval.activation import ActivationIndex, WorkingMemory
     from qgmem_train.retrieval.intent import QueryIntent
 
+log = logging.getLogger(__name__)
+
 UnitFilter = Callable[["NamespaceMemory", "MemoryUnit"], bool]
 """Whether a unit of a loaded namespace may enter a working memory (a search's speaker, session or time filter)."""
 
 
 class NamespaceIndex:
-    """One namespace's loaded memory and search index, rebuilt only when the namespace itself changed.
+    """One namespace's loaded memory and search index: grown by what the namespace gained since (its adds, by this
+    process or another), built again only when the namespace is another one (deleted and made again, or a unit written
+    again).
 
-    ``traces`` False serializes every unit as a plain fact (the evaluation's ablation).
+    ``traces`` False serializes every unit as a plain fact (the evaluation's ablation). ``builds`` and ``appends``
+    count the indexes built whole and grown.
     """
 
     def __init__(self, store: MemoryStore, namespace: str, models: PipelineModels, *, retrieval: RetrievalConfig | None = None,
@@ -46,23 +53,57 @@ class NamespaceIndex:
         self.models = models
         self.retrieval = retrieval or models.cfg.retrieval
         self.traces = traces
-        self._loaded: tuple[tuple[str, int] | None, NamespaceMemory, ActivationIndex] | None = None
+        self.builds = self.appends = 0
+        self._loaded: tuple[NamespaceMemory, ActivationIndex] | None = None
         self._loading = threading.Lock()
-        """Held while the index loads, so that concurrent searches of one namespace build it once."""
+        """Held while the index loads or grows, so that concurrent searches of one namespace make it once; a search
+        holds the (memory, index) pair it was handed, which later growth replaces rather than changes."""
 
     def current(self) -> tuple[NamespaceMemory, ActivationIndex]:
-        """The namespace and its index as stored now: those already built while the namespace's version holds."""
+        """The namespace and its index as stored now: those held while the namespace is unchanged, grown by its additions."""
+        with self._loading:
+            if self._loaded is None or self.store.version(self.namespace) != (self._loaded[0].incarnation, self._loaded[0].generation):
+                self._loaded = self._grown() or self._built()
+            return self._loaded
+
+    def refresh(self) -> None:
+        """Grow the index held by what the namespace gained (after an add): the next search finds it ready. Nothing when
+        no index is held yet; when it cannot grow (or reading the additions fails) it is let go, and the next search
+        builds it whole (and meets the error, if it lasts), so that an add that committed is never reported failed."""
+        with self._loading:
+            try:
+                self._loaded = self._grown()
+            except Exception as exc:  # noqa: BLE001 - the add committed; the search that builds the index reports a lasting error
+                log.warning("namespace %s: its search index could not grow (%s); the next search builds it", self.namespace, exc)
+                self._loaded = None
+
+    def _built(self) -> tuple[NamespaceMemory, ActivationIndex]:
+        """The namespace loaded whole and its index built."""
         from qgmem_train.retrieval.activation import ActivationIndex
 
-        with self._loading:
-            version = self.store.version(self.namespace)
-            if self._loaded is None or version is None or self._loaded[0] != version:
-                embedder = self.models.embedder
-                memory = self.store.load_namespace(self.namespace, embedder_id=embedder.model_id, sentences=self.retrieval.sentence_vectors)
-                if not self.traces:
-                    memory = dataclasses.replace(memory, traces=[], trace_of={})
-                self._loaded = (version, memory, ActivationIndex(memory, self.retrieval, embedder))
-            return self._loaded[1], self._loaded[2]
+        embedder = self.models.embedder
+        memory = self._own(self.store.load_namespace(self.namespace, embedder_id=embedder.model_id, sentences=self.retrieval.sentence_vectors))
+        self.builds += 1
+        return memory, ActivationIndex(memory, self.retrieval, embedder)
+
+    def _grown(self) -> tuple[NamespaceMemory, ActivationIndex] | None:
+        """The index held with the namespace's additions appended (itself when none); None when none is held or the
+        namespace did not only grow (see :meth:`~qgmem_train.memory.store.MemoryStore.load_additions`)."""
+        from qgmem_train.retrieval.activation import ActivationIndex
+
+        if self._loaded is None:
+            return None
+        held, index = self._loaded
+        memory = self.store.load_additions(held)
+        if memory is None or memory is held:
+            return None if memory is None else self._loaded
+        memory = self._own(memory)
+        self.appends += 1
+        return memory, ActivationIndex(memory, self.retrieval, self.models.embedder, previous=index)
+
+    def _own(self, memory: NamespaceMemory) -> NamespaceMemory:
+        """``memory`` as this index reads it (without traces for the evaluation's ablation)."""
+        return memory if self.traces else dataclasses.replace(memory, traces=[], trace_of={})
 
 
 @dataclass

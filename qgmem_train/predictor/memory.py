@@ -60,6 +60,7 @@ class PredictorMemory:
         of the turns and time, so a retried call stores the session once; ``time`` is the session's date
         (ISO or a recognised date format). ``whole`` commits all the session's units in one transaction, so a killed
         call leaves none of them visible (``serve`` adds this way); by default they commit a window batch at a time.
+        A search index already held grows by the new units here, so the next search does not wait for it.
         """
         from qgmem_train.memory.construct import build_conversation
         from qgmem_train.memory.loaders import session_time
@@ -77,9 +78,11 @@ class PredictorMemory:
         cfg = predictor.pipeline
         llm = predictor.models.construction_llm
         with predictor.frozen_pipeline():
-            return build_conversation(
+            report = build_conversation(
                 self.store, Conversation(self.namespace, [session]), cfg, predictor.embedder, namespace=self.namespace, llm=llm, whole=whole
             )
+        self.index.refresh()
+        return report
 
     def search(
         self,

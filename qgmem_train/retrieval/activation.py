@@ -41,8 +41,8 @@ CHANNELS = ("bm25", "dense", "attr", "graph")
 """Every retrieval channel; ``graph`` ranks after the others are fused, from their fused order (:func:`fuse_channels`)."""
 
 
-def lexical_postings(memory: NamespaceMemory, count: int) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(vocabulary, term id, unit row) of every term BM25 indexes: each unit's
+def lexical_postings(memory: NamespaceMemory, count: int, start: int = 0) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(vocabulary, term id, unit row) of every term BM25 indexes for the units from ``start`` on: each unit's
     :func:`~qgmem_train.memory.search_terms.lexical_text`, then its ``count`` preceding turns of the same session.
 
     The terms are those the store kept (a loaded namespace tokenizes nothing) or, for units and turns held in memory,
@@ -50,18 +50,27 @@ def lexical_postings(memory: NamespaceMemory, count: int) -> tuple[list[str], np
     equal those of the joined text, since no term spans the spaces and newlines that join the parts.
     """
     units = unit_terms(memory.units)
-    own = np.arange(len(units), dtype=np.int64)
+    n_units = len(units)
+    own = np.arange(start, n_units, dtype=np.int64)
     rows, docs = [own], [own]
     if count > 0:
         turn_terms, (row_of, previous) = turn_context(memory), turn_rows(memory)
-        units = TermLists.concat([units, turn_terms])  # turn row r is row len(own) + r
         chain = np.append(previous, -1)  # row -1 (no turn) leads to no turn
-        turn = np.fromiter((row_of.get(t, -1) if t is not None else -1 for t in first_source_turn_ids(memory.units)), np.int64, len(own))
+        first_turns = first_source_turn_ids(memory.units, start)
+        turn = np.fromiter((row_of.get(t, -1) if t is not None else -1 for t in first_turns), np.int64, len(own))
+        context = []
         for _ in range(count):
             turn = chain[turn]
             has = np.flatnonzero(turn >= 0)
-            rows.append(len(own) + turn[has])
-            docs.append(has)
+            context.append(turn[has])
+            docs.append(own[has])
+        if start:  # only the later units' lists and their turns': their vocabulary alone is merged
+            units, turns = units.take(own).without_unused_terms(), np.unique(np.concatenate(context))
+            turn_terms, own = turn_terms.take(turns).without_unused_terms(), np.arange(len(own), dtype=np.int64)
+            context = [np.searchsorted(turns, c) for c in context]
+            rows = [own]
+        units = TermLists.concat([units, turn_terms])  # turn row r is row len(units) + r
+        rows += [len(units) - len(turn_terms) + c for c in context]
     row, doc = np.concatenate(rows), np.concatenate(docs)
     lengths = units.lengths[row]
     return units.vocab.tolist(), units.ids[ranges(units.starts[row], lengths)], np.repeat(doc, lengths)  # type: ignore[return-value]
@@ -125,13 +134,18 @@ class ActivationIndex:
     built here from the units' attributes, traces and turns: a store holds no graph, so one of any age answers.
     """
 
-    def __init__(self, memory: NamespaceMemory, cfg: RetrievalConfig, embedder: Embedder):
+    def __init__(self, memory: NamespaceMemory, cfg: RetrievalConfig, embedder: Embedder, *, previous: ActivationIndex | None = None):
+        """``previous``: the index (with the same ``cfg``) of an earlier load of the namespace whose units ``memory``'s
+        begin with (:meth:`~qgmem_train.memory.store.MemoryStore.load_additions`): its BM25 postings, attribute days and
+        unit rows are kept and the later units' appended, to the index a build over ``memory`` makes."""
         self.memory = memory
         self.channels = check_channels(cfg.channels)
         units = memory.units
+        start = len(previous.memory.units) if previous is not None else 0
         self.bm25 = None
         if "bm25" in self.channels:
-            self.bm25 = BM25Index(*lexical_postings(memory, cfg.lexical_context_turns), len(units))
+            postings = lexical_postings(memory, cfg.lexical_context_turns, start)
+            self.bm25 = previous.bm25.appended(*postings, len(units)) if previous is not None and previous.bm25 else BM25Index(*postings, len(units))
         sentences = (memory.sentence_embeddings, memory.sentence_unit) if cfg.sentence_vectors else (None, None)
         dense_channel = "dense" in self.channels
         self.dense = DenseIndex(
@@ -145,10 +159,12 @@ class ActivationIndex:
             if cfg.subject_entities and units:
                 attributes = with_subject_entities(attributes, units, embedder)
             self.attributes = AttributeScorer(
-                units, attributes, sem_threshold=cfg.sem_threshold, utterance_fallback=cfg.utterance_day_fallback
-            )
+                units, attributes, sem_threshold=cfg.sem_threshold, utterance_fallback=cfg.utterance_day_fallback,
+                previous=previous.attributes if previous is not None else None,
+            )  # fmt: skip
         self.trajectory = {t.id: t.trajectory for t in memory.traces}
-        self._row_of = {unit_id: row for row, unit_id in enumerate(unit_texts(units, "id"))}
+        self._row_of = dict(previous._row_of) if previous is not None else {}
+        self._row_of.update((unit_id, row) for row, unit_id in enumerate(unit_texts(units, "id", start), start))  # type: ignore[misc]
         self.current_row = current_rows(memory.traces, self._row_of)
         """Row of the current member of each unit's trace (its own row when it is current); -1 outside traces."""
         self.graph = None

@@ -105,7 +105,10 @@ class AttributeScorer:
         sem_threshold: float = 0.60,
         utterance_fallback: bool = True,
         text_codes_from: int = TEXT_CODES_MIN,
+        previous: AttributeScorer | None = None,
     ):
+        """``previous``: the scorer of the first of ``units`` (those of an earlier load of the namespace): their days are
+        kept and only the later units' read."""
         self.n_units = len(units)
         self.sem_threshold = sem_threshold
         self.utterance_fallback = utterance_fallback
@@ -116,10 +119,15 @@ class AttributeScorer:
                                len(self.texts.embeddings), np.asarray(attributes.kind, np.int8) == kind)
             for kind in (ENTITY, LOCATION)
         }  # fmt: skip
-        fact_unit, fact_spans = unit_fact_spans(units)
+        start = previous.n_units if previous is not None else 0
+        fact_unit, fact_spans = unit_fact_spans(units, start)
         fact_days = span_ordinals(fact_spans)
+        day = np.array([day_ordinal(t) if t else NO_DAY for t in unit_texts(units, "utterance_time", start)], dtype=np.int64)
+        if previous is not None:
+            fact_unit, fact_days, day = (np.concatenate(pair) for pair in zip(previous.days, (fact_unit, fact_days, day)))
+        self.days = (fact_unit, fact_days, day)
+        """Unit row and day interval of every fact time, and every unit's utterance day (:data:`NO_DAY` for none)."""
         self._facts = IntervalIndex(fact_days[:, 0], fact_days[:, 1], fact_unit)
-        day = np.array([day_ordinal(t) if t else NO_DAY for t in unit_texts(units, "utterance_time")], dtype=np.int64)
         dated = day != NO_DAY
         undated_by_fact = np.ones(self.n_units, bool)
         undated_by_fact[fact_unit] = False

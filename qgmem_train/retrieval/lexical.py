@@ -17,10 +17,11 @@ import numpy as np
 
 
 def okapi_idf(doc_freq: np.ndarray, n_docs: int, epsilon: float = 0.25) -> np.ndarray:
-    """rank_bm25's BM25Okapi idf: log((N - df + .5) / (df + .5)), negative values floored at epsilon × mean idf."""
+    """rank_bm25's BM25Okapi idf: log((N - df + .5) / (df + .5)), negative values floored at epsilon × mean idf (the mean
+    taken in sorted order, so that it does not depend on how the terms are numbered)."""
     idf = np.log(n_docs - doc_freq + 0.5) - np.log(doc_freq + 0.5)
     if idf.size:
-        idf = np.where(idf < 0, epsilon * idf.mean(), idf)
+        idf = np.where(idf < 0, epsilon * np.sort(idf).mean(), idf)
     return idf
 
 
@@ -29,33 +30,63 @@ class BM25Index:
 
     ``terms[i]`` (an id into ``vocab``) occurs once in document ``docs[i]``; repeats count as repeats. Terms of
     ``vocab`` that occur nowhere are left out, so scores depend only on the documents' terms, as rank_bm25's do.
+    :meth:`appended` adds documents: the statistics every score reads (idf, mean length) change, so the scores are made
+    again from the kept term frequencies, and equal those of an index built over all the documents at once.
     """
 
     def __init__(self, vocab: Sequence[str], terms: np.ndarray, docs: np.ndarray, n_docs: int, *, k1: float = 1.5, b: float = 0.75,
                  epsilon: float = 0.25):  # fmt: skip
         self.n_docs = n_docs
-        terms = np.asarray(terms, np.int64)
+        self.params = (k1, b, epsilon)
+        self.vocab: dict[str, int] = {}
+        self._lengths = np.zeros(n_docs, np.int64)
+        self._finish(*self._postings(vocab, terms, docs, 0), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    def _postings(self, vocab: Sequence[str], terms: np.ndarray, docs: np.ndarray, first_doc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(term, document, term frequency) of each distinct pair of ``terms`` (ids into ``vocab``, numbered into
+        :attr:`vocab` here) and ``docs`` (from ``first_doc`` on, counted into the document lengths), by term then document."""
+        terms, docs = np.asarray(terms, np.int64), np.asarray(docs, np.int64)
         used = np.flatnonzero(np.bincount(terms, minlength=len(vocab)))  # a pass, not a sort: few terms go unused
-        self.vocab: dict[str, int] = {vocab[i]: k for k, i in enumerate(used.tolist())}
-        if len(used) < len(vocab):
-            renumber = np.zeros(len(vocab), np.int64)
-            renumber[used] = np.arange(len(used))
-            terms = renumber[terms]
+        renumber = np.zeros(len(vocab), np.int64)
+        renumber[used] = np.fromiter((self.vocab.setdefault(vocab[i], len(self.vocab)) for i in used.tolist()), np.int64, len(used))
+        terms = renumber[terms]
+        self._lengths[first_doc:] += np.bincount(docs - first_doc, minlength=self.n_docs - first_doc)
         if terms.size == 0:
-            self._data = np.zeros(0, np.float32)
-            self._indices = np.zeros(0, np.int32)
-            self._indptr = np.zeros(1, np.int64)
-            return
-        docs = np.asarray(docs, np.int64)
-        lengths = np.bincount(docs, minlength=n_docs)
-        pairs, term_freq = np.unique(terms * n_docs + docs, return_counts=True)  # sorted by term, then document
-        term, doc = np.divmod(pairs, n_docs)
-        doc_freq = np.bincount(term, minlength=len(used))
-        idf = okapi_idf(doc_freq.astype(np.float64), n_docs, epsilon)
-        length_norm = k1 * (1.0 - b + b * lengths / lengths.mean())
-        self._data = (idf[term] * term_freq * (k1 + 1.0) / (term_freq + length_norm[doc])).astype(np.float32)
+            return terms, docs, terms
+        pairs, term_freq = np.unique(terms * self.n_docs + docs, return_counts=True)  # sorted by term, then document
+        term, doc = np.divmod(pairs, self.n_docs)
+        return term, doc, term_freq
+
+    def _finish(self, term: np.ndarray, doc: np.ndarray, term_freq: np.ndarray, old_term: np.ndarray, old_doc: np.ndarray,
+                old_freq: np.ndarray) -> None:  # fmt: skip
+        """The score columns of the pairs kept (``old_*``, by term then document) and those of later documents, merged."""
+        if len(old_term) and len(term):
+            order = np.argsort(np.concatenate([old_term, term]), kind="stable")  # a term's later documents after its earlier ones
+            term, doc, term_freq = (np.concatenate(pair)[order] for pair in ((old_term, term), (old_doc, doc), (old_freq, term_freq)))
+        elif len(old_term):
+            term, doc, term_freq = old_term, old_doc, old_freq
+        self._term, self._freq = term.astype(np.int32), term_freq.astype(np.int32)
         self._indices = doc.astype(np.int32)
+        doc_freq = np.bincount(term, minlength=len(self.vocab))
         self._indptr = np.concatenate([[0], np.cumsum(doc_freq)]).astype(np.int64)
+        if term.size == 0:
+            self._data = np.zeros(0, np.float32)
+            return
+        k1, b, epsilon = self.params
+        term_freq = term_freq.astype(np.int64)
+        idf = okapi_idf(doc_freq.astype(np.float64), self.n_docs, epsilon)
+        length_norm = k1 * (1.0 - b + b * self._lengths / self._lengths.mean())
+        self._data = (idf[term] * term_freq * (k1 + 1.0) / (term_freq + length_norm[doc])).astype(np.float32)
+
+    def appended(self, vocab: Sequence[str], terms: np.ndarray, docs: np.ndarray, n_docs: int) -> BM25Index:
+        """This index with documents ``self.n_docs`` to ``n_docs - 1`` added (their pairs as in the constructor); this
+        index is left as it is, for the searches still reading it."""
+        grown = object.__new__(BM25Index)
+        grown.n_docs, grown.params, grown.vocab = n_docs, self.params, dict(self.vocab)
+        grown._lengths = np.concatenate([self._lengths, np.zeros(n_docs - self.n_docs, np.int64)])
+        new = grown._postings(vocab, terms, docs, self.n_docs)
+        grown._finish(*new, self._term.astype(np.int64), self._indices.astype(np.int64), self._freq.astype(np.int64))
+        return grown
 
     @classmethod
     def from_tokens(cls, corpus_tokens: Sequence[Sequence[str]], **params: float) -> BM25Index:
