@@ -14,6 +14,7 @@ import pytest
 
 from qgmem_train.errors import ModelUnavailableError
 from qgmem_train.llm.resolver import load_causal_lm, resolve_model_dir
+from tests.tiny_decoder import save_tiny_gguf
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}],
@@ -133,46 +134,12 @@ def test_a_model_without_a_chat_template_is_refused_in_one_line_naming_the_file_
     assert "Name one fruit." in TransformersLLM(str(folder)).render(CHATS[1])
 
 
-def tiny_gguf_without_chat_template(target: Path) -> Path:
-    """A one-layer Llama GGUF of random float32 weights with a byte-level BPE tokenizer (3 special tokens, the 256 bytes and
-    one merge) and no ``tokenizer.chat_template`` (as the registry's Gemma-3-270M ships): it converts in seconds, where
-    reading SmolLM2's 49,152 tokens and merges takes about 7 s a read and its conversion reads them three times."""
-    from gguf import GGUFWriter
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *bytes_to_unicode().values(), "Ġt"]
-    vocab, hidden, heads, kv_heads, ffn = len(tokens), 16, 2, 1, 32
-    writer = GGUFWriter(target, arch="llama")
-    for name, value in {"llama.block_count": 1, "llama.context_length": 256, "llama.embedding_length": hidden, "llama.feed_forward_length": ffn,
-                        "llama.attention.head_count": heads, "llama.attention.head_count_kv": kv_heads, "llama.vocab_size": vocab,
-                        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.padding_token_id": 2}.items():  # fmt: skip
-        writer.add_uint32(name, value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_string("tokenizer.ggml.model", "gpt2")
-    writer.add_array("tokenizer.ggml.tokens", tokens)
-    writer.add_array("tokenizer.ggml.token_type", [3, 3, 3] + [1] * (vocab - 3))
-    writer.add_array("tokenizer.ggml.merges", ["Ġ t"])
-    head_dim, random = hidden // heads, np.random.default_rng(0)
-    shapes = {
-        "token_embd": (vocab, hidden), "output_norm": (hidden,), "blk.0.attn_norm": (hidden,), "blk.0.ffn_norm": (hidden,),
-        "blk.0.attn_q": (hidden, hidden), "blk.0.attn_k": (kv_heads * head_dim, hidden), "blk.0.attn_v": (kv_heads * head_dim, hidden),
-        "blk.0.attn_output": (hidden, hidden), "blk.0.ffn_gate": (ffn, hidden), "blk.0.ffn_up": (ffn, hidden), "blk.0.ffn_down": (hidden, ffn),
-    }  # fmt: skip
-    for name, shape in shapes.items():
-        writer.add_tensor(f"{name}.weight", (random.standard_normal(shape) * 0.02).astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
-
-
 @pytest.mark.slow
 def test_a_gguf_without_a_chat_template_is_refused_until_one_is_put_beside_it(tmp_path: Path) -> None:
     from qgmem_train.llm.local import TransformersLLM
 
     (tmp_path / "model").mkdir()
-    gguf = tiny_gguf_without_chat_template(tmp_path / "model" / "no-template.gguf")
+    gguf = save_tiny_gguf(tmp_path / "model" / "no-template.gguf")
     result = subprocess.run(
         [sys.executable, "-c", f"from qgmem_train.llm.local import TransformersLLM; TransformersLLM({str(gguf)!r})"],
         env={**os.environ, "QGMEM_CACHE": str(tmp_path / "cache")}, capture_output=True, text=True, timeout=600,
