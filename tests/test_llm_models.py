@@ -14,7 +14,7 @@ import pytest
 
 from qgmem_train.errors import ModelUnavailableError
 from qgmem_train.llm.resolver import load_causal_lm, resolve_model_dir
-from tests.tiny_decoder import save_tiny_gguf
+from tests.tiny_decoder import TINY_GGUF_VOCAB, save_tiny_gguf
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}],
@@ -110,6 +110,30 @@ def test_two_processes_converting_at_once_leave_one_complete_folder(tmp_path: Pa
     assert json.loads((folder / "config.json").read_text())["vocab_size"] == 49152
     model, tokenizer = load_causal_lm(str(folder), device="cpu")
     assert model.get_input_embeddings().weight.shape[0] == len(tokenizer)
+
+
+def test_a_conversion_parses_its_gguf_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers parses a GGUF for its config, its tokenizer and its weights (SmolLM2's 49,152 tokens and merges take
+    about 7 s a parse): the conversion hands all three the same reader."""
+    import gguf
+
+    from qgmem_train.llm.resolver import convert_gguf
+
+    parsed: list[Path] = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path: str | os.PathLike, *args: object, **kwargs: object) -> None:
+            parsed.append(Path(path).resolve())
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    source = save_tiny_gguf(tmp_path / "tiny.gguf")
+    folder = convert_gguf(source, tmp_path / "cache")
+    assert parsed == [source.resolve()]
+    assert gguf.GGUFReader is CountingReader, "the reader class is put back after the conversion"
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == TINY_GGUF_VOCAB
+    model, tokenizer = load_causal_lm(str(folder), device="cpu")
+    assert model.get_input_embeddings().weight.shape[0] == len(tokenizer) == TINY_GGUF_VOCAB
 
 
 TEMPLATE_REFUSAL = r"has no chat template.*chat_template\.jinja"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -139,15 +141,38 @@ def _write_hf_folder(gguf_path: Path, target: Path, template: Path | None = None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    with _gguf_parsed_once(gguf_path):
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     if template is not None:
         tokenizer.chat_template = template.read_text()
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
+
+
+@contextmanager
+def _gguf_parsed_once(gguf_path: Path) -> Iterator[None]:
+    """While it lasts, every ``gguf.GGUFReader`` of ``gguf_path`` is one reader: transformers parses the file for the config,
+    the tokenizer and the weights, and a parse of SmolLM2's 49,152 tokens and merges takes about 7 s."""
+    import gguf
+
+    opened, shared, wanted = gguf.GGUFReader, {}, gguf_path.resolve()
+
+    def reader(path: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs or Path(path).resolve() != wanted:
+            return opened(path, *args, **kwargs)
+        if "reader" not in shared:
+            shared["reader"] = opened(path)
+        return shared["reader"]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = opened
 
 
 def _torch_dtype(dtype: str, device: str) -> Any:
