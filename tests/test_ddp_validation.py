@@ -28,6 +28,7 @@ def _validate(llm_dir: Path, root: Path, devices: int) -> dict[str, float]:
     return metrics
 
 
+@pytest.mark.slow
 def test_two_ranks_report_the_validation_loss_and_shuffle_gap_of_one(llm_dir: Path, tmp_path: Path) -> None:
     """Each example takes its donor's graph from the whole split, whichever rank validates either of them."""
     two, one = _validate(llm_dir, tmp_path / "two", devices=2), _validate(llm_dir, tmp_path / "one", devices=1)
@@ -42,6 +43,7 @@ class RefusedBeforeLoading(GraphAugmentedLM):
         raise AssertionError("the LLM loaded before the split was refused")
 
 
+@pytest.mark.slow
 def test_a_validation_split_smaller_than_the_ranks_is_refused_before_the_model_loads(llm_dir: Path, tmp_path: Path) -> None:
     """Two ranks and one validation example: UnrepeatedDistributedSampler would assert after every rank loaded the LLM."""
     data = TrajectoryDataModule(str(FIXTURE), batch_size=1)

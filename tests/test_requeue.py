@@ -10,11 +10,13 @@ kills the trainer with SIGKILL, as Slurm stops a requeued job.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +93,7 @@ def signalled_fit(
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_signal_saves_once_at_the_next_optimizer_step_and_requeues_once(llm_dir: Path, tmp_path: Path) -> None:
     result = signalled_fit(llm_dir, tmp_path)
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
@@ -102,9 +105,20 @@ def test_the_signal_saves_once_at_the_next_optimizer_step_and_requeues_once(llm_
     assert progress["processed"] == 4, "every batch of the two steps is in the checkpoint's progress"
 
 
-def test_the_signal_during_validation_stops_the_pass_at_the_next_batch_and_saves_the_step_it_started_from(llm_dir: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def stopped_in_validation(llm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One fit signalled at the second batch of its first validation pass, run once for the two tests below: its folder (read
+    it, or copy it before resuming) and its process."""
+    folder = tmp_path_factory.mktemp("stopped_in_validation")
+    return folder, signalled_fit(llm_dir, folder, when="validation")
+
+
+@pytest.mark.slow
+def test_the_signal_during_validation_stops_the_pass_at_the_next_batch_and_saves_the_step_it_started_from(
+    stopped_in_validation: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
     """Validation (3 batches) after the first optimizer step; the signal lands at its second batch."""
-    result = signalled_fit(llm_dir, tmp_path, when="validation")
+    tmp_path, result = stopped_in_validation
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
     assert (tmp_path / "run" / "validated.log").read_text().split("\n")[:-1] == ["1 0", "1 1"], "the pass stopped after the batch that was running"
     assert (tmp_path / "scontrol.log").read_text().splitlines() == ["requeue 7"]
@@ -115,10 +129,14 @@ def test_the_signal_during_validation_stops_the_pass_at_the_next_batch_and_saves
     assert progress["processed"] == progress["completed"] == 2
 
 
-def test_a_validation_stopped_by_the_signal_runs_again_on_resume(llm_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_a_validation_stopped_by_the_signal_runs_again_on_resume(
+    llm_dir: Path, tmp_path: Path, stopped_in_validation: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
     """The resumed run validates step 1 in full before training on, so no validation pass (metrics, best checkpoint) is lost."""
-    result = signalled_fit(llm_dir, tmp_path, when="validation")
+    stopped, result = stopped_in_validation
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    shutil.copytree(stopped, tmp_path, dirs_exist_ok=True)  # resumed in a copy: the stopped run's folder stays as it ended
     (saved,) = (tmp_path / "run").glob("hpc_ckpt_*.ckpt")
     resumed = signalled_fit(llm_dir, tmp_path, when="none", resume=saved)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -128,6 +146,7 @@ def test_a_validation_stopped_by_the_signal_runs_again_on_resume(llm_dir: Path, 
     assert "the validation at step 1 was stopped by a signal; running it again" in resumed.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_saves_at_the_next_optimizer_step_and_ends_the_fit_without_a_requeue(llm_dir: Path, tmp_path: Path) -> None:
     """scancel or preemption: the same flag and step boundary as the requeue signal, then the fit ends (exit 143)."""
     result = signalled_fit(llm_dir, tmp_path, signal_name="SIGTERM")

@@ -301,8 +301,9 @@ def test_data_prep_array_and_merge_equal_one_process(slurm: LocalSlurm, scratch:
     assert rows(scratch / "sharded") == rows(scratch / "one")
 
 
-def training_config(scratch: Path, llm_dir: Path, run: Path) -> Path:
-    """A fit YAML over the tiny decoder: 2 ranks x batch 1 = 4 steps per epoch, 2 loader workers, CSV metrics every step, ranks paced apart."""
+def training_config(scratch: Path, llm_dir: Path, run: Path, paced: bool = True) -> Path:
+    """A fit YAML over the tiny decoder: 2 ranks x batch 1 = 4 steps per epoch, 2 loader workers, CSV metrics every step, ranks
+    paced apart (``paced``; the pacing sleeps on its own random stream, so a run without it trains the same weights)."""
     model = {k: v for k, v in tiny_module_kwargs(llm_dir, 0, generation={"val_generate": False}).items() if k not in ("feature_dim", "llm")}
     raw = {
         "seed_everything": 0,
@@ -324,7 +325,7 @@ def training_config(scratch: Path, llm_dir: Path, run: Path) -> Path:
             ],
             "callbacks": [
                 {"class_path": "tests.slurm_cluster.PaceSteps", "init_args": {"marker_dir": str(run / "steps"), "max_sleep": 1.0}}
-            ],
+            ] if paced else [],
         },
         "checkpoint": {"monitor": None, "filename": "step{step}"},
         "model": model,
@@ -386,7 +387,8 @@ def test_training_is_requeued_by_sigusr1_resumes_to_max_steps_then_exports(slurm
     assert not list(run.glob("hpc_ckpt_2.ckpt")), "only one requeue was asked for"
     assert os.path.getmtime(hpc) < os.path.getmtime(run / "ckpt" / "last.ckpt")
 
-    reference = slurm.run(*submit, "slurm/train.sbatch", str(training_config(scratch, llm_dir, straight)), env=job_env(RUN_DIR=str(straight))).strip()
+    straight_config = training_config(scratch, llm_dir, straight, paced=False)  # the uninterrupted run needs no pacing
+    reference = slurm.run(*submit, "slurm/train.sbatch", str(straight_config), env=job_env(RUN_DIR=str(straight))).strip()
     reference_log = logs / f"qgmem-train-{reference}.out"
     reference_state = slurm.wait(reference, timeout=900, watchdog=slurm.watchdog(reference, [straight, reference_log]))
     assert reference_state["JobState"] == "COMPLETED", reference_log.read_text()[-3000:]

@@ -119,6 +119,7 @@ def _check_namespace(store: MemoryStore, namespace: str, sessions: list[dict]) -
     assert recording.calls == [] and store.load_traces(namespace) == memory.traces  # traces match the final units
 
 
+@pytest.mark.slow
 def test_two_processes_add_sessions_to_one_namespace_and_to_their_own_at_once(tmp_path: Path, new_store, minilm) -> None:
     """Alex writes from a process of its own, Bea from this one (a thread, so that this process can give the signal to go)."""
     store_dir = new_store()

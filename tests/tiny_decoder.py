@@ -150,6 +150,47 @@ def publish_to_hub_cache(folder: Path, owner: str = "qgmem-tests") -> str:
     return repo_id
 
 
+TINY_GGUF_VOCAB = 260
+"""Tokens of :func:`save_tiny_gguf`'s tokenizer."""
+
+
+def save_tiny_gguf(target: Path) -> Path:
+    """Write a one-layer Llama GGUF of random float32 weights with a byte-level BPE tokenizer (3 special tokens, the 256
+    bytes and one merge: :data:`TINY_GGUF_VOCAB` tokens) and no ``tokenizer.chat_template`` (as the registry's Gemma-3-270M
+    ships) to ``target``. It converts in a second, where reading SmolLM2's 49,152 tokens and merges takes about 7 s a read
+    and its conversion reads them three times: for tests of what is done with a GGUF rather than of SmolLM2 itself."""
+    from gguf import GGUFWriter
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *bytes_to_unicode().values(), "Ġt"]
+    assert len(tokens) == TINY_GGUF_VOCAB
+    vocab, hidden, heads, kv_heads, ffn = len(tokens), 16, 2, 1, 32
+    writer = GGUFWriter(target, arch="llama")
+    for name, value in {"llama.block_count": 1, "llama.context_length": 256, "llama.embedding_length": hidden, "llama.feed_forward_length": ffn,
+                        "llama.attention.head_count": heads, "llama.attention.head_count_kv": kv_heads, "llama.vocab_size": vocab,
+                        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.padding_token_id": 2,
+                        "general.file_type": 0}.items():  # fmt: skip
+        writer.add_uint32(name, value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_string("tokenizer.ggml.model", "gpt2")
+    writer.add_array("tokenizer.ggml.tokens", tokens)
+    writer.add_array("tokenizer.ggml.token_type", [3, 3, 3] + [1] * (vocab - 3))
+    writer.add_array("tokenizer.ggml.merges", ["Ġ t"])
+    head_dim, random = hidden // heads, torch.Generator().manual_seed(0)
+    shapes = {
+        "token_embd": (vocab, hidden), "output_norm": (hidden,), "blk.0.attn_norm": (hidden,), "blk.0.ffn_norm": (hidden,),
+        "blk.0.attn_q": (hidden, hidden), "blk.0.attn_k": (kv_heads * head_dim, hidden), "blk.0.attn_v": (kv_heads * head_dim, hidden),
+        "blk.0.attn_output": (hidden, hidden), "blk.0.ffn_gate": (ffn, hidden), "blk.0.ffn_up": (ffn, hidden), "blk.0.ffn_down": (hidden, ffn),
+    }  # fmt: skip
+    for name, shape in shapes.items():
+        writer.add_tensor(f"{name}.weight", (torch.randn(shape, generator=random) * 0.02).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
 FIXTURE = Path(__file__).parent / "data" / "trajectories"
 """The committed trajectory fixture (LoCoMo sample; tests only)."""
 

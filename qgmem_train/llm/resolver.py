@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,14 +110,66 @@ def gguf_source(ref: str) -> Path | None:
     return None
 
 
-def gguf_quantization(path: Path) -> str:
-    """How a GGUF file stores its weights (``general.file_type``: ``Q4_1``, ``F16``, ...; ``unrecorded`` when absent)."""
-    from gguf import GGUFReader, LlamaFileType
+GGUF_SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+"""``struct`` formats of the GGUF metadata value types of fixed size (8 is a string, 9 an array)."""
 
-    field = GGUFReader(path).fields.get("general.file_type")
-    if field is None:
+
+def gguf_header_value(path: Path, key: str) -> Any:
+    """The value of the scalar or string metadata ``key`` of a little-endian GGUF file (``None`` when absent), read from its
+    header up to that key: a ``gguf.GGUFReader`` parses every field first (about 7 s for SmolLM2's tokens and merges).
+    A file that is not such a GGUF raises ``ValueError``."""
+    import struct
+
+    with open(path, "rb") as f:
+
+        def read(fmt: str) -> Any:
+            size = struct.calcsize("<" + fmt)
+            data = f.read(size)
+            if len(data) != size:
+                raise ValueError(f"{path}: the GGUF header ends early")
+            return struct.unpack("<" + fmt, data)[0]
+
+        def skip(kind: int) -> None:
+            if kind == 8:
+                f.seek(read("Q"), os.SEEK_CUR)
+            elif kind == 9:
+                item, count = read("I"), read("Q")
+                if item in GGUF_SCALAR_FORMATS:
+                    f.seek(count * struct.calcsize("<" + GGUF_SCALAR_FORMATS[item]), os.SEEK_CUR)
+                else:
+                    for _ in range(count):
+                        skip(item)
+            elif kind in GGUF_SCALAR_FORMATS:
+                f.seek(struct.calcsize("<" + GGUF_SCALAR_FORMATS[kind]), os.SEEK_CUR)
+            else:
+                raise ValueError(f"{path}: unknown GGUF value type {kind}")
+
+        if f.read(4) != b"GGUF" or read("I") not in (2, 3):
+            raise ValueError(f"{path}: not a little-endian GGUF file of version 2 or 3")
+        read("Q")  # the tensor count
+        for _ in range(read("Q")):
+            name, kind = f.read(read("Q")).decode("utf-8", "replace"), read("I")
+            if name == key:
+                return f.read(read("Q")).decode("utf-8") if kind == 8 else read(GGUF_SCALAR_FORMATS[kind])
+            skip(kind)
+    return None
+
+
+def gguf_quantization(path: Path) -> str:
+    """How a GGUF file stores its weights (``general.file_type``: ``Q4_1``, ``F16``, ...; ``unrecorded`` when absent),
+    read from its header (a big-endian file through the full reader)."""
+    from gguf import LlamaFileType
+
+    try:
+        file_type = gguf_header_value(path, "general.file_type")
+    except ValueError:
+        from gguf import GGUFReader
+
+        field = GGUFReader(path).fields.get("general.file_type")
+        file_type = None if field is None else int(field.contents())
+    if file_type is None:
         return "unrecorded"
-    return LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_")
+    return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
 
 
 def convert_gguf(gguf_path: Path, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -139,15 +193,38 @@ def _write_hf_folder(gguf_path: Path, target: Path, template: Path | None = None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    with _gguf_parsed_once(gguf_path):
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     if template is not None:
         tokenizer.chat_template = template.read_text()
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
+
+
+@contextmanager
+def _gguf_parsed_once(gguf_path: Path) -> Iterator[None]:
+    """While it lasts, every ``gguf.GGUFReader`` of ``gguf_path`` is one reader: transformers parses the file for the config,
+    the tokenizer and the weights, and a parse of SmolLM2's 49,152 tokens and merges takes about 7 s."""
+    import gguf
+
+    opened, shared, wanted = gguf.GGUFReader, {}, gguf_path.resolve()
+
+    def reader(path: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs or Path(path).resolve() != wanted:
+            return opened(path, *args, **kwargs)
+        if "reader" not in shared:
+            shared["reader"] = opened(path)
+        return shared["reader"]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = opened
 
 
 def _torch_dtype(dtype: str, device: str) -> Any:
