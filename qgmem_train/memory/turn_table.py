@@ -60,6 +60,11 @@ class TurnTable:
         arrays = unpack_arrays(blob)
         return cls(*(TextColumn.from_arrays(arrays, name) for name in _COLUMNS), terms=TermLists.from_arrays(arrays))
 
+    def take(self, rows: np.ndarray) -> TurnTable:
+        """The turns at ``rows``, in that order."""
+        terms = self.terms.take(rows) if self.terms is not None else None
+        return TurnTable(*(getattr(self, name).take(rows) for name in _COLUMNS), terms=terms)
+
     @staticmethod
     def concat(tables: Sequence[TurnTable]) -> TurnTable:
         """The tables one after the other."""
