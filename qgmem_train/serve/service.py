@@ -7,7 +7,7 @@ One predictor per process, and four queues, so that no request waits behind work
   batch (:func:`~qgmem_train.retrieval.activation.encode_queries`), then activates each question's working memory;
 - asks run on a thread of their own: those waiting are answered together, up to ``max_batch`` in one generate call
   (:func:`~qgmem_train.predictor.ask_batch`), so a slow generation delays no search;
-- adds and deletions run on ``writers`` threads, one at a time per namespace (another namespace's write
+- adds, appends and deletions run on ``writers`` threads, one at a time per namespace (another namespace's write
   goes on meanwhile);
 - store reads (listings) run on a small pool of their own.
 """
@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from qgmem_train.errors import InputError
+from qgmem_train.memory.construct import BuildReport
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.types import session_fingerprint
 from qgmem_train.pipeline.search import question_intents
@@ -49,6 +51,12 @@ class NamespaceNotFound(Exception):
 
 class SessionNotFound(Exception):
     """The session is not in the namespace."""
+
+
+def _added(namespace: str, session_id: str, report: BuildReport, summary: dict[str, Any] | None) -> dict[str, Any]:
+    """The answer to an add or an append: the session, its turns now, and the build's counts."""
+    return {"namespace": namespace, "session_id": session_id, "turns_total": summary["turns"] if summary else 0, "units": report.units,
+            "windows_built": report.windows_built, "dropped": report.dropped, "seconds": report.seconds}  # fmt: skip
 
 
 def default_workers(torch_threads: int) -> int:
@@ -179,17 +187,55 @@ class MemoryService:
         """A page of the namespaces named in ``names`` or starting with one of ``prefixes``, in name order after ``after``."""
         return await self._on(self._readers, self.store.namespaces_page, names, prefixes, after, limit)
 
-    async def add_session(self, namespace: str, turns: Sequence[dict[str, Any]], time: str | None, session_id: str | None) -> dict[str, Any]:
-        """Store one session (idempotent by session id) and build its units in one transaction; the build's counts."""
+    async def add_session(
+        self, namespace: str, turns: Sequence[dict[str, Any]], time: str | None, session_id: str | None, on_start: Callable[[], None] = lambda: None
+    ) -> dict[str, Any]:
+        """Store one session (idempotent by session id) and build its units in one transaction; the build's counts.
+        ``on_start`` is called when the add leaves its namespace's write queue."""
         session_id = checked_text(session_id, "session_id") if session_id is not None else session_fingerprint(turns, time)
 
         def add() -> dict[str, Any]:
             with self._namespace_locks.hold(namespace):
+                on_start()
                 report = self._memory(namespace).add_session(turns, time=time, session_id=session_id, whole=True)
-            return {"namespace": namespace, "session_id": session_id, "units": report.units, "windows_built": report.windows_built,
-                    "dropped": report.dropped, "seconds": report.seconds}  # fmt: skip
+                total = self.store.session_summary(namespace, session_id)
+            return _added(namespace, session_id, report, total)
 
         return await self._on(self._writers, add)
+
+    async def append_turns(
+        self, namespace: str, session_id: str, turns: Sequence[dict[str, Any]], max_turns: int, on_start: Callable[[], None] = lambda: None
+    ) -> dict[str, Any]:
+        """Append ``turns`` to a stored session (at most ``max_turns`` in all) and build its windows holding them, in one
+        transaction; the build's counts. ``on_start`` as in :meth:`add_session`."""
+
+        def append() -> dict[str, Any]:
+            with self._namespace_locks.hold(namespace):
+                on_start()
+                if not self.store.has_namespace(namespace):
+                    raise NamespaceNotFound(namespace)
+                stored = {t["id"] for t in self.store.session_turns(namespace, session_id)}
+                if not stored:
+                    raise SessionNotFound(session_id)
+                fresh = sum(t.get("id") not in stored for t in turns)  # a retried append's turns are stored once
+                if len(stored) + fresh > max_turns:
+                    raise InputError("turns", f"{len(stored)} stored and {fresh} appended, more than the {max_turns} a session may have")
+                report = self._memory(namespace).append_turns(session_id, turns)
+                return _added(namespace, session_id, report, self.store.session_summary(namespace, session_id))
+
+        return await self._on(self._writers, append)
+
+    async def delete_session(self, namespace: str, session_id: str) -> None:
+        """Delete one session of the namespace, its units and the traces holding them (after the writes queued before)."""
+
+        def delete() -> None:
+            with self._namespace_locks.hold(namespace):
+                if not self.store.has_namespace(namespace):
+                    raise NamespaceNotFound(namespace)
+                if not self._memory(namespace).delete_session(session_id):
+                    raise SessionNotFound(session_id)
+
+        await self._on(self._writers, delete)
 
     async def search(self, namespace: str, question: str, time: str | None, top_k: int | None = None, keep: UnitFilter = UnitFilter()) -> SearchResult:
         """The working memory for ``question`` (its ``top_k`` best units that ``keep`` keeps) and its MEMORY_CONTEXT,
