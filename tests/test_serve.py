@@ -555,3 +555,23 @@ def test_an_add_sent_without_waiting_is_202_and_its_status_url_reports_it_done_o
     assert (no_session["state"], no_session["status"], no_session["error"]) == ("failed", 404, "session S9: not found")
     assert other.status_code == 404 and other.json() == {"error": f"add {sent[0].json()['add_id']}: not found"}
     service.close()
+
+
+def test_a_filtered_search_returns_top_k_units_when_that_many_match_beyond_the_fused_pool(minilm, tmp_path) -> None:
+    """The pool of ``retrieval.n`` holds the question's best units, none of Bo's: the filter still finds top_k of his."""
+    cfg = pipeline()
+    cfg.retrieval.n = 4
+    predictor = QGMemPredictor(None, cfg, llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store")
+    turns = [{"speaker": "Ann", "text": f"My kite number {n} flew over the beach."} for n in range(6)]
+    turns += [{"speaker": "Bo", "text": f"I cooked soup with {food}."} for food in ("lentils", "carrots", "onions", "leeks", "beans")]
+    assert call(app, "POST", "/v1/namespaces/acme-f/sessions", json={"session_id": "S1", "turns": turns}).status_code == 200
+
+    def speakers(**extra: Any) -> list[str]:
+        response = call(app, "POST", "/v1/namespaces/acme-f/search", json={"question": "Where did my kite fly?", **extra})
+        return [unit["source_turns"][0]["speaker"] for unit in response.json()["units"]]
+
+    assert speakers(top_k=4) == ["Ann"] * 4
+    assert speakers(top_k=3, speaker="Bo") == ["Bo"] * 3 and speakers(top_k=10, speaker="Bo") == ["Bo"] * 5
+    assert speakers(top_k=10, speaker="Nobody") == []
+    service.close()
