@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -575,3 +576,17 @@ def test_a_filtered_search_returns_top_k_units_when_that_many_match_beyond_the_f
     assert speakers(top_k=3, speaker="Bo") == ["Bo"] * 3 and speakers(top_k=10, speaker="Bo") == ["Bo"] * 5
     assert speakers(top_k=10, speaker="Nobody") == []
     service.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="thread priorities are Linux's")
+def test_ask_and_write_threads_run_nicer_than_search_workers(minilm, tmp_path) -> None:
+    """On busy cores the scheduler gives a search's thread the CPU before a generating ask's or a writing add's."""
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    service = MemoryService(predictor, tmp_path / "store", background_nice=3)
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    search, ask, write = (pool.submit(nice).result() for pool in (service._searchers, service._asker, service._writers))
+    service.close()
+    assert search == os.getpriority(os.PRIO_PROCESS, 0) and ask == write == min(19, search + 3)

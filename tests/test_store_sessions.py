@@ -3,6 +3,12 @@ the session built whole, a deleted one leaves nothing of it, and a failed append
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from qgmem_train.config import PipelineConfig
@@ -12,6 +18,7 @@ from qgmem_train.memory.store import MemoryStore, WindowResult
 from qgmem_train.memory.types import MemoryUnit
 from qgmem_train.predictor import QGMemPredictor
 from tests.fakes import ScriptedLLM
+from tests.test_session_retry import ENV, ROOT
 
 TURNS = [{"id": f"s1:{n}", "speaker": "Alex" if n % 2 else "Assistant", "text": f"Line {n}: I walked Biscuit to park number {n}."} for n in range(1, 13)]
 OTHER = [{"id": f"s2:{n}", "speaker": "Alex", "text": f"I moved to the Porto office, note {n}."} for n in range(1, 4)]
@@ -101,3 +108,42 @@ def test_deleting_a_session_leaves_nothing_of_it_and_the_rest_as_it_was(new_stor
         assert [t.member_ids for t in memory.store.load_traces("alex")] == [t.member_ids for t in without.store.load_traces("alex")]
         assert "Biscuit" not in memory.search("Where did I walk Biscuit?", top_k=50).memory_context
         assert memory.store.namespaces() == ["alex"]
+
+
+_KILLED_APPEND = """
+import json, os, signal, sys
+from qgmem_train.config import BUNDLED_EMBEDDER, PipelineConfig
+from qgmem_train.llm.embedder import Embedder
+from qgmem_train.memory.store import MemoryStore
+from qgmem_train.predictor import QGMemPredictor
+from tests.fakes import ScriptedLLM
+
+_add_windows = MemoryStore._add_windows
+
+def _write_then_die(self, db, namespace, results):
+    _add_windows(self, db, namespace, results)
+    os.kill(os.getpid(), signal.SIGKILL)  # the turns and units are written in the append's transaction, not committed
+
+MemoryStore._add_windows = _write_then_die
+cfg = PipelineConfig()
+cfg.models.device, cfg.construction.units, cfg.construction.traces = "cpu", "turns", False
+predictor = QGMemPredictor(None, cfg, llm=ScriptedLLM([]), embedder=Embedder(BUNDLED_EMBEDDER, device="cpu"), reranker=None, intent="rules")
+with predictor.memory("alex", sys.argv[1]) as memory:
+    memory.append_turns("s1", json.loads(sys.argv[2]))
+"""
+
+
+def test_an_append_killed_before_it_commits_leaves_the_session_as_it_was_and_its_retry_appends_once(new_store, minilm) -> None:
+    predictor = _predictor(minilm)
+    store = new_store()
+    with predictor.memory("alex", store) as memory:
+        memory.add_session(TURNS[:7], time="2024-03-02", session_id="s1", whole=True)
+        before = _session_view(memory.store, "alex")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_KILLED_APPEND), str(store), json.dumps(TURNS[7:])], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    with predictor.memory("alex", store) as memory, predictor.memory("alex", new_store()) as whole:
+        assert _session_view(memory.store, "alex") == before
+        assert memory.append_turns("s1", TURNS[7:]).windows_built == 2
+        whole.add_session(TURNS, time="2024-03-02", session_id="s1", whole=True)
+        assert _session_view(memory.store, "alex") == _session_view(whole.store, "alex")

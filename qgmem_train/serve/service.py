@@ -6,7 +6,8 @@ One predictor per process, and four queues, so that no request waits behind work
   worker a core); a worker takes every search waiting (up to ``max_search_batch``) and embeds their queries in one
   batch (:func:`~qgmem_train.retrieval.activation.encode_queries`), then activates each question's working memory;
 - asks run on a thread of their own: those waiting are answered together, up to ``max_batch`` in one generate call
-  (:func:`~qgmem_train.predictor.ask_batch`), so a slow generation delays no search;
+  (:func:`~qgmem_train.predictor.ask_batch`), so a slow generation delays no search; it and the writer threads run
+  ``background_nice`` steps nicer than the search workers (Linux), so on busy cores a search takes the CPU first;
 - adds, appends and deletions run on ``writers`` threads, one at a time per namespace (another namespace's write
   goes on meanwhile);
 - store reads (listings) run on a small pool of their own.
@@ -57,6 +58,18 @@ def _added(namespace: str, session_id: str, report: BuildReport, summary: dict[s
     """The answer to an add or an append: the session, its turns now, and the build's counts."""
     return {"namespace": namespace, "session_id": session_id, "turns_total": summary["turns"] if summary else 0, "units": report.units,
             "windows_built": report.windows_built, "dropped": report.dropped, "seconds": report.seconds}  # fmt: skip
+
+
+def _thread_setup(torch_threads: int, nicer_by: int) -> None:
+    """A pool thread's start: ``torch_threads`` intra-op threads, and its scheduling priority lowered by ``nicer_by``
+    (Linux keeps one per thread; elsewhere, or where it is refused, the thread keeps its priority)."""
+    torch.set_num_threads(torch_threads)
+    if nicer_by and hasattr(os, "setpriority"):
+        thread = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + nicer_by)
+        except OSError:
+            pass
 
 
 def default_workers(torch_threads: int) -> int:
@@ -123,8 +136,10 @@ class MemoryService:
         max_search_batch: int = 16,
         writers: int = 2,
         readers: int = 4,
+        background_nice: int = 5,
     ) -> None:
-        """``workers`` search threads (default: the cores over ``torch_threads``) with ``torch_threads`` intra-op threads each."""
+        """``workers`` search threads (default: the cores over ``torch_threads``) with ``torch_threads`` intra-op threads each;
+        the ask and writer threads run ``background_nice`` steps nicer, so that on busy cores a search gets them first."""
         if torch_threads < 1 or (workers is not None and workers < 1) or max_search_batch < 1 or writers < 1:
             raise ValueError(f"workers, torch_threads, max_search_batch and writers must be at least 1, got {workers}, {torch_threads}, {max_search_batch}, {writers}")
         torch.set_num_threads(torch_threads)
@@ -138,10 +153,10 @@ class MemoryService:
         """Called (on the ask thread) with the size of every ask batch before it is answered: metrics observe it."""
         self.on_search_batch: Callable[[int], None] = lambda size: None
         """Called (on a search worker) with the number of searches whose queries are embedded together."""
-        threads = dict(initializer=torch.set_num_threads, initargs=(torch_threads,))
-        self._searchers = ThreadPoolExecutor(self.workers, thread_name_prefix="qgmem-search", **threads)  # type: ignore[arg-type]
-        self._asker = ThreadPoolExecutor(1, thread_name_prefix="qgmem-ask", **threads)  # type: ignore[arg-type]
-        self._writers = ThreadPoolExecutor(writers, thread_name_prefix="qgmem-write", **threads)  # type: ignore[arg-type]
+        self._searchers = ThreadPoolExecutor(self.workers, thread_name_prefix="qgmem-search", initializer=_thread_setup, initargs=(torch_threads, 0))
+        background = dict(initializer=_thread_setup, initargs=(torch_threads, background_nice))
+        self._asker = ThreadPoolExecutor(1, thread_name_prefix="qgmem-ask", **background)  # type: ignore[arg-type]
+        self._writers = ThreadPoolExecutor(writers, thread_name_prefix="qgmem-write", **background)  # type: ignore[arg-type]
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="qgmem-read")
         self._asks: queue.Queue[tuple[str, str, str | None, Future]] = queue.Queue()
         self._searches: queue.Queue[tuple[str, str, str | None, int | None, UnitFilter, Future]] = queue.Queue()
