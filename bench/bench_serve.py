@@ -83,6 +83,17 @@ async def drive(base: str, jobs: list[tuple[str, str, dict]], concurrency: int, 
         return [seconds for seconds, _ in done], time.perf_counter() - start
 
 
+def bench_predictor(max_new_tokens: int, batch_size: int) -> QGMemPredictor:
+    """SmolLM2 answering (up to ``max_new_tokens``, ``batch_size`` prompts a generate call) over MiniLM, turns-mode
+    units without traces, rules intent and no reranker: serve's cheap CPU setup."""
+    cfg = PipelineConfig()
+    cfg.models.reranker, cfg.models.device = "none", "cpu"
+    cfg.construction.units, cfg.construction.traces = "turns", False
+    cfg.generation.max_new_tokens = max_new_tokens
+    llm = TransformersLLM(BUNDLED_LLM, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return QGMemPredictor(None, cfg, llm=llm, embedder=Embedder(BUNDLED_EMBEDDER, device="cpu"), reranker=None, intent="rules")
+
+
 def run_server(predictor: QGMemPredictor, store: Path, max_batch: int, body, torch_threads: int = 1, background_nice: int = 5) -> object:  # noqa: ANN001
     """Serve on a free loopback port with ``max_batch`` while ``body(base_url)`` runs; return its result."""
     tenants = Tenants.from_records({"tenants": [{"name": "bench", "token": TOKEN, "prefixes": ["bench-"]}]}, "bench")
@@ -114,12 +125,7 @@ def main() -> None:
     if min(args.namespaces, args.asks, args.concurrency, args.max_new_tokens, args.torch_threads) < 1:
         parser.error("--namespaces, --asks, --concurrency, --max-new-tokens and --torch-threads must be at least 1")
     torch.set_num_threads(args.torch_threads)
-    cfg = PipelineConfig()
-    cfg.models.reranker, cfg.models.device = "none", "cpu"
-    cfg.construction.units, cfg.construction.traces = "turns", False
-    cfg.generation.max_new_tokens = args.max_new_tokens
-    llm = TransformersLLM(BUNDLED_LLM, max_new_tokens=args.max_new_tokens, batch_size=args.concurrency)
-    predictor = QGMemPredictor(None, cfg, llm=llm, embedder=Embedder(BUNDLED_EMBEDDER, device="cpu"), reranker=None, intent="rules")
+    predictor = bench_predictor(args.max_new_tokens, args.concurrency)
     names = [f"bench-{n}" for n in range(args.namespaces)]
     sessions = [
         ("POST", f"/v1/namespaces/{name}/sessions",

@@ -30,11 +30,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx  # noqa: E402
 import torch  # noqa: E402
 
-from bench.bench_serve import FACTS, FILLER, TOKEN, run_server  # noqa: E402
-from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM, PipelineConfig  # noqa: E402
-from qgmem_train.llm.embedder import Embedder  # noqa: E402
-from qgmem_train.llm.local import TransformersLLM  # noqa: E402
-from qgmem_train.predictor import QGMemPredictor  # noqa: E402
+from bench.bench_serve import FACTS, FILLER, TOKEN, bench_predictor, run_server  # noqa: E402
+from qgmem_train.config import BUNDLED_EMBEDDER, BUNDLED_LLM  # noqa: E402
 from qgmem_train.reports import machine_info  # noqa: E402
 
 SEARCH = {"question": FACTS[0][2]}
@@ -77,12 +74,7 @@ def main() -> None:
     if min(args.repeats, args.turns, args.max_new_tokens, args.torch_threads) < 1 or args.delay < 0 or not all(0 <= n <= 19 for n in args.background_nice):
         parser.error("--repeats, --turns, --max-new-tokens and --torch-threads must be at least 1, --delay at least 0, --background-nice 0 to 19")
     torch.set_num_threads(args.torch_threads)
-    cfg = PipelineConfig()
-    cfg.models.reranker, cfg.models.device = "none", "cpu"
-    cfg.construction.units, cfg.construction.traces = "turns", False
-    cfg.generation.max_new_tokens = args.max_new_tokens
-    llm = TransformersLLM(BUNDLED_LLM, max_new_tokens=args.max_new_tokens, batch_size=8)
-    predictor = QGMemPredictor(None, cfg, llm=llm, embedder=Embedder(BUNDLED_EMBEDDER, device="cpu"), reranker=None, intent="rules")
+    predictor = bench_predictor(args.max_new_tokens, 8)
     search_path = "/v1/namespaces/bench-s/search"
 
     def body(base: str) -> dict:
