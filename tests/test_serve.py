@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -87,8 +88,11 @@ def test_openapi_schema_names_every_endpoint_and_the_ask_object(served) -> None:
     assert set(schema["paths"]) == {
         "/health", "/metrics", "/v1/namespaces", "/v1/namespaces/{namespace}/sessions", "/v1/namespaces/{namespace}/search",
         "/v1/namespaces/{namespace}/ask", "/v1/namespaces/{namespace}/memory", "/v1/namespaces/{namespace}",
-        "/v1/namespaces/{namespace}/sessions/{session_id}",
+        "/v1/namespaces/{namespace}/sessions/{session_id}", "/v1/namespaces/{namespace}/sessions/{session_id}/turns",
+        "/v1/namespaces/{namespace}/adds/{add_id}",
     }  # fmt: skip
+    assert set(schema["paths"]["/v1/namespaces/{namespace}/sessions/{session_id}"]) == {"get", "delete"}
+    assert schema["paths"]["/v1/namespaces/{namespace}/sessions"]["post"]["responses"]["202"]["content"]["application/json"]["schema"]["$ref"].endswith("/AddAccepted")
     ask = schema["paths"]["/v1/namespaces/{namespace}/ask"]["post"]
     assert ask["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/AskOut")
     assert {"401", "404", "413", "415", "429"} <= set(ask["responses"])
@@ -193,6 +197,17 @@ def test_a_postgresql_store_serves_add_search_ask_list_and_delete(smollm2, minil
         ("GET", "/v1/namespaces/acme-alice/sessions/S9", ACME, {}, 404, "session S9: not found"),
         ("GET", "/v1/namespaces/acme-nobody/sessions", ACME, {}, 404, "namespace acme-nobody: not found"),
         ("GET", "/v1/namespaces/acme-nobody/sessions/S1", ACME, {}, 404, "namespace acme-nobody: not found"),
+        ("POST", "/v1/namespaces/acme-alice/sessions/S9/turns", ACME, {"json": {"turns": SESSION["turns"]}}, 404, "session S9: not found"),
+        ("POST", "/v1/namespaces/acme-nobody/sessions/S1/turns", ACME, {"json": {"turns": SESSION["turns"]}}, 404, "namespace acme-nobody: not found"),
+        ("POST", "/v1/namespaces/acme-alice/sessions/S1/turns", ACME, {"json": {"turns": []}}, 422, "body.turns"),
+        ("POST", "/v1/namespaces/acme-alice/sessions/S1/turns", ACME, {"json": {"turns": SESSION["turns"], "time": "2023-05-09"}}, 422, "body.time: Extra inputs"),
+        ("POST", "/v1/namespaces/acme-alice/sessions/S1/turns", ACME, {"content": b'{"turns": []}'}, 415, "content-type: none"),
+        ("POST", "/v1/namespaces/acme-alice/sessions/S1/turns", None, {"json": {"turns": []}}, 401, "bearer token"),
+        ("POST", "/v1/namespaces/acme-alice/sessions/S1/turns", ACME, {"json": {"turns": [{**SESSION["turns"][0], "id": "S1:1", "text": "other"}]}}, 400, "turn S1:1: already stored with other content"),
+        ("POST", "/v1/namespaces/acme-alice/sessions?wait=maybe", ACME, {"json": SESSION}, 422, "query.wait"),
+        ("DELETE", "/v1/namespaces/acme-alice/sessions/S9", ACME, {}, 404, "session S9: not found"),
+        ("DELETE", "/v1/namespaces/acme-nobody/sessions/S1", ACME, {}, 404, "namespace acme-nobody: not found"),
+        ("GET", "/v1/namespaces/acme-alice/adds/unknown-id", ACME, {}, 404, "add unknown-id: not found"),
     ],
 )
 def test_bad_requests_get_one_line_json_errors(served, method, url, token, kwargs, status, needle) -> None:
@@ -232,6 +247,10 @@ ENDPOINTS = [
     ("POST", "/v1/namespaces/{ns}/search", {"json": QUESTION}),
     ("POST", "/v1/namespaces/{ns}/ask", {"json": QUESTION}),
     ("GET", "/v1/namespaces/{ns}/memory", {}),
+    ("POST", "/v1/namespaces/{ns}/sessions/S1/turns", {"json": {"turns": SESSION["turns"]}}),
+    ("POST", "/v1/namespaces/{ns}/sessions?wait=false", {"json": SESSION}),
+    ("GET", "/v1/namespaces/{ns}/adds/some-id", {}),
+    ("DELETE", "/v1/namespaces/{ns}/sessions/S1", {}),
     ("DELETE", "/v1/namespaces/{ns}", {}),
 ]
 
@@ -474,3 +493,100 @@ def test_a_search_completes_while_an_add_of_the_same_namespace_is_writing(minilm
     assert found.status_code == 200 and "Miso" in found.json()["memory_context"] and add_was_writing
     assert added.status_code == 200 and added.json()["units"] == 60
     service.close()
+
+
+def test_a_session_is_appended_to_read_back_and_deleted_alone(minilm, tmp_path) -> None:
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store", Limits(max_turns=5))
+    other = {"session_id": "S2", "turns": [{"speaker": "Bo", "text": "I bought a blue kite."}]}
+    assert call(app, "POST", "/v1/namespaces/acme-a/sessions", json=SESSION).json()["turns_total"] == 2
+    assert call(app, "POST", "/v1/namespaces/acme-a/sessions", json=other).status_code == 200
+    more = [{"id": "S1:3", "speaker": "Caroline", "text": "I adopted a tabby cat called Zorblatt."}, {"id": "S1:4", "speaker": "Melanie", "text": "Lovely!"}]
+    appended = call(app, "POST", "/v1/namespaces/acme-a/sessions/S1/turns", json={"turns": more})
+    assert appended.status_code == 200 and appended.json()["turns_total"] == 4, appended.text
+    assert (appended.json()["windows_built"], appended.json()["units"]) == (1, 4)  # the session's one window, built again over 4 turns
+    assert call(app, "POST", "/v1/namespaces/acme-a/sessions/S1/turns", json={"turns": more}).json()["turns_total"] == 4  # a retry: once
+    too_many = call(app, "POST", "/v1/namespaces/acme-a/sessions/S1/turns", json={"turns": SESSION["turns"]})
+    assert too_many.status_code == 400 and too_many.json() == {"error": "turns: 4 stored and 2 appended, more than the 5 a session may have"}
+    read = call(app, "GET", "/v1/namespaces/acme-a/sessions/S1").json()
+    assert [t["text"] for t in read["turns"]] == [t["text"] for t in SESSION["turns"] + more] and read["time"] == "2023-05-08"
+
+    def search() -> str:
+        return call(app, "POST", "/v1/namespaces/acme-a/search", json={"question": "What is the cat called?", "top_k": 10}).json()["memory_context"]
+
+    assert "Zorblatt" in search()
+    assert call(app, "DELETE", "/v1/namespaces/acme-a/sessions/S1").status_code == 204
+    assert call(app, "GET", "/v1/namespaces/acme-a/sessions/S1").json() == {"error": "session S1: not found"}
+    assert call(app, "DELETE", "/v1/namespaces/acme-a/sessions/S1").status_code == 404
+    assert "Zorblatt" not in search() and "blue kite" in search()
+    listed = call(app, "GET", "/v1/namespaces/acme-a/memory").json()
+    assert (listed["units_total"], listed["sessions_total"]) == (1, 1) and call(app, "GET", "/v1/namespaces").json()["namespaces"] == ["acme-a"]
+    service.close()
+
+
+def test_an_add_sent_without_waiting_is_202_and_its_status_url_reports_it_done_or_failed(minilm, tmp_path) -> None:
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store")
+    headers = {"Authorization": f"Bearer {ACME}"}
+
+    async def until_settled(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
+        seen = set()
+        while True:
+            status = (await client.get(url, headers=headers)).json()
+            seen.add(status["state"])
+            if status["state"] in ("done", "failed"):
+                return {**status, "seen": seen}
+            await asyncio.sleep(0.01)
+
+    async def body(client: httpx.AsyncClient) -> list[Any]:
+        sent = [
+            await client.post("/v1/namespaces/acme-q/sessions?wait=false", json=SESSION, headers=headers),
+            await client.post("/v1/namespaces/acme-q/sessions?wait=false", json={**SESSION, "session_id": "S2", "time": "someday"}, headers=headers),
+            await client.post("/v1/namespaces/acme-q/sessions/S9/turns?wait=false", json={"turns": SESSION["turns"]}, headers=headers),
+        ]
+        statuses = [await until_settled(client, response.json()["status_url"]) for response in sent]
+        other = await client.get(sent[0].json()["status_url"].replace("acme-q", "acme-r"), headers=headers)
+        return [sent, statuses, other]
+
+    sent, (done, bad_time, no_session), other = run(app, body)
+    assert [r.status_code for r in sent] == [202] * 3 and sent[0].headers["Location"] == sent[0].json()["status_url"]
+    assert done["state"] == "done" and done["result"]["session_id"] == "S1" and done["result"]["turns_total"] == 2 and done["status"] is None
+    assert call(app, "GET", "/v1/namespaces/acme-q/sessions/S1").json()["turns_total"] == 2
+    assert (bad_time["state"], bad_time["status"], bad_time["result"]) == ("failed", 400, None) and "unrecognised date" in bad_time["error"]
+    assert (no_session["state"], no_session["status"], no_session["error"]) == ("failed", 404, "session S9: not found")
+    assert other.status_code == 404 and other.json() == {"error": f"add {sent[0].json()['add_id']}: not found"}
+    service.close()
+
+
+def test_a_filtered_search_returns_top_k_units_when_that_many_match_beyond_the_fused_pool(minilm, tmp_path) -> None:
+    """The pool of ``retrieval.n`` holds the question's best units, none of Bo's: the filter still finds top_k of his."""
+    cfg = pipeline()
+    cfg.retrieval.n = 4
+    predictor = QGMemPredictor(None, cfg, llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    app, service = serve(predictor, tmp_path / "store")
+    turns = [{"speaker": "Ann", "text": f"My kite number {n} flew over the beach."} for n in range(6)]
+    turns += [{"speaker": "Bo", "text": f"I cooked soup with {food}."} for food in ("lentils", "carrots", "onions", "leeks", "beans")]
+    assert call(app, "POST", "/v1/namespaces/acme-f/sessions", json={"session_id": "S1", "turns": turns}).status_code == 200
+
+    def speakers(**extra: Any) -> list[str]:
+        response = call(app, "POST", "/v1/namespaces/acme-f/search", json={"question": "Where did my kite fly?", **extra})
+        return [unit["source_turns"][0]["speaker"] for unit in response.json()["units"]]
+
+    assert speakers(top_k=4) == ["Ann"] * 4
+    assert speakers(top_k=3, speaker="Bo") == ["Bo"] * 3 and speakers(top_k=10, speaker="Bo") == ["Bo"] * 5
+    assert speakers(top_k=10, speaker="Nobody") == []
+    service.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="thread priorities are Linux's")
+def test_ask_and_write_threads_run_nicer_than_search_workers(minilm, tmp_path) -> None:
+    """On busy cores the scheduler gives a search's thread the CPU before a generating ask's or a writing add's."""
+    predictor = QGMemPredictor(None, pipeline(), llm=ScriptedLLM([]), embedder=minilm, reranker=None, intent="rules")
+    service = MemoryService(predictor, tmp_path / "store", background_nice=3)
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    search, ask, write = (pool.submit(nice).result() for pool in (service._searchers, service._asker, service._writers))
+    service.close()
+    assert search == os.getpriority(os.PRIO_PROCESS, 0) and ask == write == min(19, search + 3)

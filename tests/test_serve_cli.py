@@ -241,6 +241,9 @@ def test_bad_worker_settings_are_one_line_and_exit_2(tmp_path, capsys) -> None:
         assert main(["serve", "--store", str(tmp_path / "store"), "--tenants", str(tenants), option, "0"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and ("must be at least 1" in err[0]) and (option in err[0] or option.strip("-").replace("-", "_") in err[0]), err
+    for value in ("-1", "20"):
+        assert main(["serve", "--store", str(tmp_path / "store"), "--tenants", str(tenants), "--background-nice", value]) == 2
+        assert capsys.readouterr().err.strip() == f"error: --background-nice: must be 0 to 19, got {value}"
     assert not (tmp_path / "store").exists()
 
 

@@ -118,12 +118,15 @@ def build_conversation(
     limit_sessions: int | None = None,
     progress: Progress | None = None,
     whole: bool = False,
+    grow: bool = False,
 ) -> BuildReport:
     """Build or extend ``namespace`` (default: the conversation id) from ``conversation``.
 
     Windows commit ``window_batch_size`` at a time, so a rerun of a killed build resumes it; ``whole`` commits the
     namespace, the turns and every pending window in one transaction instead (a server's add: a killed call leaves no
-    trace of the session, not its turns, nor the namespace when it was new).
+    trace of the session, not its turns, nor the namespace when it was new). ``grow`` (with ``whole``) appends the turns a
+    stored session lacks to it: its windows are cut again over all its turns, and those holding a new turn are built
+    (the last one of before, cut short then, again: its units are replaced).
 
     ``cfg.construction.units`` picks the LLM extraction or the rule-based turns mode; ``llm`` is needed
     for the former and writes trajectories in both (the rule trajectory stands in when it is ``None``).
@@ -136,14 +139,17 @@ def build_conversation(
         raise ValueError("units mode 'llm' needs an LLM")
     sessions = conversation.sessions[:limit_sessions] if limit_sessions else conversation.sessions
     cut = SessionCut(cc.units, embedder.model_id, embedder.dim, cc.window, cc.overlap)
+    if grow and not whole:
+        raise ValueError("grow needs whole")
+    stored = {t["id"] for s in sessions for t in store.session_turns(namespace, s.id)} if grow else set()
     if whole:
-        positions = store.plan_session(namespace, cut, Conversation(conversation.id, sessions))
+        positions = store.plan_session(namespace, cut, Conversation(conversation.id, sessions), grow=grow)
     else:
         store.ensure_namespace(namespace, cc.units, embedder.model_id, embedder.dim, window=cc.window, overlap=cc.overlap)
         positions = store.put_turns(namespace, Conversation(conversation.id, sessions))
     windows = conversation_windows(conversation, cfg, limit_sessions)
     done = store.done_windows(namespace)
-    pending = [w for w in windows if (w.session.id, w.index) not in done]
+    pending = [w for w in windows if (w.session.id, w.index) not in done or (grow and not w.new_ids <= stored)]
     report = BuildReport(namespace, windows_total=len(windows))
     stats = ParseStats() if llm is not None else None
     commit_size = max(1, len(pending) if whole else cc.window_batch_size)
@@ -157,12 +163,12 @@ def build_conversation(
         flat = embed_units([u for units, _ in extracted for u in units], embedder, cc.embed_batch_size, sentences=cc.sentence_vectors)
         results, at = [], 0
         for window, (units, dropped) in zip(chunk, extracted):
-            results.append(WindowResult(window.session.id, window.index, flat[at:at + len(units)], dropped))
+            results.append(WindowResult(window.session.id, window.index, flat[at:at + len(units)], dropped, frozenset(window.new_ids)))
             at += len(units)
         for start in range(0, len(results), commit_size):
             batch = results[start:start + commit_size]
             if whole:
-                store.commit_session(namespace, cut, Conversation(conversation.id, sessions), batch, positions)
+                store.commit_session(namespace, cut, Conversation(conversation.id, sessions), batch, positions, grow=grow)
             else:
                 store.add_windows(namespace, batch)
             report.windows_built += len(batch)

@@ -124,6 +124,9 @@ class WindowResult:
     index: int
     units: list[EmbeddedUnit]
     dropped: int = 0
+    new_turns: frozenset[str] = frozenset()
+    """Ids of the window's new turns: when the window was committed before (its session grew since), the units it had
+    from these turns are replaced by ``units``."""
 
 
 class SessionCut(NamedTuple):
@@ -309,24 +312,28 @@ class MemoryStore:
         if window is not None:
             db.execute("UPDATE namespaces SET cut_window = ?, cut_overlap = ? WHERE name = ? AND cut_window IS NULL", (window, overlap, namespace))
 
-    def plan_session(self, namespace: str, cut: SessionCut, conversation: Conversation) -> dict[str, int]:
+    def plan_session(self, namespace: str, cut: SessionCut, conversation: Conversation, *, grow: bool = False) -> dict[str, int]:
         """The turn positions :meth:`commit_session` will give ``conversation``'s turns, found by making its checks and
-        writes (the namespace's embedder and cut, the turns) in a transaction that is rolled back: nothing is written."""
+        writes (the namespace's embedder and cut, the turns) in a transaction that is rolled back: nothing is written.
+        ``grow``: as in :meth:`put_turns`."""
         try:
             with self.transaction(namespace) as db:
                 self._ensure_namespace(db, namespace, *cut)
-                positions = self._put_turns(db, namespace, conversation)
+                positions = self._put_turns(db, namespace, conversation, grow=grow)
                 raise _RolledBack(positions)
         except _RolledBack as planned:
             return planned.positions
 
-    def commit_session(self, namespace: str, cut: SessionCut, conversation: Conversation, results: Sequence[WindowResult], positions: dict[str, int]) -> None:
+    def commit_session(
+        self, namespace: str, cut: SessionCut, conversation: Conversation, results: Sequence[WindowResult], positions: dict[str, int], *, grow: bool = False
+    ) -> None:
         """The namespace (made when new), ``conversation``'s turns and the units of its windows in one transaction, so a
         writer killed before it commits leaves no trace of the session, not even a new namespace. ``positions`` are
-        :meth:`plan_session`'s: a store that gave the turns others meanwhile is refused (the retried call builds again)."""
+        :meth:`plan_session`'s: a store that gave the turns others meanwhile is refused (the retried call builds again).
+        ``grow``: as in :meth:`put_turns`."""
         with self.transaction(namespace) as db:
             self._ensure_namespace(db, namespace, *cut)
-            if self._put_turns(db, namespace, conversation) != positions:
+            if self._put_turns(db, namespace, conversation, grow=grow) != positions:
                 raise InputError(f"{self.path}: namespace {namespace}", "turns were added by another writer while this session was built; send it again")
             self._add_windows(db, namespace, results)
 
@@ -348,16 +355,18 @@ class MemoryStore:
                 "(build into another namespace or store, or with the namespace's settings)",
             )
 
-    def put_turns(self, namespace: str, conversation: Conversation) -> dict[str, int]:
+    def put_turns(self, namespace: str, conversation: Conversation, *, grow: bool = False) -> dict[str, int]:
         """Record the conversation's turns (new ones after the existing ones); return the position of each of them.
 
         Turns already stored with the same session and text are kept as they are, so a retried call adds nothing.
+        A stored session given turns it lacks is refused, unless ``grow``: then they are appended to it (its turns
+        stay together, in order, in the namespace's turn segments).
         """
         with self.transaction(namespace) as db:
-            return self._put_turns(db, namespace, conversation)
+            return self._put_turns(db, namespace, conversation, grow=grow)
 
-    @staticmethod
-    def _put_turns(db: sqlite3.Connection, namespace: str, conversation: Conversation) -> dict[str, int]:
+    @classmethod
+    def _put_turns(cls, db: sqlite3.Connection, namespace: str, conversation: Conversation, *, grow: bool = False) -> dict[str, int]:
         listed = "(SELECT value FROM json_each(?))"
         ids = json.dumps([t.id for s in conversation.sessions for t in s.turns])
         rows = db.execute(f"SELECT id, session_id, text, position FROM turns WHERE namespace = ? AND id IN {listed}", (namespace, ids))
@@ -366,10 +375,12 @@ class MemoryStore:
         query = f"SELECT DISTINCT session_id FROM turns WHERE namespace = ? AND session_id IN {listed}"
         stored_sessions = {r[0] for r in db.execute(query, (namespace, sessions))}
         position = db.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM turns WHERE namespace = ?", (namespace,)).fetchone()[0]
-        new = []
+        new, grown = [], []
         for session in conversation.sessions:
             fresh = [t for t in session.turns if t.id not in known]
-            if fresh and session.id in stored_sessions:
+            if fresh and session.id in stored_sessions and grow:
+                grown.append(session.id)
+            elif fresh and session.id in stored_sessions:
                 raise InputError(
                     f"conversation {conversation.id}, session {session.id}, turn {fresh[0].id}",
                     f"session already stored in namespace {namespace} without this turn; a stored session cannot grow or be shared",
@@ -383,7 +394,12 @@ class MemoryStore:
                 position += 1
         if new:
             db.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)", new)
-            segments.append(db, namespace, TurnTable.from_rows([(r[1], r[2], r[4], r[5], r[6]) for r in new]))
+            rows = [(r[1], r[2], r[4], r[5], r[6]) for r in new if r[2] not in grown]
+            for session_id in grown:
+                cls._drop_session_turns(db, namespace, session_id)
+                query = "SELECT id, session_id, speaker, text, time FROM turns WHERE namespace = ? AND session_id = ? ORDER BY position"
+                rows += db.execute(query, (namespace, session_id)).fetchall()
+            segments.append(db, namespace, TurnTable.from_rows(rows))
             segments.merge(db, namespace, segments.TURNS, 0)
             db.execute("UPDATE namespaces SET generation = generation + 1 WHERE name = ?", (namespace,))
         return {**{turn_id: r[3] for turn_id, r in known.items()}, **{r[1]: r[3] for r in new}}
@@ -407,6 +423,10 @@ class MemoryStore:
                 latest.pop(item.unit.id, None)
                 latest[item.unit.id] = (item, sub)
         segments.remove_unused_sidecars(db)
+        redone = [r for r in results if r.new_turns and db.execute(
+            "SELECT 1 FROM windows WHERE namespace = ? AND session_id = ? AND idx = ?", (namespace, r.session_id, r.index)).fetchone()]  # fmt: skip
+        for result in redone:  # a window of a grown session, built again: the units it had and no longer makes go
+            self._remove_units(db, namespace, [u for u in self._session_unit_ids(db, namespace, result.session_id, result.new_turns) if u not in latest])
         if latest:
             dim = self.dim or 0
             table = UnitTable.from_embedded([i for i, _ in latest.values()], [sub for _, sub in latest.values()], dim).in_unit_order()
@@ -446,6 +466,55 @@ class MemoryStore:
             if len(keep):
                 segments.append(db, namespace, table.take(keep).without_unused_texts(), seq=seq, level=levels[seq])
         return bool(found)
+
+    @staticmethod
+    def _drop_session_turns(db: sqlite3.Connection, namespace: str, session_id: str) -> None:
+        """Take the turns of ``session_id`` out of the namespace's turn segments (not out of the ``turns`` rows)."""
+        for seq, _, level in segments.listing(db, namespace, segments.TURNS):
+            table = segments.read_turns(db, namespace, seq, seq)
+            keep = np.flatnonzero([s != session_id for s in table.session_ids.tolist()])
+            if len(keep) == len(table):
+                continue
+            segments.delete(db, namespace, segments.TURNS, seq, seq)
+            if len(keep):
+                segments.append(db, namespace, table.take(keep), seq=seq, level=level)
+
+    def _session_unit_ids(self, db: sqlite3.Connection, namespace: str, session_id: str, turn_ids: Collection[str] | None = None) -> list[str]:
+        """Ids of the stored units of ``session_id`` (only those whose source turns are all in ``turn_ids``, when given)."""
+        table = segments.read_units(db, namespace, self.dim or 0, ())
+        turns, (starts, ends) = table.turn_ids.tolist(), group_bounds(table.turn_owner, len(table))
+        return [
+            unit_id for unit_id, sid, a, b in zip(table.ids.tolist(), table.session_ids.tolist(), starts.tolist(), ends.tolist())
+            if sid == session_id and (turn_ids is None or set(turns[a:b]) <= set(turn_ids))
+        ]  # fmt: skip
+
+    def _remove_units(self, db: sqlite3.Connection, namespace: str, ids: list[str]) -> None:
+        """Delete the units ``ids`` and the traces holding any of them (the namespace's traces are then stale)."""
+        if not ids:
+            return
+        self._drop_units(db, namespace, ids, self.dim or 0)
+        db.execute("DELETE FROM unit_keys WHERE namespace = ? AND id IN (SELECT value FROM json_each(?))", (namespace, json.dumps(ids)))
+        gone = set(ids)
+        traces = [r[0] for r in db.execute("SELECT id, member_ids FROM traces WHERE namespace = ?", (namespace,)) if gone & set(json.loads(r[1]))]
+        db.executemany("DELETE FROM traces WHERE namespace = ? AND id = ?", [(namespace, t) for t in traces])
+        db.execute("UPDATE namespaces SET traces_stale = 1, units_generation = units_generation + 1 WHERE name = ?", (namespace,))
+
+    def delete_session(self, namespace: str, session_id: str) -> bool:
+        """Delete one session of ``namespace`` in one transaction: its turns, its windows, the units built from it and
+        the traces holding any of those (the namespace's traces are then stale: the next consolidation remakes them).
+        Return whether it was stored. Erased as :meth:`delete_namespace` erases; the namespace stays, with its other sessions."""
+        with self._file.erasing(), self.transaction(namespace) as db:
+            if db.execute("SELECT 1 FROM turns WHERE namespace = ? AND session_id = ? LIMIT 1", (namespace, session_id)).fetchone() is None:
+                return False
+            self._remove_units(db, namespace, self._session_unit_ids(db, namespace, session_id))
+            self._drop_session_turns(db, namespace, session_id)
+            db.execute("DELETE FROM turns WHERE namespace = ? AND session_id = ?", (namespace, session_id))
+            db.execute("DELETE FROM windows WHERE namespace = ? AND session_id = ?", (namespace, session_id))
+            db.execute("UPDATE namespaces SET generation = generation + 1 WHERE name = ?", (namespace,))
+        with self.transaction() as db:
+            segments.remove_unused_sidecars(db)
+        self._file.checkpoint()
+        return True
 
     def count_units(self, namespace: str) -> int:
         """Number of units stored in ``namespace``."""

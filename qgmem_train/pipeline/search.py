@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+WIDEN = 4
+"""How much a filtered search widens its fused pool each time fewer than k of its units pass the filter."""
 UnitFilter = Callable[["NamespaceMemory", "MemoryUnit"], bool]
 """Whether a unit of a loaded namespace may enter a working memory (a search's speaker, session or time filter)."""
 
@@ -169,9 +171,10 @@ def search(
 ) -> Retrieval:  # fmt: skip
     """Activate the working memory for ``question`` and serialize it (MEMORY_CONTEXT and local graph) as the answerer reads it.
 
-    ``top_k`` replaces ``retrieval.k``; ``keep`` drops units of the fused pool (all ``retrieval.n`` of it) before the k
-    best are taken. ``seconds`` are stages already spent on the question (loading the namespace); activation and
-    serialization join them.
+    ``top_k`` replaces ``retrieval.k``; ``keep`` drops units of the fused pool before the k best are taken: when fewer
+    than k of the pool's ``retrieval.n`` units pass, the pool is widened (n times :data:`WIDEN`, up to the whole
+    namespace) until k pass or none is left out. ``seconds`` are stages already spent on the question (loading the
+    namespace); activation and serialization join them.
     """
     from qgmem_train.answer.evidence import answer_evidence
     from qgmem_train.graph.local_graph import graph_options
@@ -182,9 +185,14 @@ def search(
     base = retrieval or cfg.retrieval
     k = top_k or base.k
     pool = dataclasses.replace(base, k=max(k, base.n) if keep else k)
-    wm = activate_question(question, question_time, memory, index, models, retrieval=pool, intent=intent, query_vectors=query_vectors)
-    if keep or pool.k != k:
+    while True:
+        wm = activate_question(question, question_time, memory, index, models, retrieval=pool, intent=intent, query_vectors=query_vectors)
         kept = [(u, score) for u, score in zip(wm.units, wm.scores) if not keep or keep(memory, u)][:k]
+        if not keep or len(kept) == k or pool.n >= len(memory.units):
+            break
+        intent, wider = wm.intent, min(len(memory.units), pool.n * WIDEN)
+        pool = dataclasses.replace(pool, n=wider, k=max(k, wider))
+    if keep or pool.k != k:
         wm = dataclasses.replace(wm, units=[u for u, _ in kept], scores=[score for _, score in kept])
     seconds.update(wm.timings)
     start = time.perf_counter()

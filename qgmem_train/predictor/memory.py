@@ -84,6 +84,54 @@ class PredictorMemory:
         self.index.refresh()
         return report
 
+    def append_turns(self, session_id: str, turns: Sequence[Turn | Mapping[str, Any]]) -> BuildReport:
+        """Append ``turns`` to the stored session ``session_id`` and build the units of its windows that hold them, all in
+        one transaction (a killed call leaves the session as it was). The turns take the session's date; a missing id
+        becomes ``<session_id>:<n>`` counting on from the stored turns, so give ids to make a retried call append once (a turn
+        stored already with the same content is skipped, with other content refused)."""
+        from qgmem_train.memory.construct import build_conversation
+
+        session_id = checked_text(session_id, f"namespace {self.namespace}: session_id")
+        where = f"namespace {self.namespace}, session {session_id}"
+        if isinstance(turns, (str, bytes)) or not isinstance(turns, Sequence) or not turns:
+            raise InputError(where, "expected a non-empty list of turns")
+        stored = self.store.session_turns(self.namespace, session_id)
+        if not stored:
+            raise InputError(where, "not stored (add it as a session first)")
+        kept = [Turn(t["id"], t["speaker"], t["text"]) for t in stored]
+        known = {t.id: t for t in kept}
+        added = []
+        for n, value in enumerate(turns, start=len(stored) + 1):
+            turn = _turn(value, session_id, n, where)
+            if turn.id in known and known[turn.id] != turn:
+                raise InputError(f"{where}, turn {turn.id}", "already stored with other content")
+            if turn.id not in known:  # a retried append's turns are stored already
+                added.append(turn)
+        session = Session(session_id, stored[0]["time"], kept + added)
+        predictor = self.predictor
+        with predictor.frozen_pipeline():
+            return build_conversation(
+                self.store, Conversation(self.namespace, [session]), predictor.pipeline, predictor.embedder, namespace=self.namespace,
+                llm=predictor.models.construction_llm, whole=True, grow=True,
+            )  # fmt: skip
+
+    def delete_session(self, session_id: str) -> bool:
+        """Delete one session (its turns, and the units and traces built from it) in one transaction, then consolidate the
+        namespace's traces again; return whether it was stored."""
+        from qgmem_train.memory.store import UnitsChanged
+        from qgmem_train.memory.traces import consolidate_traces
+
+        if not self.store.delete_session(self.namespace, session_id):
+            return False
+        cfg = self.predictor.pipeline
+        if cfg.construction.traces and self.store.traces_stale(self.namespace):
+            try:
+                with self.predictor.frozen_pipeline():
+                    consolidate_traces(self.store, self.namespace, cfg, self.predictor.models.construction_llm)
+            except UnitsChanged:
+                pass  # the write that changed the units consolidates them
+        return True
+
     def search(
         self,
         question: str,

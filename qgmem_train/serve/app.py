@@ -7,9 +7,11 @@ JSON object ``{"error": "<where>: <what>"}``, like the CLI's one line. (No ``fro
 FastAPI reads the endpoints' annotations, which name the tenant dependency local to :func:`create_app`.)
 """
 
+import asyncio
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
@@ -22,8 +24,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qgmem_train.errors import InputError, ModelUnavailableError
 from qgmem_train.memory.loaders import session_time
+from qgmem_train.memory.types import session_fingerprint
 from qgmem_train.serve import schemas
 from qgmem_train.pipeline.results import ask_record
+from qgmem_train.serve.adds import AddStatuses
 from qgmem_train.serve.filters import UnitFilter
 from qgmem_train.serve.limits import Limits, RateLimiter
 from qgmem_train.serve.service import MemoryService, NamespaceNotFound, SessionNotFound
@@ -35,6 +39,7 @@ Namespace = Annotated[str, Path(pattern=schemas.NAMESPACE_PATTERN, description="
 SessionId = Annotated[str, Path(min_length=1, max_length=256, description="the session's id")]
 Offset = Annotated[int, Query(ge=0, description="items of the listing skipped")]
 Limit = Annotated[int, Query(ge=1, le=1000, description="most items in the page")]
+Wait = Annotated[bool, Query(description="false: answer 202 at once with the add's status URL, the add queued")]
 ERRORS = {status: {"model": schemas.ErrorOut} for status in (400, 401, 404, 413, 415, 422, 429, 503)}
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 """Request seconds observed: an ask on a CPU takes minutes, so the buckets go well past 10 s."""
@@ -52,6 +57,21 @@ class ApiError(Exception):
 def not_found(namespace: str) -> ApiError:
     """The one answer for a namespace that is absent or not the caller's."""
     return ApiError(404, f"namespace {namespace}: not found")
+
+
+def api_error(exc: Exception) -> ApiError:
+    """The status and one line a request failing with ``exc`` is answered with (500, naming nothing, for the unexpected)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, InputError):
+        return ApiError(400, str(exc))
+    if isinstance(exc, ModelUnavailableError):
+        return ApiError(503, f"model unavailable: {exc}")
+    if isinstance(exc, SessionNotFound):
+        return ApiError(404, f"session {exc}: not found")
+    if isinstance(exc, NamespaceNotFound):
+        return not_found(str(exc))
+    return ApiError(500, "internal error (see the server's log)")
 
 
 class BodyLimit:
@@ -120,6 +140,9 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     metrics = Metrics(service)
     rates = RateLimiter(limits.rate_per_minute, limits.burst)
+    adds = AddStatuses()
+    running: set[asyncio.Task] = set()
+    """Asynchronous adds under way (held so that none is collected before it ends)."""
 
     bearer = HTTPBearer(auto_error=False, description="a tenant's token (see docs/serve.md)")
 
@@ -176,25 +199,13 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
         return response
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
-
     @app.exception_handler(InputError)
-    async def input_error(request: Request, exc: InputError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=400)
-
     @app.exception_handler(ModelUnavailableError)
-    async def unavailable(request: Request, exc: ModelUnavailableError) -> JSONResponse:
-        return JSONResponse({"error": f"model unavailable: {exc}"}, status_code=503)
-
     @app.exception_handler(SessionNotFound)
-    async def no_session(request: Request, exc: SessionNotFound) -> JSONResponse:
-        return JSONResponse({"error": f"session {exc}: not found"}, status_code=404)
-
     @app.exception_handler(NamespaceNotFound)
-    async def absent(request: Request, exc: NamespaceNotFound) -> JSONResponse:
-        error = not_found(str(exc))
-        return JSONResponse({"error": error.message}, status_code=error.status)
+    async def known_error(request: Request, exc: Exception) -> JSONResponse:
+        error = api_error(exc)
+        return JSONResponse({"error": error.message}, status_code=error.status, headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -231,15 +242,63 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
         names = await service.namespaces(caller.namespaces, caller.prefixes, after, limit)
         return {"namespaces": names, "next": names[-1] if len(names) == limit else None}
 
-    @app.post("/v1/namespaces/{namespace}/sessions", response_model=schemas.SessionOut, responses=ERRORS, tags=["memory"])
-    async def add_session(namespace: Namespace, body: schemas.SessionIn, caller: Caller) -> dict[str, Any]:
-        """Add one session to the namespace (created on its first session); a retry with the same session id stores it once."""
+    def accepted(namespace: str, session_id: str | None, add: Callable[[Callable[[], None]], Awaitable[dict[str, Any]]]) -> JSONResponse:
+        """Run ``add`` (given its on-start callback) after the answer: 202 with the add's status URL."""
+        add_id = adds.queued(namespace, session_id)
+
+        async def run() -> None:
+            try:
+                result = await add(lambda: adds.update(namespace, add_id, state="running"))
+            except Exception as exc:
+                error = api_error(exc)
+                if error.status == 500:
+                    log.error("asynchronous add to a namespace failed", exc_info=exc)
+                adds.update(namespace, add_id, state="failed", status=error.status, error=error.message)
+            else:
+                adds.update(namespace, add_id, state="done", result=result)
+
+        task = asyncio.ensure_future(run())
+        running.add(task)
+        task.add_done_callback(running.discard)
+        url = f"/v1/namespaces/{namespace}/adds/{add_id}"
+        return JSONResponse({"add_id": add_id, "status_url": url}, status_code=202, headers={"Location": url})
+
+    def check_turns(caller: Tenant, turns: list[schemas.TurnIn]) -> list[dict[str, Any]]:
+        if len(turns) > limits.max_turns:
+            raise ApiError(400, f"turns: {len(turns)}, more than the {limits.max_turns} a session may have")
+        charge(caller, limits.add_cost(len(turns)) - 1.0)
+        return [turn.model_dump(exclude_none=True) for turn in turns]
+
+    @app.post("/v1/namespaces/{namespace}/sessions", response_model=schemas.SessionOut, responses={**ERRORS, 202: {"model": schemas.AddAccepted}}, tags=["memory"])
+    async def add_session(namespace: Namespace, body: schemas.SessionIn, caller: Caller, wait: Wait = True) -> Any:
+        """Add one session to the namespace (created on its first session); a retry with the same session id stores it once.
+        With ``wait=false`` the add is queued and answered at once (202) with the URL of its status."""
         allowed(caller, namespace)
-        if len(body.turns) > limits.max_turns:
-            raise ApiError(400, f"turns: {len(body.turns)}, more than the {limits.max_turns} a session may have")
-        charge(caller, limits.add_cost(len(body.turns)) - 1.0)
-        turns = [turn.model_dump(exclude_none=True) for turn in body.turns]
+        turns = check_turns(caller, body.turns)
+        if not wait:
+            session_id = body.session_id or session_fingerprint(turns, body.time)
+            return accepted(namespace, session_id, lambda on_start: service.add_session(namespace, turns, body.time, session_id, on_start))
         return await service.add_session(namespace, turns, body.time, body.session_id)
+
+    @app.post("/v1/namespaces/{namespace}/sessions/{session_id}/turns", response_model=schemas.SessionOut,
+              responses={**ERRORS, 202: {"model": schemas.AddAccepted}}, tags=["memory"])  # fmt: skip
+    async def append_turns(namespace: Namespace, session_id: SessionId, body: schemas.TurnsIn, caller: Caller, wait: Wait = True) -> Any:
+        """Append turns to a stored session and build the units of its windows that hold them, in one transaction; turns
+        without an id are numbered on from the session's, so give ids for a retry to append once. ``wait`` as for an add."""
+        allowed(caller, namespace)
+        turns = check_turns(caller, body.turns)
+        if not wait:
+            return accepted(namespace, session_id, lambda on_start: service.append_turns(namespace, session_id, turns, limits.max_turns, on_start))
+        return await service.append_turns(namespace, session_id, turns, limits.max_turns)
+
+    @app.get("/v1/namespaces/{namespace}/adds/{add_id}", response_model=schemas.AddStatus, responses=ERRORS, tags=["memory"])
+    async def add_status(namespace: Namespace, add_id: Annotated[str, Path(max_length=64)], caller: Caller) -> dict[str, Any]:
+        """The state of an asynchronous add: queued, running, done (with the add's answer) or failed (with its status and error)."""
+        allowed(caller, namespace)
+        found = adds.get(namespace, add_id)
+        if found is None:
+            raise ApiError(404, f"add {add_id}: not found")
+        return found
 
     @app.post("/v1/namespaces/{namespace}/search", response_model=schemas.SearchOut, responses=ERRORS, tags=["memory"])
     async def search(namespace: Namespace, body: schemas.SearchIn, caller: Caller) -> dict[str, Any]:
@@ -277,6 +336,13 @@ def create_app(service: MemoryService, tenants: Tenants, limits: Limits = Limits
         """One session: its turn count, date and a page of its turns, in order."""
         allowed(caller, namespace)
         return await service.session(namespace, session_id, offset, limit)
+
+    @app.delete("/v1/namespaces/{namespace}/sessions/{session_id}", status_code=204, responses=ERRORS, tags=["memory"])
+    async def delete_session(namespace: Namespace, session_id: SessionId, caller: Caller) -> Response:
+        """Delete one session: its turns, the units built from it and the traces holding them (the namespace stays)."""
+        allowed(caller, namespace)
+        await service.delete_session(namespace, session_id)
+        return Response(status_code=204)
 
     @app.delete("/v1/namespaces/{namespace}", status_code=204, responses=ERRORS, tags=["memory"])
     async def delete(namespace: Namespace, caller: Caller) -> Response:

@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--intent", choices=["llm", "rules"], default="rules", help="query-intent parser: rules without an LLM, or the paper's prompt")
     parser.add_argument("--workers", type=int, help="search threads (default: the cores over --torch-threads)")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads of each worker")
+    parser.add_argument("--background-nice", type=int, default=5, help="how much nicer (lower priority) the ask and write threads run than searches (Linux; 0: the same)")
     parser.add_argument("--tenants", type=Path, help="tenants file (YAML or JSON); default: the QGMEM_SERVE_TENANTS variable")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")
@@ -93,6 +94,8 @@ def main(argv: list[str]) -> int:
     for option, value in (("--workers", args.workers), ("--torch-threads", args.torch_threads), ("--rerank-top", args.rerank_top)):
         if value is not None and value < 1:
             raise InputError(option, f"must be at least 1, got {value}")
+    if not 0 <= args.background_nice <= 19:
+        raise InputError("--background-nice", f"must be 0 to 19, got {args.background_nice}")
     if not 0 < args.port < 65536:
         raise InputError("--port", f"{args.port} is not a port number")
     tenants = Tenants.load(args.tenants)
@@ -105,7 +108,8 @@ def main(argv: list[str]) -> int:
     warning = cpu_llm_warning(predictor)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    service = MemoryService(predictor, args.store, max_batch=limits.max_batch, workers=args.workers, torch_threads=args.torch_threads)
+    service = MemoryService(predictor, args.store, max_batch=limits.max_batch, workers=args.workers, torch_threads=args.torch_threads,
+                            background_nice=args.background_nice)  # fmt: skip
     try:
         app = operators_pages(create_app(service, tenants, limits), public_metrics=args.public_metrics, public_docs=args.public_docs)
         uvicorn.Server(server_config(app, args.host, args.port, guards)).run()

@@ -33,13 +33,33 @@ class SessionIn(Strict):
     )
 
 
+class TurnsIn(Strict):
+    turns: list[TurnIn] = Field(min_length=1, description="turns appended to the session, in order; they take its date")
+
+
 class SessionOut(BaseModel):
     namespace: str
     session_id: str
+    turns_total: int = Field(description="the session's turns now stored")
     units: int
     windows_built: int
     dropped: int
     seconds: float
+
+
+class AddAccepted(BaseModel):
+    add_id: str
+    status_url: str = Field(description="GET it for the add's state")
+
+
+class AddStatus(BaseModel):
+    add_id: str
+    namespace: str
+    session_id: str | None
+    state: Literal["queued", "running", "done", "failed"]
+    result: SessionOut | None = Field(description="the synchronous add's answer, once done")
+    status: int | None = Field(description="the HTTP status the synchronous add would have answered, once failed")
+    error: str | None = Field(description="its one-line error, once failed")
 
 
 class QuestionIn(Strict):

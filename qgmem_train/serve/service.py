@@ -6,8 +6,9 @@ One predictor per process, and four queues, so that no request waits behind work
   worker a core); a worker takes every search waiting (up to ``max_search_batch``) and embeds their queries in one
   batch (:func:`~qgmem_train.retrieval.activation.encode_queries`), then activates each question's working memory;
 - asks run on a thread of their own: those waiting are answered together, up to ``max_batch`` in one generate call
-  (:func:`~qgmem_train.predictor.ask_batch`), so a slow generation delays no search;
-- adds and deletions run on ``writers`` threads, one at a time per namespace (another namespace's write
+  (:func:`~qgmem_train.predictor.ask_batch`), so a slow generation delays no search; it and the writer threads run
+  ``background_nice`` steps nicer than the search workers (Linux), so on busy cores a search takes the CPU first;
+- adds, appends and deletions run on ``writers`` threads, one at a time per namespace (another namespace's write
   goes on meanwhile);
 - store reads (listings) run on a small pool of their own.
 """
@@ -28,6 +29,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from qgmem_train.errors import InputError
+from qgmem_train.memory.construct import BuildReport
 from qgmem_train.memory.store import MemoryStore
 from qgmem_train.memory.types import session_fingerprint
 from qgmem_train.pipeline.search import question_intents
@@ -49,6 +52,24 @@ class NamespaceNotFound(Exception):
 
 class SessionNotFound(Exception):
     """The session is not in the namespace."""
+
+
+def _added(namespace: str, session_id: str, report: BuildReport, summary: dict[str, Any] | None) -> dict[str, Any]:
+    """The answer to an add or an append: the session, its turns now, and the build's counts."""
+    return {"namespace": namespace, "session_id": session_id, "turns_total": summary["turns"] if summary else 0, "units": report.units,
+            "windows_built": report.windows_built, "dropped": report.dropped, "seconds": report.seconds}  # fmt: skip
+
+
+def _thread_setup(torch_threads: int, nicer_by: int) -> None:
+    """A pool thread's start: ``torch_threads`` intra-op threads, and its scheduling priority lowered by ``nicer_by``
+    (Linux keeps one per thread; elsewhere, or where it is refused, the thread keeps its priority)."""
+    torch.set_num_threads(torch_threads)
+    if nicer_by and hasattr(os, "setpriority"):
+        thread = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + nicer_by)
+        except OSError:
+            pass
 
 
 def default_workers(torch_threads: int) -> int:
@@ -115,8 +136,10 @@ class MemoryService:
         max_search_batch: int = 16,
         writers: int = 2,
         readers: int = 4,
+        background_nice: int = 5,
     ) -> None:
-        """``workers`` search threads (default: the cores over ``torch_threads``) with ``torch_threads`` intra-op threads each."""
+        """``workers`` search threads (default: the cores over ``torch_threads``) with ``torch_threads`` intra-op threads each;
+        the ask and writer threads run ``background_nice`` steps nicer, so that on busy cores a search gets them first."""
         if torch_threads < 1 or (workers is not None and workers < 1) or max_search_batch < 1 or writers < 1:
             raise ValueError(f"workers, torch_threads, max_search_batch and writers must be at least 1, got {workers}, {torch_threads}, {max_search_batch}, {writers}")
         torch.set_num_threads(torch_threads)
@@ -130,10 +153,10 @@ class MemoryService:
         """Called (on the ask thread) with the size of every ask batch before it is answered: metrics observe it."""
         self.on_search_batch: Callable[[int], None] = lambda size: None
         """Called (on a search worker) with the number of searches whose queries are embedded together."""
-        threads = dict(initializer=torch.set_num_threads, initargs=(torch_threads,))
-        self._searchers = ThreadPoolExecutor(self.workers, thread_name_prefix="qgmem-search", **threads)  # type: ignore[arg-type]
-        self._asker = ThreadPoolExecutor(1, thread_name_prefix="qgmem-ask", **threads)  # type: ignore[arg-type]
-        self._writers = ThreadPoolExecutor(writers, thread_name_prefix="qgmem-write", **threads)  # type: ignore[arg-type]
+        self._searchers = ThreadPoolExecutor(self.workers, thread_name_prefix="qgmem-search", initializer=_thread_setup, initargs=(torch_threads, 0))
+        background = dict(initializer=_thread_setup, initargs=(torch_threads, background_nice))
+        self._asker = ThreadPoolExecutor(1, thread_name_prefix="qgmem-ask", **background)  # type: ignore[arg-type]
+        self._writers = ThreadPoolExecutor(writers, thread_name_prefix="qgmem-write", **background)  # type: ignore[arg-type]
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="qgmem-read")
         self._asks: queue.Queue[tuple[str, str, str | None, Future]] = queue.Queue()
         self._searches: queue.Queue[tuple[str, str, str | None, int | None, UnitFilter, Future]] = queue.Queue()
@@ -179,17 +202,55 @@ class MemoryService:
         """A page of the namespaces named in ``names`` or starting with one of ``prefixes``, in name order after ``after``."""
         return await self._on(self._readers, self.store.namespaces_page, names, prefixes, after, limit)
 
-    async def add_session(self, namespace: str, turns: Sequence[dict[str, Any]], time: str | None, session_id: str | None) -> dict[str, Any]:
-        """Store one session (idempotent by session id) and build its units in one transaction; the build's counts."""
+    async def add_session(
+        self, namespace: str, turns: Sequence[dict[str, Any]], time: str | None, session_id: str | None, on_start: Callable[[], None] = lambda: None
+    ) -> dict[str, Any]:
+        """Store one session (idempotent by session id) and build its units in one transaction; the build's counts.
+        ``on_start`` is called when the add leaves its namespace's write queue."""
         session_id = checked_text(session_id, "session_id") if session_id is not None else session_fingerprint(turns, time)
 
         def add() -> dict[str, Any]:
             with self._namespace_locks.hold(namespace):
+                on_start()
                 report = self._memory(namespace).add_session(turns, time=time, session_id=session_id, whole=True)
-            return {"namespace": namespace, "session_id": session_id, "units": report.units, "windows_built": report.windows_built,
-                    "dropped": report.dropped, "seconds": report.seconds}  # fmt: skip
+                total = self.store.session_summary(namespace, session_id)
+            return _added(namespace, session_id, report, total)
 
         return await self._on(self._writers, add)
+
+    async def append_turns(
+        self, namespace: str, session_id: str, turns: Sequence[dict[str, Any]], max_turns: int, on_start: Callable[[], None] = lambda: None
+    ) -> dict[str, Any]:
+        """Append ``turns`` to a stored session (at most ``max_turns`` in all) and build its windows holding them, in one
+        transaction; the build's counts. ``on_start`` as in :meth:`add_session`."""
+
+        def append() -> dict[str, Any]:
+            with self._namespace_locks.hold(namespace):
+                on_start()
+                if not self.store.has_namespace(namespace):
+                    raise NamespaceNotFound(namespace)
+                stored = {t["id"] for t in self.store.session_turns(namespace, session_id)}
+                if not stored:
+                    raise SessionNotFound(session_id)
+                fresh = sum(t.get("id") not in stored for t in turns)  # a retried append's turns are stored once
+                if len(stored) + fresh > max_turns:
+                    raise InputError("turns", f"{len(stored)} stored and {fresh} appended, more than the {max_turns} a session may have")
+                report = self._memory(namespace).append_turns(session_id, turns)
+                return _added(namespace, session_id, report, self.store.session_summary(namespace, session_id))
+
+        return await self._on(self._writers, append)
+
+    async def delete_session(self, namespace: str, session_id: str) -> None:
+        """Delete one session of the namespace, its units and the traces holding them (after the writes queued before)."""
+
+        def delete() -> None:
+            with self._namespace_locks.hold(namespace):
+                if not self.store.has_namespace(namespace):
+                    raise NamespaceNotFound(namespace)
+                if not self._memory(namespace).delete_session(session_id):
+                    raise SessionNotFound(session_id)
+
+        await self._on(self._writers, delete)
 
     async def search(self, namespace: str, question: str, time: str | None, top_k: int | None = None, keep: UnitFilter = UnitFilter()) -> SearchResult:
         """The working memory for ``question`` (its ``top_k`` best units that ``keep`` keeps) and its MEMORY_CONTEXT,
