@@ -162,3 +162,35 @@ def test_an_add_whose_index_cannot_grow_still_succeeds_and_the_next_search_build
         monkeypatch.undo()
         assert any(u.cited is False for u in memory.search(QUESTIONS[1]).units)
         assert (memory.index.builds, memory.index.appends) == (2, 0)
+
+
+def test_a_deleted_session_leaves_the_index_held_by_another_handle(minilm, tmp_path, sessions) -> None:
+    """A session deleted (by this handle or another) takes its units out of the index at the next search: the index
+    holding them is never grown, but built again, and ranks as a build from scratch."""
+    predictor = _predictor(minilm)
+    root = tmp_path / "store"
+    with predictor.memory("conv", root) as memory, predictor.memory("conv", root) as other:
+        for session in sessions[:3]:
+            _add(memory, session)
+        memory.search(QUESTIONS[0])
+        assert other.delete_session(sessions[2].id)
+        held = memory.index.current()[0]
+        gone = sessions[2].id
+        assert not [u for u in held.units if u.session_id == gone]
+        assert _rankings(memory.index) == _rankings(NamespaceIndex(memory.store, "conv", predictor.models))
+
+
+def test_turns_appended_to_a_session_rank_as_a_build_from_scratch(minilm, tmp_path, sessions) -> None:
+    """An append rebuilds the session's last window (its old units go): the index held ranks as one built from scratch."""
+    predictor = _predictor(minilm)
+    root = tmp_path / "store"
+    first, second = sessions[0], sessions[1]
+    with predictor.memory("conv", root) as memory, predictor.memory("conv", root) as other:
+        _add(memory, second)
+        memory.add_session(first.turns[:7], time=first.time, session_id=first.id)
+        memory.search(QUESTIONS[0])
+        other.append_turns(first.id, first.turns[7:])
+        assert _rankings(memory.index) == _rankings(NamespaceIndex(memory.store, "conv", predictor.models))
+        memory.append_turns(second.id, [{"speaker": "Caroline", "text": "I keep a pet iguana named Zorblatt."}])
+        assert _rankings(memory.index) == _rankings(NamespaceIndex(memory.store, "conv", predictor.models))
+        assert "Zorblatt" in memory.search("Which pet does Caroline keep?").memory_context

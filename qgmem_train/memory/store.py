@@ -431,7 +431,7 @@ class MemoryStore:
             dim = self.dim or 0
             table = UnitTable.from_embedded([i for i, _ in latest.values()], [sub for _, sub in latest.values()], dim).in_unit_order()
             if self._drop_units(db, namespace, list(latest), dim):  # what was loaded of it is no longer a part of it
-                db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", (incarnation_key(namespace), uuid.uuid4().hex))
+                self._new_incarnation(db, namespace)
             seq = segments.append(db, namespace, table)
             db.executemany(
                 "INSERT INTO unit_keys VALUES (?, ?, ?) ON CONFLICT (namespace, id) DO UPDATE SET seq = excluded.seq",
@@ -448,6 +448,11 @@ class MemoryStore:
             "UPDATE namespaces SET traces_stale = 1, generation = generation + 1, units_generation = units_generation + 1 WHERE name = ?",
             (namespace,),
         )
+
+    @staticmethod
+    def _new_incarnation(db: sqlite3.Connection, namespace: str) -> None:
+        """Give ``namespace`` a new incarnation: a write that takes units out of it (it did not only grow, see :meth:`version`)."""
+        db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", (incarnation_key(namespace), uuid.uuid4().hex))
 
     @staticmethod
     def _drop_units(db: sqlite3.Connection, namespace: str, ids: list[str], dim: int) -> bool:
@@ -492,7 +497,8 @@ class MemoryStore:
         """Delete the units ``ids`` and the traces holding any of them (the namespace's traces are then stale)."""
         if not ids:
             return
-        self._drop_units(db, namespace, ids, self.dim or 0)
+        if self._drop_units(db, namespace, ids, self.dim or 0):
+            self._new_incarnation(db, namespace)
         db.execute("DELETE FROM unit_keys WHERE namespace = ? AND id IN (SELECT value FROM json_each(?))", (namespace, json.dumps(ids)))
         gone = set(ids)
         traces = [r[0] for r in db.execute("SELECT id, member_ids FROM traces WHERE namespace = ?", (namespace,)) if gone & set(json.loads(r[1]))]
@@ -511,6 +517,7 @@ class MemoryStore:
             db.execute("DELETE FROM turns WHERE namespace = ? AND session_id = ?", (namespace, session_id))
             db.execute("DELETE FROM windows WHERE namespace = ? AND session_id = ?", (namespace, session_id))
             db.execute("UPDATE namespaces SET generation = generation + 1 WHERE name = ?", (namespace,))
+            self._new_incarnation(db, namespace)  # its turns are gone too, with or without units
         with self.transaction() as db:
             segments.remove_unused_sidecars(db)
         self._file.checkpoint()
@@ -666,7 +673,7 @@ class MemoryStore:
         written again, or units added that sort before some read: read it whole), ``memory`` itself when unchanged.
 
         A namespace only grows while its incarnation holds: writes add units and turns (a merge keeps its segments'
-        rows, the older first), and a write that replaces units gives the namespace a new incarnation.
+        rows, the older first), and a write that replaces or removes units or turns gives the namespace a new incarnation.
         """
         for _ in range(LOAD_ATTEMPTS - 1):
             try:
