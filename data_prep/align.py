@@ -146,7 +146,7 @@ def build_alignment_data(cfg: DataPrepConfig, pipeline: PipelineConfig, out: str
         by_split[splits[ref.case_id]] += done[ref.case_id] or []
     if not by_split["train"]:
         raise InputError(f"{cfg.source}", "no training graph with an edge: draw more cases (data_prep.total_cases) or lower test_fraction")
-    dataset = write_trajectory_dataset(by_split, out / "dataset")
+    dataset = write_trajectory_dataset(by_split, out / "dataset", graph=pipeline.to_dict()["graph"])
     cases_per_split = Counter(splits[c.case_id] for c in mine)
     return {"dataset": str(dataset), "graphs": {k: len(v) for k, v in by_split.items()}, "cases": dict(cases_per_split),
             "left_out_cases": len(cases) - len(mine)}

@@ -122,7 +122,7 @@ def merge(cfg: DataPrepConfig, pipeline: PipelineConfig) -> dict[str, Any]:
                 continue
             counts[f"kept_{split}"] += 1
             splits[split].append(example)
-    dataset_dir = write_trajectory_dataset(splits, out / "dataset")
+    dataset_dir = write_trajectory_dataset(splits, out / "dataset", graph=pipeline.to_dict()["graph"])
     n_cases = max(1, len(records))
     n_questions = sum(len(r["questions"]) for r in records)
     hours = seconds["total"] / 3600

@@ -188,16 +188,19 @@ class GraphConfig:
     "it") or to a target that more than half the units of a graph of four or more name (it tells them apart no more)."""
 
 
-def refuse_other_graph_settings(trained: Mapping[str, Any] | None, configured: Mapping[str, Any] | None, where: str) -> None:
+def refuse_other_graph_settings(
+    trained: Mapping[str, Any] | None, configured: Mapping[str, Any] | None, where: str, recorded_by: str = "the checkpoint was trained"
+) -> None:
     """One :class:`InputError` (at ``where``, e.g. ``fit.yaml: pipeline.graph``) naming the first ``graph.*`` setting in
-    which a checkpoint's record ``trained`` and the config's ``configured`` differ; nothing when either is None (not
-    recorded). A graph path trained on graphs built one way reads graphs built another way no better than another
-    model's, so this is refused as another base model or embedder is, never silently replaced."""
+    which a record ``trained`` (of a checkpoint, or of trajectories: ``recorded_by`` says which) and the config's
+    ``configured`` differ; nothing when either is None (not recorded). A graph path trained on graphs built one way reads
+    graphs built another way no better than another model's, so this is refused as another base model or embedder is,
+    never silently replaced."""
     if trained is None or configured is None:
         return
     for name in sorted(set(trained) | set(configured)):
         if trained.get(name) != configured.get(name):
-            raise InputError(f"{where}.{name}", f"is {configured.get(name)!r} but the checkpoint was trained with {trained.get(name)!r}")
+            raise InputError(f"{where}.{name}", f"is {configured.get(name)!r} but {recorded_by} with {trained.get(name)!r}")
 
 
 @dataclass

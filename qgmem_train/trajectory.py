@@ -19,7 +19,7 @@ from typing import Any
 import datasets
 
 from qgmem_train.errors import InputError
-from qgmem_train.fileio import publish_output_folder, staging_beside
+from qgmem_train.fileio import publish_output_folder, read_text, staging_beside
 from qgmem_train.graph.local_graph import LocalGraph
 
 SCHEMA_VERSION = 2
@@ -120,8 +120,15 @@ def split_of_case(case_id: str, validation_fraction: float, test_fraction: float
     return "validation" if bucket < test_fraction + validation_fraction else "train"
 
 
-def write_trajectory_dataset(splits: Mapping[str, list[TrajectoryExample]], path: str | os.PathLike) -> Path:
-    """Save the non-empty splits of ``{split: examples}`` as a DatasetDict folder at ``path``.
+GRAPH_SETTINGS_FILE = "graph_settings.json"
+"""The ``graph.*`` settings a trajectory folder's graphs were built with, beside its splits (see :func:`trajectory_graph_settings`)."""
+
+
+def write_trajectory_dataset(
+    splits: Mapping[str, list[TrajectoryExample]], path: str | os.PathLike, graph: Mapping[str, Any] | None = None
+) -> Path:
+    """Save the non-empty splits of ``{split: examples}`` as a DatasetDict folder at ``path``, with ``graph`` (the
+    ``graph.*`` settings its local graphs were built with) recorded in it when given.
 
     The folder is written beside ``path`` and then swapped in (:func:`publish_output_folder`): a reader, or a
     crash, finds the previous dataset or the new one, never none; a folder there that data prep did not write is refused.
@@ -134,8 +141,24 @@ def write_trajectory_dataset(splits: Mapping[str, list[TrajectoryExample]], path
             {name: datasets.Dataset.from_list(rows, features=TRAJECTORY_FEATURES) for name, rows in table.items()}
         )
         dataset.save_to_disk(str(staging))
+        if graph is not None:
+            (staging / GRAPH_SETTINGS_FILE).write_text(json.dumps(dict(graph), sort_keys=True))
         publish_output_folder(staging, path, "data prep")
     return path
+
+
+def trajectory_graph_settings(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The ``graph.*`` settings recorded in a trajectory folder; ``None`` for a folder written without them."""
+    file = Path(path) / GRAPH_SETTINGS_FILE
+    if not file.exists():
+        return None
+    try:
+        settings = json.loads(read_text(file, kind="graph settings file"))
+    except ValueError as exc:
+        raise InputError(str(file), f"not valid JSON: {exc}") from None
+    if not isinstance(settings, dict):
+        raise InputError(str(file), "expected an object of graph.* settings")
+    return settings
 
 
 def read_trajectory_dataset(path: str | os.PathLike) -> dict[str, list[TrajectoryExample]]:

@@ -23,7 +23,7 @@ from qgmem_train.graph.facts import graph_facts_text
 from qgmem_train.graph.local_graph import LocalGraph
 from qgmem_train.llm.prompts import ALIGNMENT_INSTRUCTION
 from qgmem_train.model.module import GraphAugmentedLM
-from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, split_of_case, write_trajectory_dataset
+from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, split_of_case, trajectory_graph_settings, write_trajectory_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_PREP = ROOT / "configs" / "data_prep" / "demo-cpu.yaml"
@@ -60,6 +60,7 @@ def test_alignment_data_never_holds_a_test_conversation(align_data: tuple[Path, 
     assert "test" in drawn.values(), "the sample draw holds a test case, so leaving it out is checked"
     splits = read_trajectory_dataset(out / "dataset")
     assert set(splits) == {"train", "validation"}
+    assert trajectory_graph_settings(out / "dataset") == pipeline.to_dict()["graph"]
     cases = {name: {ex.case_id for ex in examples} for name, examples in splits.items()}
     assert cases["train"] and cases["validation"] and not cases["train"] & cases["validation"]
     for name, examples in splits.items():

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from data_prep.__main__ import main
-from qgmem_train.trajectory import read_trajectory_dataset
+from qgmem_train.trajectory import read_trajectory_dataset, trajectory_graph_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "data_prep" / "demo-cpu.yaml"
@@ -69,6 +69,7 @@ def test_one_run_writes_a_dataset_the_data_module_loads(reference: tuple[Path, P
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"] == "gold"
     assert len(manifest["cases"]) == 2
+    assert trajectory_graph_settings(out / "dataset") == manifest["config"]["pipeline"]["graph"]
     assert sum(manifest["counts"]["per_split"].values()) == 2
     assert set(manifest["seconds_per_case"]) >= {"construction", "activation", "total"}
     assert not {"answer", "judge"} & set(manifest["seconds_per_case"]) and manifest["stages"] == ["construction", "activation"]

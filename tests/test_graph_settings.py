@@ -90,3 +90,17 @@ def test_a_fit_resumed_under_other_graph_settings_is_refused_in_one_line(fitted,
     with pytest.raises(InputError, match=r"graph\.object.*'turn'") as refused:
         trainer.fit(model, datamodule=data, ckpt_path=str(checkpoint))
     assert "\n" not in str(refused.value)
+
+
+def test_trajectories_record_the_graph_settings_they_were_built_with_and_a_fit_under_others_is_refused(tmp_path) -> None:
+    from qgmem_train.trajectory import read_trajectory_dataset, trajectory_graph_settings, write_trajectory_dataset
+
+    examples = read_trajectory_dataset(FIXTURE)
+    folder = write_trajectory_dataset(examples, tmp_path / "dataset", graph=SETTINGS)
+    assert trajectory_graph_settings(folder) == SETTINGS
+    TrajectoryDataModule(str(folder), batch_size=1, max_examples=1, graph=SETTINGS).setup("fit")
+    other = {**SETTINGS, "object": "gist"}
+    with pytest.raises(InputError, match=r"pipeline\.graph\.object: is 'gist' but the trajectories .* were built with 'turn'"):
+        TrajectoryDataModule(str(folder), batch_size=1, max_examples=1, graph=other).setup("fit")
+    assert trajectory_graph_settings(FIXTURE) is None  # a folder from before the record: nothing to compare
+    TrajectoryDataModule(str(FIXTURE), batch_size=1, max_examples=1, graph=other).setup("fit")

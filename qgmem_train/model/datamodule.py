@@ -29,7 +29,7 @@ from qgmem_train.errors import InputError
 from qgmem_train.graph.local_graph import LocalGraph, graph_to_data
 from qgmem_train.graph.shuffle_gap import graph_donors
 from qgmem_train.model.prompt_tokens import PromptTokens
-from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, split_of_case
+from qgmem_train.trajectory import TrajectoryExample, read_trajectory_dataset, split_of_case, trajectory_graph_settings
 
 SPLITS = ("train", "validation", "test")
 
@@ -188,6 +188,9 @@ class TrajectoryDataModule(L.LightningDataModule):
         if self.splits:
             self._refuse_splits_smaller_than_the_ranks(stage)
             return
+        refuse_other_graph_settings(
+            trajectory_graph_settings(self.hparams.path), self.hparams.graph, "pipeline.graph", f"the trajectories at {self.hparams.path} were built"
+        )
         loaded = read_trajectory_dataset(self.hparams.path)
         if set(loaded) & set(SPLITS):
             splits = {name: loaded.get(name, []) for name in SPLITS}
