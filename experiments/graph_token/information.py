@@ -391,6 +391,11 @@ def rebuilt_against_prepared(args: argparse.Namespace, rebuilt: bool, answer_los
     return found
 
 
+LABELS = "each edge labelled with its unit's memory-context label"
+"""How the triples are numbered (one scheme with the memory context since trajectory schema 2; before, edges were
+numbered apart, so a reasoning path's label could name another triple): a saved part of the other numbering is remade."""
+
+
 def graph_representation(args: argparse.Namespace, prompt: Prompt) -> str:
     """The graph whose triples ``prompt`` reads, as its part's settings name it (``none`` for a prompt without triples)."""
     if not prompt.triples:
@@ -400,7 +405,8 @@ def graph_representation(args: argparse.Namespace, prompt: Prompt) -> str:
     options = graph_settings(args)
     return (f"built from {built}; attribute edges {'on' if args.attribute_edges else 'off'} (cap {options['attribute_cap'] or 'none'}, "
             f"no stop words or common targets); object {options['object_kind']} ({options['object_words']} words); session dates {dates}; "
-            f"speakers {'named from ' + dates if args.speaker_names else 'as stored'}; time edges {'on' if args.time_edges else 'off'}")  # fmt: skip
+            f"speakers {'named from ' + dates if args.speaker_names else 'as stored'}; time edges {'on' if args.time_edges else 'off'}; "
+            f"{LABELS}")  # fmt: skip
 
 
 def retrieval_arm(prompt: Prompt) -> str:
