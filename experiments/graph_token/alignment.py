@@ -33,7 +33,7 @@ from experiments.graph_token.cli import parser as study_parser
 from experiments.graph_token.steps import data_identity, llm_instrument, part_settings, run_step, saved_or_computed, step_folder
 from qgmem_train.errors import InputError
 from qgmem_train.fileio import atomic_output, read_text
-from qgmem_train.trajectory import read_trajectory_dataset
+from qgmem_train.trajectory import read_trajectory_dataset, trajectory_graph_settings
 
 log = logging.getLogger("experiments.graph_token.alignment")
 
@@ -96,10 +96,13 @@ def build_data(args: argparse.Namespace, out: Path, folder: Path, trajectories: 
 
 
 def fit_overrides(args: argparse.Namespace, arm: str, run_dir: Path, dataset: str) -> dict[str, Any]:
-    """The arm's settings over the alignment config: its data, folders, steps, validations and model."""
+    """The arm's settings over the alignment config: its data, folders, steps, validations and model, and the ``graph.*``
+    settings the dataset's graphs were built with (the fit refuses others)."""
     every = max(1, args.align_steps // args.align_val_checks)
     val_batches = -(-args.align_val_graphs // args.eval_batch_size)
     model: dict[str, Any] = {"readout": {"kind": "edges", "tokens": args.edge_tokens}}
+    recorded = trajectory_graph_settings(dataset)
+    graph = {} if recorded is None else {"graph": recorded}
     for group, values in ARMS[arm].items():
         model[group] = dict(values)
     return {
@@ -110,7 +113,7 @@ def fit_overrides(args: argparse.Namespace, arm: str, run_dir: Path, dataset: st
         "checkpoint": {"dirpath": str(run_dir / "ckpt")},
         "model": model,
         "data": {"path": dataset, "batch_size": args.align_batch_size, "eval_batch_size": args.eval_batch_size},
-        "pipeline": {"models": {"llm": args.llm, "embedder": args.embedder}},
+        "pipeline": {"models": {"llm": args.llm, "embedder": args.embedder}, **graph},
     }  # fmt: skip
 
 
